@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Prepares a fresh Debian machine (as root) to build, demo and test latch: the Debian tools latch drives,
+# the npm packages, and the build. Safe to run again: it installs only what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# command -> Debian package that provides it
+declare -A PACKAGES=(
+  [losetup]=mount [findmnt]=util-linux [blkid]=util-linux [mkfs.ext4]=e2fsprogs [resize2fs]=e2fsprogs
+  [mkfs.xfs]=xfsprogs [xfs_growfs]=xfsprogs [mkfs.btrfs]=btrfs-progs [jq]=jq [inotifywait]=inotify-tools
+)
+missing=()
+for cmd in "${!PACKAGES[@]}"; do
+  PATH="$PATH:/usr/sbin:/sbin" command -v "$cmd" >/dev/null 2>&1 || missing+=("${PACKAGES[$cmd]}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: missing Debian packages (${missing[*]}); run as root to install them" >&2
+    exit 1
+  fi
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+npm ci --no-audit --no-fund --loglevel=error
+npm run --silent build
+echo "setup: done ($(bin/latch version))"

@@ -1,0 +1,153 @@
+// One JSON configuration file, validated at start: $LATCH_CONFIG, else /etc/latch/config.json, else defaults.
+import { readFileSync } from 'node:fs';
+import { hostname } from 'node:os';
+import { isAbsolute, normalize } from 'node:path';
+import { z } from 'zod';
+import { ConfigError, errorMessage } from './errors.js';
+import { parseSize } from './size.js';
+
+export const DEFAULT_CONFIG_PATH = '/etc/latch/config.json';
+export const FS_TYPES = ['ext4', 'ext3', 'xfs', 'btrfs'] as const;
+export type FsType = (typeof FS_TYPES)[number];
+
+export interface EtcdStoreConfig {
+  type: 'etcd';
+  endpoints: string[];
+  prefix: string;
+  timeoutMs: number;
+  tls?: { ca?: string; cert?: string; key?: string };
+}
+export type StoreConfig = { type: 'file' } | EtcdStoreConfig;
+
+export interface Config {
+  /** Where the configuration came from: a file path, or "built-in defaults". */
+  source: string;
+  driverName: string;
+  nodeName: string;
+  attach: boolean;
+  poolDir: string;
+  stateDir: string;
+  logFile: string;
+  logMaxBytes: number;
+  defaultSize: number;
+  maxSize: number;
+  defaultFsType: FsType;
+  allowedFsTypes: FsType[];
+  /** Seconds waitforattach waits for this node to be granted the volume; kubelet kills us at 600. */
+  waitForAttachTimeout: number;
+  /** Seconds any child process (losetup, mkfs, mount...) may run before its process group is killed. */
+  commandTimeout: number;
+  store: StoreConfig;
+}
+
+// Plugin directories that kubelet watches: nothing of ours but the driver itself may live below them.
+const PLUGIN_DIR_MARKER = 'kubelet-plugins/volume/exec';
+
+function buildSchema() {
+  const absolutePath = z
+    .string()
+    .refine((p) => isAbsolute(p), 'must be an absolute path')
+    .refine((p) => !p.includes('\0'), 'must not contain NUL')
+    .refine((p) => !normalize(p).includes(PLUGIN_DIR_MARKER), 'must not be inside the kubelet plugin directory')
+    .transform((p) => normalize(p));
+  const size = z
+    .union([z.string(), z.number()])
+    .transform((v, ctx) => {
+      try {
+        return parseSize(v);
+      } catch (err) {
+        ctx.addIssue({ code: 'custom', message: errorMessage(err) });
+        return z.NEVER;
+      }
+    });
+  const fsType = z.enum(FS_TYPES);
+  const store = z.discriminatedUnion('type', [
+    z.object({ type: z.literal('file') }).strict(),
+    z
+      .object({
+        type: z.literal('etcd'),
+        endpoints: z.array(z.string().url()).min(1),
+        prefix: z.string().default('/latch/'),
+        timeoutMs: z.number().int().min(100).max(60_000).default(5000),
+        tls: z
+          .object({ ca: absolutePath.optional(), cert: absolutePath.optional(), key: absolutePath.optional() })
+          .strict()
+          .optional(),
+      })
+      .strict(),
+  ]);
+  return z
+    .object({
+      driverName: z
+        .string()
+        .regex(/^[a-z0-9][a-z0-9.-]*\/[a-z0-9][a-z0-9.-]*$/, 'must look like vendor/driver, e.g. latch/loop')
+        .default('latch/loop'),
+      nodeName: z
+        .string()
+        .regex(/^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$/, 'must be a lower-case host name as kubelet reports it')
+        .max(253)
+        .optional(),
+      attach: z.boolean().default(true),
+      poolDir: absolutePath.default('/var/lib/latch/pool'),
+      stateDir: absolutePath.default('/var/lib/latch/state'),
+      logFile: absolutePath.default('/var/log/latch/latch.log'),
+      logMaxBytes: z.number().int().min(4096).default(10 * 1024 * 1024),
+      defaultSize: size.default(1024 ** 3),
+      maxSize: size.default(1024 ** 4),
+      defaultFsType: fsType.default('ext4'),
+      allowedFsTypes: z.array(fsType).min(1).default([...FS_TYPES]),
+      waitForAttachTimeout: z.number().int().min(1).max(540).default(120),
+      commandTimeout: z.number().int().min(1).max(3600).default(120),
+      store: store.default({ type: 'file' }),
+    })
+    .strict();
+}
+
+/** Reads and validates the configuration; throws ConfigError naming the file and the field. */
+export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
+  const explicit = env.LATCH_CONFIG;
+  const path = explicit && explicit.length > 0 ? explicit : DEFAULT_CONFIG_PATH;
+  let raw: unknown = {};
+  let source = 'built-in defaults';
+  try {
+    raw = JSON.parse(readFileSync(path, 'utf8'));
+    source = path;
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT' && !explicit) {
+      raw = {};
+    } else if (code === 'ENOENT') {
+      throw new ConfigError(`configuration file ${path} (from LATCH_CONFIG) does not exist`);
+    } else if (err instanceof SyntaxError) {
+      throw new ConfigError(`configuration file ${path} is not valid JSON: ${err.message}`);
+    } else {
+      throw new ConfigError(`configuration file ${path} cannot be read: ${errorMessage(err)}`);
+    }
+  }
+  return parseConfig(raw, source);
+}
+
+/** Validates an already parsed configuration object; `source` names it in messages. */
+export function parseConfig(raw: unknown, source: string): Config {
+  const result = buildSchema().safeParse(raw);
+  if (!result.success) {
+    const issue = result.error.issues[0]!;
+    const field = issue.path.length > 0 ? issue.path.join('.') : '(top level)';
+    const detail =
+      issue.code === 'unrecognized_keys' ? `unknown field(s) ${issue.keys.map((k) => `"${k}"`).join(', ')}` : issue.message;
+    throw new ConfigError(`invalid configuration in ${source}: field "${field}": ${detail}`);
+  }
+  const c = result.data;
+  if (c.maxSize < c.defaultSize) {
+    throw new ConfigError(`invalid configuration in ${source}: field "defaultSize": it is larger than maxSize`);
+  }
+  if (!c.allowedFsTypes.includes(c.defaultFsType)) {
+    throw new ConfigError(`invalid configuration in ${source}: field "defaultFsType": "${c.defaultFsType}" is not in allowedFsTypes`);
+  }
+  return { ...c, source, nodeName: c.nodeName ?? defaultNodeName() };
+}
+
+/** kubelet names a node after its host name, lower-cased. */
+export function defaultNodeName(): string {
+  return hostname().toLowerCase();
+}

@@ -1,0 +1,82 @@
+// The call log: one JSON line per driver call in config.logFile, rotated by size.
+// Logging must never break a call, never reach stdout/stderr, and never carry a secret.
+import { appendFileSync, mkdirSync, renameSync, statSync } from 'node:fs';
+import { dirname } from 'node:path';
+
+const KEEP_ROTATED = 3;
+const MAX_FIELD = 2000;
+
+export interface LogTarget {
+  logFile: string;
+  logMaxBytes: number;
+}
+
+/**
+ * Appends one entry. `createDir` is false for init, which must have no side effects beyond the line itself.
+ * Returns false when the line could not be written (the caller carries on regardless).
+ */
+export function writeLog(target: LogTarget, entry: Record<string, unknown>, createDir = true): boolean {
+  try {
+    const line = `${JSON.stringify({ time: new Date().toISOString(), ...entry })}\n`;
+    rotateIfLarge(target);
+    try {
+      appendFileSync(target.logFile, line, { mode: 0o600 });
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT' || !createDir) return false;
+      mkdirSync(dirname(target.logFile), { recursive: true, mode: 0o700 });
+      appendFileSync(target.logFile, line, { mode: 0o600 });
+    }
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+function rotateIfLarge(target: LogTarget): void {
+  let size: number;
+  try {
+    size = statSync(target.logFile).size;
+  } catch {
+    return;
+  }
+  if (size < target.logMaxBytes) return;
+  // Two processes may rotate at once; a lost rename only loses an old rotated file, never the current line.
+  for (let i = KEEP_ROTATED - 1; i >= 1; i--) {
+    try {
+      renameSync(`${target.logFile}.${i}`, `${target.logFile}.${i + 1}`);
+    } catch {
+      /* missing: nothing to shift */
+    }
+  }
+  try {
+    renameSync(target.logFile, `${target.logFile}.1`);
+  } catch {
+    /* another process rotated it first */
+  }
+}
+
+const SECRET_PREFIX = 'kubernetes.io/secret/';
+
+/** The call's arguments as they may be logged: JSON arguments with secret values replaced, long values cut. */
+export function redactArgs(args: readonly string[]): unknown[] {
+  return args.map((arg) => {
+    const trimmed = arg.trimStart();
+    if (!trimmed.startsWith('{')) return clip(arg);
+    try {
+      const parsed = JSON.parse(arg) as unknown;
+      if (typeof parsed !== 'object' || parsed === null) return clip(arg);
+      const out: Record<string, unknown> = {};
+      for (const [k, v] of Object.entries(parsed)) {
+        out[k] = k.startsWith(SECRET_PREFIX) ? '<redacted>' : typeof v === 'string' ? clip(v) : v;
+      }
+      return out;
+    } catch {
+      // Unparsable JSON may still hold a secret: log only its size.
+      return `<unparsable JSON, ${arg.length} bytes>`;
+    }
+  });
+}
+
+function clip(text: string): string {
+  return text.length > MAX_FIELD ? `${text.slice(0, MAX_FIELD)}...(${text.length} bytes)` : text;
+}

@@ -1,0 +1,6 @@
+import { failure } from '../protocol/reply.js';
+import type { OpCall } from './types.js';
+
+export async function run(_call: OpCall) {
+  return failure('expandfs is not implemented yet');
+}

@@ -1,0 +1,180 @@
+import assert from 'node:assert/strict';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { describe, it } from 'node:test';
+import { loadConfig, parseConfig } from '../../src/config.js';
+import { redactArgs, writeLog } from '../../src/log.js';
+import { checkVolumeName } from '../../src/names.js';
+import { parseOptions } from '../../src/protocol/options.js';
+import { encodeReply, exitCodeOf, failure, notSupported, success } from '../../src/protocol/reply.js';
+import { formatSize, parseSize } from '../../src/size.js';
+
+const config = parseConfig({}, 'test');
+
+describe('options JSON', () => {
+  it('parses what kubelet sends after a restart: only the kubernetes.io keys', () => {
+    const o = parseOptions('{"kubernetes.io/fsType":"","kubernetes.io/pvOrVolumeName":"pv-1","kubernetes.io/readwrite":"rw"}', config);
+    assert.equal(o.name, 'pv-1');
+    assert.equal(o.volume, undefined);
+    assert.equal(o.fsType, undefined);
+    assert.equal(o.readOnly, false);
+  });
+
+  it("parses Go's escapes and unicode", () => {
+    const json = '{"kubernetes.io/pod.name":"a\\u003cb\\u003e\\u0026c-\\u00e9","kubernetes.io/pvOrVolumeName":"pv-1"}';
+    assert.equal(parseOptions(json, config).pod?.name, 'a<b>&c-é');
+  });
+
+  it('the user volume option wins over the PV name; size, fsType, readOnly, mountOptions are read', () => {
+    const o = parseOptions(
+      JSON.stringify({ 'kubernetes.io/pvOrVolumeName': 'pv-1', volume: 'data', size: '2Gi', fsType: 'xfs', readOnly: 'true', mountOptions: 'noatime, nodev' }),
+      config,
+    );
+    assert.deepEqual([o.name, o.size, o.fsType, o.readOnly, o.mountOptions], ['data', 2 * 1024 ** 3, 'xfs', true, ['noatime', 'nodev']]);
+  });
+
+  it('kubernetes.io/readwrite ro means read-only', () => {
+    assert.equal(parseOptions('{"kubernetes.io/pvOrVolumeName":"a","kubernetes.io/readwrite":"ro"}', config).readOnly, true);
+  });
+
+  it('decodes secrets and never echoes them in errors', () => {
+    const o = parseOptions('{"kubernetes.io/pvOrVolumeName":"a","kubernetes.io/secret/password":"aHVudGVyMg=="}', config);
+    assert.equal(o.secrets.password, 'hunter2');
+    assert.throws(
+      () => parseOptions('{"kubernetes.io/pvOrVolumeName":"a","kubernetes.io/secret/password":"not base64!!"}', config),
+      (err: Error) => err.message.includes('kubernetes.io/secret/password') && !err.message.includes('not base64!!'),
+    );
+  });
+
+  const bad: Array<[string, RegExp]> = [
+    ['', /empty/],
+    ['{not json', /not valid JSON/],
+    ['[]', /must be a JSON object, not an array/],
+    ['null', /must be a JSON object/],
+    ['{}', /name no volume/],
+    ['{"kubernetes.io/pvOrVolumeName":"a","size":5}', /option "size" must be a string/],
+    ['{"kubernetes.io/pvOrVolumeName":"a","size":"abc"}', /option "size" "abc" is not a size/],
+    ['{"kubernetes.io/pvOrVolumeName":"a","size":"-1"}', /not a size/],
+    ['{"kubernetes.io/pvOrVolumeName":"a","size":"100Ti"}', /above the configured maxSize/],
+    ['{"kubernetes.io/pvOrVolumeName":"a","readOnly":"yes"}', /option "readOnly" must be "true" or "false"/],
+    ['{"kubernetes.io/pvOrVolumeName":"a","fsType":"ext4; rm -rf /"}', /option "fsType" is "ext4; rm -rf \/"; allowed/],
+    ['{"kubernetes.io/pvOrVolumeName":"a","mountOptions":"noatime,exec=/bin/sh"}', /mountOptions.*not allowed/],
+    ['{"kubernetes.io/pvOrVolumeName":"a","sise":"1Gi"}', /unknown option "sise"/],
+    ['{"kubernetes.io/pvOrVolumeName":"../etc"}', /kubernetes.io\/pvOrVolumeName.*not allowed/],
+    ['{"volume":"a/b"}', /option "volume" "a\/b" is not allowed/],
+    ['{"volume":"$(touch /tmp/x)"}', /not allowed/],
+    [`{"volume":"${'a'.repeat(300)}"}`, /300 characters long/],
+    ['{"kubernetes.io/pvOrVolumeName":"a","kubernetes.io/mounterArgs.FsGroup":"x"}', /FsGroup.*decimal/],
+  ];
+  for (const [json, message] of bad) {
+    it(`refuses ${json.slice(0, 60) || '(empty)'}`, () => {
+      assert.throws(() => parseOptions(json, config), message);
+    });
+  }
+
+  it('ignores unknown kubernetes.io keys from newer kubelets', () => {
+    assert.equal(parseOptions('{"kubernetes.io/pvOrVolumeName":"a","kubernetes.io/somethingNew":"x"}', config).name, 'a');
+  });
+});
+
+describe('replies', () => {
+  it('encodes one line of JSON with only known fields', () => {
+    const line = encodeReply({ ...success({ attached: false }), ...({ extra: 1 } as object) });
+    assert.equal(line, '{"status":"Success","attached":false}\n');
+  });
+  it('maps statuses to exit codes', () => {
+    assert.equal(exitCodeOf(success()), 0);
+    assert.equal(exitCodeOf(notSupported()), 0);
+    assert.equal(exitCodeOf(failure('x')), 1);
+  });
+  it('cuts very long messages', () => {
+    assert.ok(encodeReply(failure('x'.repeat(100_000))).length < 5000);
+  });
+});
+
+describe('configuration', () => {
+  it('has the documented defaults', () => {
+    assert.equal(config.driverName, 'latch/loop');
+    assert.equal(config.attach, true);
+    assert.equal(config.poolDir, '/var/lib/latch/pool');
+    assert.equal(config.stateDir, '/var/lib/latch/state');
+    assert.equal(config.logFile, '/var/log/latch/latch.log');
+    assert.equal(config.defaultFsType, 'ext4');
+    assert.deepEqual(config.store, { type: 'file' });
+    assert.match(config.nodeName, /^[a-z0-9.-]+$/);
+  });
+  const bad: Array<[unknown, RegExp]> = [
+    [{ maxSize: 'abc' }, /field "maxSize"/],
+    [{ attach: 'yes' }, /field "attach"/],
+    [{ poolDir: 'relative' }, /field "poolDir": must be an absolute path/],
+    [{ logFile: '/usr/libexec/kubernetes/kubelet-plugins/volume/exec/latch~loop/log' }, /field "logFile": must not be inside the kubelet plugin directory/],
+    [{ sizeLimit: 1 }, /unknown field\(s\) "sizeLimit"/],
+    [{ store: { type: 'redis' } }, /field "store/],
+    [{ defaultSize: '2Ti', maxSize: '1Ti' }, /field "defaultSize"/],
+    [{ waitForAttachTimeout: 900 }, /field "waitForAttachTimeout"/],
+  ];
+  for (const [raw, message] of bad) {
+    it(`refuses ${JSON.stringify(raw)} naming the field and the file`, () => {
+      assert.throws(() => parseConfig(raw, '/etc/latch/config.json'), (err: Error) => message.test(err.message) && err.message.includes('/etc/latch/config.json'));
+    });
+  }
+  it('reads $LATCH_CONFIG and names it when it is broken or missing', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'latch-config-'));
+    try {
+      const path = join(dir, 'config.json');
+      writeFileSync(path, '{"nodeName":"node-x","defaultSize":"2Gi"}');
+      const c = loadConfig({ LATCH_CONFIG: path });
+      assert.equal(c.nodeName, 'node-x');
+      assert.equal(c.defaultSize, 2 * 1024 ** 3);
+      writeFileSync(path, '{nope');
+      assert.throws(() => loadConfig({ LATCH_CONFIG: path }), new RegExp(`${path} is not valid JSON`));
+      assert.throws(() => loadConfig({ LATCH_CONFIG: join(dir, 'missing.json') }), /missing.json \(from LATCH_CONFIG\) does not exist/);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('logging', () => {
+  it('redacts secrets and unparsable JSON from the logged arguments', () => {
+    const [json, broken, path] = redactArgs([
+      '{"kubernetes.io/secret/password":"aHVudGVyMg==","kubernetes.io/pvOrVolumeName":"a"}',
+      '{"kubernetes.io/secret/password":"aHVudGVyMg=="',
+      '/var/lib/kubelet/x',
+    ]);
+    assert.deepEqual(json, { 'kubernetes.io/secret/password': '<redacted>', 'kubernetes.io/pvOrVolumeName': 'a' });
+    assert.doesNotMatch(String(broken), /aHVudGVyMg/);
+    assert.equal(path, '/var/lib/kubelet/x');
+  });
+
+  it('appends JSON lines, rotates by size, and never throws', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'latch-log-'));
+    try {
+      const target = { logFile: join(dir, 'sub', 'latch.log'), logMaxBytes: 4096 };
+      assert.equal(writeLog(target, { op: 'init' }, false), false, 'init must not create the log directory');
+      for (let i = 0; i < 200; i++) assert.equal(writeLog(target, { op: 'attach', i }), true);
+      const lines = readFileSync(target.logFile, 'utf8').trim().split('\n');
+      assert.ok(lines.every((l) => JSON.parse(l).op === 'attach'));
+      assert.ok(readFileSync(`${target.logFile}.1`, 'utf8').length > 0, 'rotated file exists');
+      assert.equal(writeLog({ logFile: join(dir, 'sub', 'latch.log', 'x'), logMaxBytes: 4096 }, { op: 'x' }), false);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('sizes and names', () => {
+  it('parses Kubernetes quantities', () => {
+    assert.equal(parseSize('1Gi'), 1024 ** 3);
+    assert.equal(parseSize('500M'), 500e6);
+    assert.equal(parseSize('1.5Gi'), 1.5 * 1024 ** 3);
+    assert.equal(parseSize('4096'), 4096);
+    for (const bad of ['', 'abc', '-1', '1 Gi', '1GB', '0', '1e9', '99999Pi']) assert.throws(() => parseSize(bad), /size/);
+    assert.equal(formatSize(1024 ** 3), '1Gi');
+  });
+  it('checks volume names', () => {
+    for (const good of ['pv-1', 'pvc-0f1e2d3c-aaaa-bbbb-cccc-1234567890ab', 'a', 'a.b_c']) assert.equal(checkVolumeName(good), good);
+    for (const bad of ['', 'a/b', '..', 'a..b', '-a', 'A', 'a b', 'x;rm', 'a'.repeat(201)]) assert.throws(() => checkVolumeName(bad));
+  });
+});
