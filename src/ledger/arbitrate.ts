@@ -1,0 +1,233 @@
+// Pure arbitration: (volume document, request) -> new document. No I/O, no clock except the `now` passed in.
+// Rules (DESIGN.md "Ledger semantics"): priority chooses only while the volume is fully detached, ties go to
+// the smallest ID, no preemption, break before make, read-write-once unless every ticket is read-only,
+// and a node gives the volume up only when it confirms release or an admin declares it down.
+import type { FsType } from '../config.js';
+import {
+  TICKET_PRIORITY,
+  type NodeAttachment,
+  type Ticket,
+  type TicketStatus,
+  type VolumeDoc,
+  type VolumeState,
+} from './types.js';
+
+export function newVolume(name: string, sizeBytes: number, fsType: FsType, now: string): VolumeDoc {
+  return {
+    apiVersion: 'latch/v1',
+    name,
+    createdAt: now,
+    spec: { sizeBytes, fsType, tickets: {}, generationCounter: 0 },
+    status: { state: 'detached', currentNodes: [], nodes: {}, tickets: {} },
+  };
+}
+
+export type TicketRequest = Omit<Ticket, 'generation' | 'createdAt'>;
+
+/** Adds a ticket, or keeps it as it is when the same ID asks for the same thing (generation unchanged). */
+export function addTicket(doc: VolumeDoc, request: TicketRequest, now: string): VolumeDoc {
+  const next = structuredClone(doc);
+  const existing = next.spec.tickets[request.id];
+  if (existing && existing.nodeID === request.nodeID && existing.type === request.type &&
+      existing.parameters.readOnly === request.parameters.readOnly) {
+    // Same request again: refresh who asked (pod info may be new), nothing else.
+    existing.requestedBy = { ...existing.requestedBy, ...request.requestedBy };
+    return reconcile(next, now);
+  }
+  next.spec.generationCounter += 1;
+  next.spec.tickets[request.id] = { ...request, generation: next.spec.generationCounter, createdAt: now };
+  // A changed ticket starts unsatisfied; reconcile decides afresh.
+  delete next.status.tickets[request.id];
+  const node = next.status.nodes[request.nodeID];
+  if (node?.phase === 'detaching') {
+    // The node still has the device and is wanted again there: it keeps it (it never let go).
+    node.phase = 'attaching';
+    node.since = now;
+  }
+  if (existing && existing.nodeID !== request.nodeID) dropNodeIfUnwanted(next, existing.nodeID, now);
+  return reconcile(next, now);
+}
+
+/** Removes a ticket; an unknown ID changes nothing. A node that loses its last ticket must still confirm release. */
+export function removeTicket(doc: VolumeDoc, id: string, now: string): VolumeDoc {
+  const ticket = doc.spec.tickets[id];
+  if (!ticket) return doc;
+  const next = structuredClone(doc);
+  delete next.spec.tickets[id];
+  delete next.status.tickets[id];
+  dropNodeIfUnwanted(next, ticket.nodeID, now);
+  return reconcile(next, now);
+}
+
+/** The node starts setting up the device. Refused (undefined) unless the ledger granted it the volume. */
+export function markAttaching(doc: VolumeDoc, node: string, now: string): VolumeDoc | undefined {
+  const entry = doc.status.nodes[node];
+  if (!entry || entry.phase === 'detaching') return undefined;
+  if (entry.phase !== 'granted') return doc;
+  const next = structuredClone(doc);
+  next.status.nodes[node] = { ...entry, phase: 'attaching', since: now };
+  return reconcile(next, now);
+}
+
+/** The node has the device. Refused (undefined) unless it was attaching or attached. */
+export function markAttached(doc: VolumeDoc, node: string, device: string, now: string): VolumeDoc | undefined {
+  const entry = doc.status.nodes[node];
+  if (!entry || entry.phase === 'granted' || entry.phase === 'detaching') return undefined;
+  if (entry.phase === 'attached' && entry.device === device) return doc;
+  const next = structuredClone(doc);
+  next.status.nodes[node] = { ...entry, phase: 'attached', device, since: now };
+  return reconcile(next, now);
+}
+
+/**
+ * The node confirms its device is released (unmounted, loop device gone). If tickets still want the volume there
+ * it stays granted to the node; otherwise the node lets go, and a waiting ticket elsewhere may be granted.
+ */
+export function markReleased(doc: VolumeDoc, node: string, now: string): VolumeDoc {
+  const entry = doc.status.nodes[node];
+  if (!entry) return doc;
+  const next = structuredClone(doc);
+  if (ticketsOfNode(next, node).length > 0) {
+    if (entry.phase === 'granted') return doc;
+    next.status.nodes[node] = { phase: 'granted', readOnly: entry.readOnly, since: now };
+  } else {
+    delete next.status.nodes[node];
+  }
+  return reconcile(next, now);
+}
+
+/** The admin fence: the node is down. Its tickets and its hold on the volume go, whatever it may still have. */
+export function releaseDeadNode(doc: VolumeDoc, node: string, now: string): VolumeDoc {
+  const next = structuredClone(doc);
+  for (const ticket of ticketsOfNode(next, node)) {
+    delete next.spec.tickets[ticket.id];
+    delete next.status.tickets[ticket.id];
+  }
+  delete next.status.nodes[node];
+  return reconcile(next, now);
+}
+
+/** True when the ticket is satisfied for its current generation. */
+export function isSatisfied(doc: VolumeDoc, id: string): boolean {
+  const ticket = doc.spec.tickets[id];
+  const status = doc.status.tickets[id];
+  return !!ticket && !!status && status.satisfied && status.generation === ticket.generation;
+}
+
+/** Whether a node currently holds (or may be setting up) the device: what ticket removal and deletion must respect. */
+export function nodeHoldsDevice(doc: VolumeDoc, node: string): boolean {
+  const phase = doc.status.nodes[node]?.phase;
+  return phase === 'attaching' || phase === 'attached' || phase === 'detaching';
+}
+
+/** Order in which waiting tickets are chosen: higher priority first, then the smallest ID. */
+export function compareTickets(a: Ticket, b: Ticket): number {
+  const byPriority = TICKET_PRIORITY[b.type] - TICKET_PRIORITY[a.type];
+  if (byPriority !== 0) return byPriority;
+  return a.id < b.id ? -1 : a.id > b.id ? 1 : 0;
+}
+
+/** Recomputes grants, ticket statuses and the derived state. Idempotent: reconcile(reconcile(d)) equals reconcile(d). */
+export function reconcile(doc: VolumeDoc, now: string): VolumeDoc {
+  const next = doc; // callers pass a private copy
+  const tickets = Object.values(next.spec.tickets).sort(compareTickets);
+  const nodes = next.status.nodes;
+  const everyTicketReadOnly = tickets.length > 0 && tickets.every((t) => t.parameters.readOnly);
+
+  for (const [node, entry] of Object.entries(nodes)) {
+    if (entry.phase === 'granted' && ticketsOfNode(next, node).length === 0) delete nodes[node];
+  }
+
+  const holders = Object.keys(nodes);
+  if (holders.length === 0) {
+    // Fully detached: the best ticket wins; with only read-only tickets, every node may have it.
+    const winner = tickets[0];
+    if (winner) {
+      const chosen = everyTicketReadOnly ? [...new Set(tickets.map((t) => t.nodeID))] : [winner.nodeID];
+      for (const node of chosen) {
+        nodes[node] = { phase: 'granted', readOnly: ticketsOfNode(next, node).every((t) => t.parameters.readOnly), since: now };
+      }
+    }
+  } else if (everyTicketReadOnly && holders.every((n) => nodes[n]!.readOnly && nodes[n]!.phase !== 'detaching')) {
+    // Read-only-many: more nodes may join while every holder and every ticket is read-only.
+    for (const ticket of tickets) {
+      nodes[ticket.nodeID] ??= { phase: 'granted', readOnly: true, since: now };
+    }
+  } else if (holders.length === 1) {
+    // A read-write ticket on a node that was granted read-only but has not touched the device yet: upgrade it.
+    const only = nodes[holders[0]!]!;
+    if (only.phase === 'granted' && only.readOnly && ticketsOfNode(next, holders[0]!).some((t) => !t.parameters.readOnly)) {
+      only.readOnly = false;
+    }
+  }
+
+  const statuses: Record<string, TicketStatus> = {};
+  for (const ticket of tickets) statuses[ticket.id] = statusOf(next, ticket, tickets);
+  next.status.tickets = statuses;
+  next.status.currentNodes = Object.entries(nodes)
+    .filter(([, e]) => e.phase !== 'granted')
+    .map(([n]) => n)
+    .sort();
+  next.status.state = stateOf(Object.values(nodes));
+  return next;
+}
+
+function statusOf(doc: VolumeDoc, ticket: Ticket, sorted: Ticket[]): TicketStatus {
+  const base = { generation: ticket.generation };
+  const own = doc.status.nodes[ticket.nodeID];
+  if (own && own.phase !== 'detaching') {
+    if (own.readOnly && !ticket.parameters.readOnly) {
+      return {
+        ...base,
+        satisfied: false,
+        reason: 'ReadOnlyAttachment',
+        message: `read-write wanted, but the volume is attached read-only on node ${ticket.nodeID}; it must be detached first`,
+      };
+    }
+    return { ...base, satisfied: true, reason: 'Attached', message: `attached to node ${ticket.nodeID}` };
+  }
+  const others = Object.entries(doc.status.nodes).filter(([n]) => n !== ticket.nodeID);
+  const releasing = others.find(([, e]) => e.phase === 'detaching');
+  if (releasing) {
+    const [node] = releasing;
+    return {
+      ...base,
+      satisfied: false,
+      reason: 'Detaching',
+      message:
+        `still detaching from node ${node}: waiting for node ${node} to release the device ` +
+        `(if the node is down: latch volume release ${doc.name} --node ${node} --node-is-down)`,
+    };
+  }
+  const holder = others[0];
+  if (holder) {
+    const [node] = holder;
+    const holdingTicket = sorted.find((t) => t.nodeID === node);
+    return {
+      ...base,
+      satisfied: false,
+      reason: 'AttachedElsewhere',
+      message: `attached to node ${node}${holdingTicket ? ` (ticket ${holdingTicket.id})` : ''}`,
+    };
+  }
+  return { ...base, satisfied: false, reason: 'Waiting', message: 'waiting for the volume to be granted' };
+}
+
+function stateOf(entries: NodeAttachment[]): VolumeState {
+  if (entries.length === 0) return 'detached';
+  if (entries.some((e) => e.phase === 'detaching')) return 'detaching';
+  if (entries.some((e) => e.phase === 'granted' || e.phase === 'attaching')) return 'attaching';
+  return 'attached';
+}
+
+function ticketsOfNode(doc: VolumeDoc, node: string): Ticket[] {
+  return Object.values(doc.spec.tickets).filter((t) => t.nodeID === node);
+}
+
+/** After a node lost a ticket: a node that never touched the device just loses its grant; one that did must release. */
+function dropNodeIfUnwanted(doc: VolumeDoc, node: string, now: string): void {
+  const entry = doc.status.nodes[node];
+  if (!entry || ticketsOfNode(doc, node).length > 0) return;
+  if (entry.phase === 'granted') delete doc.status.nodes[node];
+  else if (entry.phase !== 'detaching') doc.status.nodes[node] = { ...entry, phase: 'detaching', since: now };
+}

@@ -1,0 +1,74 @@
+// The ledger's documents: one per volume (Longhorn's VolumeAttachment model, seeds 000 and 004).
+import type { FsType } from '../config.js';
+import type { PodInfo } from '../protocol/options.js';
+
+export const TICKET_PRIORITY = { restore: 2000, admin: 1000, workload: 900, maintenance: 800 } as const;
+export type TicketType = keyof typeof TICKET_PRIORITY;
+export const TICKET_TYPES = Object.keys(TICKET_PRIORITY) as TicketType[];
+
+/** A request to have the volume on a node: who asked, for what, and when. */
+export interface Ticket {
+  id: string;
+  type: TicketType;
+  nodeID: string;
+  parameters: { readOnly: boolean };
+  /** Taken from the volume's counter whenever the ticket is created or changed: never reused. */
+  generation: number;
+  createdAt: string;
+  requestedBy: { pvName?: string; pod?: PodInfo; fsGroup?: number; admin?: boolean };
+}
+
+/** Machine-readable reasons a ticket is or is not satisfied. */
+export type TicketReason =
+  | 'Attached' // the ticket's node holds (or is granted) the volume
+  | 'AttachedElsewhere' // read-write-once and another node holds it
+  | 'Detaching' // the volume is still being released by a node
+  | 'ReadOnlyAttachment' // read-write wanted, but the node holds it read-only
+  | 'Waiting'; // detached, and another ticket was chosen first
+
+export interface TicketStatus {
+  /** The ticket generation this status was computed for; satisfied counts only when it equals the ticket's. */
+  generation: number;
+  satisfied: boolean;
+  reason: TicketReason;
+  message: string;
+}
+
+/**
+ * Where a node stands with the volume.
+ * granted: the ledger chose this node; the node has not touched the device yet (can be withdrawn freely).
+ * attaching: the node started setting up the device. attached: it has the device.
+ * detaching: no ticket wants it there any more, but the node has not confirmed it released the device.
+ */
+export type NodePhase = 'granted' | 'attaching' | 'attached' | 'detaching';
+
+export interface NodeAttachment {
+  phase: NodePhase;
+  readOnly: boolean;
+  since: string;
+  device?: string;
+}
+
+export type VolumeState = 'detached' | 'attaching' | 'attached' | 'detaching';
+
+export interface VolumeDoc {
+  apiVersion: 'latch/v1';
+  name: string;
+  createdAt: string;
+  spec: {
+    sizeBytes: number;
+    fsType: FsType;
+    tickets: Record<string, Ticket>;
+    /** Source of ticket generations. */
+    generationCounter: number;
+  };
+  status: {
+    state: VolumeState;
+    /** Nodes that have (or may have) set the device up: attaching, attached or detaching. */
+    currentNodes: string[];
+    nodes: Record<string, NodeAttachment>;
+    tickets: Record<string, TicketStatus>;
+    /** The filesystem found or made on the volume; once set, a blank device means something is wrong: never format it. */
+    filesystem?: string;
+  };
+}
