@@ -1,0 +1,284 @@
+// The embedded data plane: each volume is a sparse image file <poolDir>/<volume>.img, attached with losetup.
+// Which device belongs to which volume is read from the kernel (/sys/block/loopN/loop/backing_file), never
+// remembered in a file, so it stays true across crashes and restarts.
+import { randomBytes } from 'node:crypto';
+import { constants } from 'node:fs';
+import { link, lstat, mkdir, open, realpath, statfs, truncate, unlink } from 'node:fs/promises';
+import type { Stats } from 'node:fs';
+import { basename, dirname, isAbsolute, join, resolve } from 'node:path';
+import { LatchError } from '../errors.js';
+import { checkVolumeName } from '../names.js';
+import { formatSize } from '../size.js';
+import { blockDeviceSize } from '../sys/blockdev.js';
+import {
+  detachLoop,
+  listLoopDevices,
+  loopDeviceInfo,
+  loopNumber,
+  refreshLoopCapacity,
+  setupLoop,
+  type LoopDevice,
+} from '../sys/loop.js';
+import type { Backend } from './types.js';
+
+export interface LoopBackendOptions {
+  /** Directory holding the images; created 0700 on first use. */
+  poolDir: string;
+  /** Largest size a volume may be created with or grown to, in bytes. */
+  maxSize: number;
+}
+
+const IMAGE_SUFFIX = '.img';
+
+export class LoopBackend implements Backend {
+  readonly poolDir: string;
+  readonly maxSize: number;
+
+  constructor(options: LoopBackendOptions) {
+    if (!isAbsolute(options.poolDir)) throw new LatchError(`poolDir ${JSON.stringify(options.poolDir)} must be an absolute path`);
+    if (!Number.isSafeInteger(options.maxSize) || options.maxSize < 1) {
+      throw new LatchError(`maxSize must be a positive whole number of bytes, got ${options.maxSize}`);
+    }
+    this.poolDir = resolve(options.poolDir);
+    this.maxSize = options.maxSize;
+  }
+
+  /** Where the volume's image lives (whether or not it exists). */
+  imagePath(volume: string): string {
+    return join(this.poolDir, `${checkVolumeName(volume)}${IMAGE_SUFFIX}`);
+  }
+
+  async create(volume: string, sizeBytes: number): Promise<void> {
+    const path = this.imagePath(volume);
+    checkSizeArgument(volume, sizeBytes);
+    if (sizeBytes > this.maxSize) {
+      throw new LatchError(
+        `volume ${volume}: requested size ${formatSize(sizeBytes)} is above the limit of ${formatSize(this.maxSize)} (maxSize)`,
+      );
+    }
+    await mkdir(this.poolDir, { recursive: true, mode: 0o700 });
+
+    const existing = await statImage(path);
+    if (existing) return acceptExisting(volume, path, existing, sizeBytes);
+
+    const available = await this.availableBytes();
+    if (sizeBytes > available) {
+      throw new LatchError(
+        `volume ${volume}: requested size ${formatSize(sizeBytes)} is above the ${formatSize(available)} available ` +
+          `in the pool ${this.poolDir}`,
+      );
+    }
+
+    // The image is made full-size under a private name and then linked into place: link() never replaces an
+    // existing file, so a concurrent create can neither clobber an image nor see a half-made one.
+    const temp = join(this.poolDir, `.${volume}${IMAGE_SUFFIX}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
+    const handle = await open(temp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o600);
+    try {
+      try {
+        await handle.chmod(0o600);
+        await handle.truncate(sizeBytes);
+        await handle.sync();
+      } finally {
+        await handle.close();
+      }
+      try {
+        await link(temp, path);
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+        const raced = await statImage(path);
+        if (!raced) throw err;
+        return acceptExisting(volume, path, raced, sizeBytes);
+      }
+    } finally {
+      await unlink(temp).catch(() => undefined);
+    }
+    await syncDir(this.poolDir);
+  }
+
+  async delete(volume: string): Promise<void> {
+    const path = this.imagePath(volume);
+    const devices = await this.liveDevices(volume);
+    if (devices.length > 0) {
+      throw new LatchError(
+        `volume ${volume} is still set up as ${devices.map((d) => d.device).join(', ')}; release it before deleting`,
+      );
+    }
+    try {
+      await unlink(path);
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return;
+      throw err;
+    }
+    await syncDir(this.poolDir);
+  }
+
+  async size(volume: string): Promise<number | undefined> {
+    const stats = await statImage(this.imagePath(volume));
+    return stats?.size;
+  }
+
+  async attach(volume: string): Promise<string> {
+    const path = this.imagePath(volume);
+    if (!(await statImage(path))) throw new LatchError(`volume ${volume} has no image in the pool (${path})`);
+
+    const existing = await this.liveDevices(volume);
+    if (existing[0]) return existing[0].device;
+
+    await setupLoop(path);
+    // Several callers may have raced past the check above. Each keeps the lowest-numbered device backed by the
+    // image and detaches the rest, so all of them converge on the same device.
+    const devices = await this.liveDevices(volume);
+    const [keep, ...extra] = devices;
+    if (!keep) throw new LatchError(`losetup set up ${path}, but no loop device backed by it is visible in /sys`);
+    for (const dup of extra) {
+      // Best effort: a device still open (udev probing it) is left with autoclear and goes away on its last close.
+      await detachLoop(dup.device, dup.backingFile).catch(() => undefined);
+    }
+    return keep.device;
+  }
+
+  async findDevice(volume: string): Promise<string | undefined> {
+    checkVolumeName(volume);
+    return (await this.liveDevices(volume))[0]?.device;
+  }
+
+  async volumeOfDevice(device: string): Promise<string | undefined> {
+    if (typeof device !== 'string' || !device.startsWith('/dev/')) return undefined;
+    let real = device;
+    try {
+      real = await realpath(device);
+    } catch {
+      // Not there (any more): the /sys lookup below decides.
+    }
+    if (loopNumber(real) === undefined) return undefined;
+    const info = await loopDeviceInfo(real);
+    if (!info) return undefined;
+    return this.volumeOfBackingFile(info.backingFile, await this.realPoolDir());
+  }
+
+  async release(volume: string): Promise<void> {
+    checkVolumeName(volume);
+    // Every device backed by this image path, including one whose image was unlinked underneath it.
+    const devices = await this.devicesOf(volume, { includeDeleted: true });
+    const errors: unknown[] = [];
+    for (const dev of devices) {
+      try {
+        await detachLoop(dev.device, dev.backingFile);
+      } catch (err) {
+        errors.push(err);
+      }
+    }
+    if (errors.length > 0) throw errors[0];
+  }
+
+  async grow(volume: string, sizeBytes: number): Promise<void> {
+    const path = this.imagePath(volume);
+    checkSizeArgument(volume, sizeBytes);
+    const stats = await statImage(path);
+    if (!stats) throw new LatchError(`volume ${volume} has no image in the pool (${path})`);
+    if (sizeBytes < stats.size) {
+      throw new LatchError(
+        `volume ${volume}: cannot shrink from ${formatSize(stats.size)} to ${formatSize(sizeBytes)}; volumes only grow`,
+      );
+    }
+    if (sizeBytes > this.maxSize) {
+      throw new LatchError(
+        `volume ${volume}: requested size ${formatSize(sizeBytes)} is above the limit of ${formatSize(this.maxSize)} (maxSize)`,
+      );
+    }
+    if (sizeBytes > stats.size) {
+      // What the image could still need if it were filled: its new size less what it already occupies.
+      const needed = sizeBytes - stats.blocks * 512;
+      const available = await this.availableBytes();
+      if (needed > available) {
+        throw new LatchError(
+          `volume ${volume}: growing to ${formatSize(sizeBytes)} needs up to ${formatSize(needed)} more, but only ` +
+            `${formatSize(available)} is available in the pool ${this.poolDir}`,
+        );
+      }
+      await truncate(path, sizeBytes);
+    }
+    // Also on a repeated call: a previous one may have grown the image and failed before the refresh.
+    const deviceBytes = Math.floor(sizeBytes / 512) * 512;
+    for (const dev of await this.liveDevices(volume)) {
+      if ((await blockDeviceSize(dev.device)) < deviceBytes) await refreshLoopCapacity(dev.device);
+    }
+  }
+
+  /** The real path of the pool directory, or undefined when it does not exist (then no device is ours). */
+  private async realPoolDir(): Promise<string | undefined> {
+    try {
+      return await realpath(this.poolDir);
+    } catch {
+      return undefined;
+    }
+  }
+
+  /** Devices backed by the volume's current image, lowest number first. */
+  private async liveDevices(volume: string): Promise<LoopDevice[]> {
+    return this.devicesOf(volume, { includeDeleted: false });
+  }
+
+  private async devicesOf(volume: string, options: { includeDeleted: boolean }): Promise<LoopDevice[]> {
+    const pool = await this.realPoolDir();
+    if (pool === undefined) return [];
+    const image = join(pool, `${checkVolumeName(volume)}${IMAGE_SUFFIX}`);
+    const devices = await listLoopDevices();
+    return devices
+      .filter((d) => d.backingFile === image && (options.includeDeleted || !d.deleted))
+      .sort((a, b) => (loopNumber(a.device) ?? 0) - (loopNumber(b.device) ?? 0));
+  }
+
+  private volumeOfBackingFile(file: string, pool: string | undefined): string | undefined {
+    if (pool === undefined || dirname(file) !== pool) return undefined;
+    const name = basename(file);
+    if (!name.endsWith(IMAGE_SUFFIX)) return undefined;
+    const volume = name.slice(0, -IMAGE_SUFFIX.length);
+    try {
+      return checkVolumeName(volume);
+    } catch {
+      return undefined;
+    }
+  }
+
+  private async availableBytes(): Promise<number> {
+    const stats = await statfs(this.poolDir);
+    return Number(stats.bavail) * Number(stats.bsize);
+  }
+}
+
+function checkSizeArgument(volume: string, sizeBytes: number): void {
+  if (!Number.isSafeInteger(sizeBytes) || sizeBytes < 1) {
+    throw new LatchError(`volume ${volume}: size must be a positive whole number of bytes, got ${sizeBytes}`);
+  }
+}
+
+/** lstat of an image; undefined when missing; refuses anything but a regular file (a symlink could point anywhere). */
+async function statImage(path: string): Promise<Stats | undefined> {
+  let stats: Stats;
+  try {
+    stats = await lstat(path);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    throw err;
+  }
+  if (!stats.isFile()) throw new LatchError(`${path} is not a regular file; refusing to use it as a volume image`);
+  return stats;
+}
+
+function acceptExisting(volume: string, path: string, stats: Stats, sizeBytes: number): void {
+  if (stats.size >= sizeBytes) return;
+  throw new LatchError(
+    `volume ${volume} already exists with ${formatSize(stats.size)}, less than the requested ${formatSize(sizeBytes)} ` +
+      `(${path}); expand it instead`,
+  );
+}
+
+async function syncDir(dir: string): Promise<void> {
+  const handle = await open(dir, 'r');
+  try {
+    await handle.sync();
+  } finally {
+    await handle.close();
+  }
+}

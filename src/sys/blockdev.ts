@@ -1,0 +1,120 @@
+// Filesystems on block devices: probe, format, grow; and device sizes from /sys.
+import { readFile, realpath } from 'node:fs/promises';
+import { basename, isAbsolute } from 'node:path';
+import { LatchError } from '../errors.js';
+import { run } from './run.js';
+
+export const MAKEABLE_FS_TYPES = ['ext4', 'ext3', 'xfs', 'btrfs'] as const;
+export type MakeableFsType = (typeof MAKEABLE_FS_TYPES)[number];
+
+/**
+ * The filesystem type blkid finds on `device` (low-level probe, no cache), or undefined when it finds no signature
+ * at all. A device that carries a signature that is not a filesystem (a partition table) is not empty: that throws,
+ * so nobody formats over it.
+ */
+export async function probeFsType(device: string): Promise<string | undefined> {
+  const dev = checkDevicePath(device);
+  const { stdout, exitCode } = await run('blkid', ['-p', '-o', 'export', '-s', 'TYPE', '-s', 'PTTYPE', dev], {
+    okExitCodes: [2],
+  });
+  if (exitCode === 2) return undefined;
+  const values = new Map<string, string>();
+  for (const line of stdout.split('\n')) {
+    const eq = line.indexOf('=');
+    if (eq > 0) values.set(line.slice(0, eq), line.slice(eq + 1).trim());
+  }
+  const type = values.get('TYPE');
+  if (type) return type;
+  const ptType = values.get('PTTYPE');
+  throw new LatchError(
+    `${dev} holds ${ptType ? `a ${ptType} partition table` : 'a signature blkid recognises'} but no filesystem; ` +
+      `refusing to treat it as empty`,
+  );
+}
+
+/**
+ * Creates a filesystem on `device`. Refuses when blkid already finds something there: this is the last guard
+ * against formatting data (mkfs.ext4 -F would not ask).
+ */
+export async function makeFs(device: string, fsType: string): Promise<void> {
+  const dev = checkDevicePath(device);
+  const existing = await probeFsType(dev);
+  if (existing !== undefined) {
+    throw new LatchError(`refusing to format ${dev} as ${fsType}: it already holds a ${existing} filesystem`);
+  }
+  switch (fsType) {
+    case 'ext4':
+    case 'ext3':
+      // Lazy init: a large volume formats in seconds; the kernel zeroes inode tables in the background.
+      await run(`mkfs.${fsType}`, ['-F', '-q', '-E', 'lazy_itable_init=1,lazy_journal_init=1', dev]);
+      return;
+    case 'xfs':
+      await run('mkfs.xfs', ['-q', dev]);
+      return;
+    case 'btrfs':
+      await run('mkfs.btrfs', ['-q', dev]);
+      return;
+    default:
+      throw new LatchError(
+        `cannot create a ${JSON.stringify(fsType)} filesystem: supported types are ${MAKEABLE_FS_TYPES.join(', ')}`,
+      );
+  }
+}
+
+/** Grows the filesystem on `device`, mounted at `mountPoint`, to fill the device (online). */
+export async function growFs(device: string, mountPoint: string, fsType: string): Promise<void> {
+  const dev = checkDevicePath(device);
+  if (!isAbsolute(mountPoint) || mountPoint.includes('\0')) {
+    throw new LatchError(`mount point ${JSON.stringify(mountPoint.slice(0, 120))} must be an absolute path`);
+  }
+  switch (fsType) {
+    case 'ext4':
+    case 'ext3':
+    case 'ext2':
+      await run('resize2fs', [dev]);
+      return;
+    case 'xfs':
+      await run('xfs_growfs', [mountPoint]);
+      return;
+    case 'btrfs':
+      await run('btrfs', ['filesystem', 'resize', 'max', mountPoint]);
+      return;
+    default:
+      throw new LatchError(`cannot grow a ${JSON.stringify(fsType)} filesystem: supported types are ext4, ext3, xfs, btrfs`);
+  }
+}
+
+/** Size of a block device in bytes, from /sys/class/block/<name>/size (512-byte sectors). */
+export async function blockDeviceSize(device: string): Promise<number> {
+  const name = await blockDeviceName(device);
+  let text: string;
+  try {
+    text = await readFile(`/sys/class/block/${name}/size`, 'utf8');
+  } catch (err) {
+    throw new LatchError(`${device} is not a block device known to the kernel`, { cause: err });
+  }
+  const sectors = Number(text.trim());
+  if (!Number.isSafeInteger(sectors)) throw new LatchError(`the kernel reports an unreadable size for ${device}: ${text.trim()}`);
+  return sectors * 512;
+}
+
+/** The kernel name (e.g. "loop3") of a device path, following /dev symlinks. */
+export async function blockDeviceName(device: string): Promise<string> {
+  const dev = checkDevicePath(device);
+  let real = dev;
+  try {
+    real = await realpath(dev);
+  } catch {
+    // Fall back to the name as given; /sys decides whether it exists.
+  }
+  const name = basename(real);
+  if (!/^[A-Za-z0-9][A-Za-z0-9._!-]*$/.test(name)) throw new LatchError(`${device} is not a block device name`);
+  return name;
+}
+
+function checkDevicePath(device: string): string {
+  if (typeof device !== 'string' || !device.startsWith('/dev/') || device.includes('\0') || device.includes('..')) {
+    throw new LatchError(`device ${JSON.stringify(String(device).slice(0, 120))} must be a path under /dev`);
+  }
+  return device;
+}

@@ -1,0 +1,120 @@
+// Loop devices. The kernel already says which file backs which device (/sys/block/loopN/loop/backing_file), so
+// listing spawns nothing; losetup is only run to change state.
+import { readdir, readFile } from 'node:fs/promises';
+import { isAbsolute } from 'node:path';
+import { LatchError } from '../errors.js';
+import { CommandError, run } from './run.js';
+
+export interface LoopDevice {
+  /** e.g. /dev/loop3 */
+  device: string;
+  /** Absolute path of the backing file as the kernel reports it (symlinks resolved), without " (deleted)". */
+  backingFile: string;
+  /** The backing file was unlinked (or replaced) after the device was set up. */
+  deleted: boolean;
+  /** A detach was requested while the device was in use; the kernel frees it when its last user closes it. */
+  autoclear: boolean;
+}
+
+const LOOP_DEVICE = /^\/dev\/loop([0-9]+)$/;
+const DELETED_SUFFIX = ' (deleted)';
+const DETACH_SETTLE_MS = 2_000;
+
+/** Every loop device that has a backing file, ordered by number. Reads /sys only. */
+export async function listLoopDevices(): Promise<LoopDevice[]> {
+  let names: string[];
+  try {
+    names = await readdir('/sys/block');
+  } catch {
+    return [];
+  }
+  const loops = names
+    .filter((name) => /^loop[0-9]+$/.test(name))
+    .sort((a, b) => Number(a.slice(4)) - Number(b.slice(4)));
+  const found = await Promise.all(loops.map((name) => readLoop(name)));
+  return found.filter((entry): entry is LoopDevice => entry !== undefined);
+}
+
+/** The state of one loop device, or undefined when it is not set up (or not a loop device). */
+export async function loopDeviceInfo(device: string): Promise<LoopDevice | undefined> {
+  const match = LOOP_DEVICE.exec(device);
+  if (!match) return undefined;
+  return readLoop(`loop${match[1]}`);
+}
+
+/** The number of a /dev/loopN path (for ordering), or undefined for anything else. */
+export function loopNumber(device: string): number | undefined {
+  const match = LOOP_DEVICE.exec(device);
+  return match ? Number(match[1]) : undefined;
+}
+
+/** Sets up the first free loop device over `file` and returns its path. */
+export async function setupLoop(file: string): Promise<string> {
+  if (!isAbsolute(file) || file.includes('\0')) throw new LatchError(`loop backing file ${JSON.stringify(file)} must be an absolute path`);
+  const { stdout } = await run('losetup', ['--find', '--show', file]);
+  const device = stdout.trim();
+  if (!LOOP_DEVICE.test(device)) {
+    throw new LatchError(`losetup --find --show ${file} printed ${JSON.stringify(device.slice(0, 80))} instead of a loop device`);
+  }
+  return device;
+}
+
+/**
+ * Detaches a loop device. Already detached is fine. With `expectedBackingFile`, a device that is now backed by
+ * another file is left alone (it was detached and reused meanwhile). The kernel only defers a detach of a device
+ * in use (mounted, open): that is reported as an error, since the device is not released yet.
+ */
+export async function detachLoop(device: string, expectedBackingFile?: string): Promise<void> {
+  checkLoopDevice(device);
+  const before = await loopDeviceInfo(device);
+  if (before === undefined) return;
+  if (expectedBackingFile !== undefined && before.backingFile !== expectedBackingFile) return;
+  try {
+    await run('losetup', ['-d', device]);
+  } catch (err) {
+    if (err instanceof CommandError && (await loopDeviceInfo(device)) === undefined) return;
+    throw err;
+  }
+  // udev may hold the device open for a moment after a change event; the detach then completes on its close.
+  const until = Date.now() + DETACH_SETTLE_MS;
+  for (;;) {
+    const info = await loopDeviceInfo(device);
+    if (info === undefined) return;
+    if (Date.now() >= until) {
+      throw new LatchError(
+        `${device} (${info.backingFile}) is still in use (mounted or open), so the kernel deferred its detach: ` +
+          `it is released when its last user closes it`,
+      );
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+/** Makes the kernel re-read the backing file's size (after the image grew). */
+export async function refreshLoopCapacity(device: string): Promise<void> {
+  checkLoopDevice(device);
+  await run('losetup', ['-c', device]);
+}
+
+async function readLoop(name: string): Promise<LoopDevice | undefined> {
+  let raw: string;
+  try {
+    raw = await readFile(`/sys/block/${name}/loop/backing_file`, 'utf8');
+  } catch {
+    return undefined; // no loop/ directory: the device is not set up
+  }
+  let backingFile = raw.endsWith('\n') ? raw.slice(0, -1) : raw;
+  const deleted = backingFile.endsWith(DELETED_SUFFIX);
+  if (deleted) backingFile = backingFile.slice(0, -DELETED_SUFFIX.length);
+  let autoclear = false;
+  try {
+    autoclear = (await readFile(`/sys/block/${name}/loop/autoclear`, 'utf8')).trim() === '1';
+  } catch {
+    // Detached between the two reads; the backing file we read is still what it was.
+  }
+  return { device: `/dev/${name}`, backingFile, deleted, autoclear };
+}
+
+function checkLoopDevice(device: string): void {
+  if (!LOOP_DEVICE.test(device)) throw new LatchError(`${JSON.stringify(String(device).slice(0, 80))} is not a loop device path`);
+}

@@ -1,0 +1,267 @@
+// The one place that spawns child processes. Every child gets an argument array (never a shell), its own process
+// group, captured stdout/stderr (the driver's stdout carries only its JSON reply) and a deadline after which the
+// whole group is killed: kubelet gives most FlexVolume calls no timeout, so a hung mkfs would hang a volume forever.
+import { readdirSync, readFileSync } from 'node:fs';
+import { LatchError } from '../errors.js';
+
+export interface RunOptions {
+  /** Deadline for the child; default: setDefaultCommandTimeout(), initially 120 s. */
+  timeoutMs?: number;
+  /** Written to the child's stdin (otherwise stdin is /dev/null). Never put secrets on the command line; here is fine. */
+  input?: string;
+  /** Exit codes besides 0 that are not failures (e.g. blkid's 2 = "nothing found"). */
+  okExitCodes?: number[];
+}
+
+export interface RunResult {
+  stdout: string;
+  stderr: string;
+  exitCode: number;
+  durationMs: number;
+}
+
+/** A child process failed: non-zero exit (not in okExitCodes), killed by a signal, past its deadline, or not startable. */
+export class CommandError extends LatchError {
+  override name = 'CommandError';
+  readonly command: string;
+  readonly args: string[];
+  /** undefined when the child was killed by a signal or could not be started. */
+  readonly exitCode: number | undefined;
+  readonly signal: string | undefined;
+  /** The last few lines of stderr (or of stdout when stderr was empty). */
+  readonly stderrTail: string;
+  readonly timedOut: boolean;
+  readonly durationMs: number;
+
+  constructor(
+    message: string,
+    details: {
+      command: string;
+      args: string[];
+      exitCode: number | undefined;
+      signal?: string | undefined;
+      stderrTail: string;
+      timedOut: boolean;
+      durationMs: number;
+    },
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+    this.command = details.command;
+    this.args = details.args;
+    this.exitCode = details.exitCode;
+    this.signal = details.signal;
+    this.stderrTail = details.stderrTail;
+    this.timedOut = details.timedOut;
+    this.durationMs = details.durationMs;
+  }
+}
+
+const INITIAL_TIMEOUT_MS = 120_000;
+const KILL_GRACE_MS = 2_000;
+const MAX_BUFFER = 16 * 1024 * 1024;
+const EXTRA_PATH = ['/usr/local/sbin', '/usr/sbin', '/sbin'];
+const FALLBACK_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
+
+let defaultTimeoutMs = INITIAL_TIMEOUT_MS;
+
+/** Process group ids (= pids, since every child is a group leader) of the children still running. */
+const running = new Set<number>();
+
+/** Sets the deadline used when a call passes no timeoutMs (from the config's commandTimeout). */
+export function setDefaultCommandTimeout(ms: number): void {
+  if (!Number.isFinite(ms) || ms <= 0) throw new LatchError(`command timeout must be a positive number of milliseconds, got ${ms}`);
+  defaultTimeoutMs = ms;
+}
+
+export function getDefaultCommandTimeout(): number {
+  return defaultTimeoutMs;
+}
+
+/**
+ * Kills the process group of every child still running, with SIGKILL, synchronously.
+ * For the protocol layer's SIGTERM handler: kubelet's own deadline must not leave our children behind.
+ */
+export function killAllChildren(): void {
+  for (const pgid of running) {
+    signalGroup(pgid, 'SIGKILL');
+  }
+}
+
+/** Number of children currently running (for tests and diagnostics). */
+export function runningChildren(): number {
+  return running.size;
+}
+
+/**
+ * Runs `command args...` and returns its captured output. Throws CommandError when the exit code is neither 0 nor
+ * in okExitCodes, when a signal killed it, when it could not be started, or when the deadline passed (the whole
+ * process group then gets SIGTERM, and SIGKILL 2 s later).
+ */
+export async function run(command: string, args: string[], options: RunOptions = {}): Promise<RunResult> {
+  checkArgv(command, args);
+  const timeoutMs = options.timeoutMs ?? defaultTimeoutMs;
+  if (!Number.isFinite(timeoutMs) || timeoutMs <= 0) {
+    throw new LatchError(`timeout for ${command} must be a positive number of milliseconds, got ${timeoutMs}`);
+  }
+  const okExitCodes = options.okExitCodes ?? [];
+
+  const { execa } = await import('execa');
+  const started = performance.now();
+  const child = execa(command, args, {
+    detached: true, // own process group, so a deadline can kill grandchildren too
+    cleanup: false, // we do our own killing (killAllChildren)
+    ...(options.input === undefined ? { stdin: 'ignore' as const } : { input: options.input }),
+    stdout: 'pipe',
+    stderr: 'pipe',
+    buffer: true,
+    reject: false,
+    encoding: 'utf8',
+    stripFinalNewline: false,
+    maxBuffer: MAX_BUFFER,
+    extendEnv: true,
+    env: { LC_ALL: 'C', PATH: extendedPath(process.env.PATH) },
+  });
+
+  const pgid = child.pid;
+  let timedOut = false;
+  let deadline: NodeJS.Timeout | undefined;
+  let forceKill: NodeJS.Timeout | undefined;
+  let forceKilled: Promise<void> | undefined;
+  if (pgid !== undefined) {
+    running.add(pgid);
+    deadline = setTimeout(() => {
+      timedOut = true;
+      signalGroup(pgid, 'SIGTERM');
+      forceKilled = new Promise<void>((resolve) => {
+        forceKill = setTimeout(() => {
+          signalGroup(pgid, 'SIGKILL');
+          resolve();
+        }, KILL_GRACE_MS);
+      });
+    }, timeoutMs);
+  }
+
+  let result;
+  try {
+    result = await child;
+    // After a timeout the leader may be gone while other members of its group ignore SIGTERM and hold no pipe:
+    // they still get their SIGKILL at the end of the grace period. A group with a live member keeps its id, so
+    // this cannot hit a stranger's group.
+    if (timedOut && pgid !== undefined && forceKilled !== undefined && groupAlive(pgid)) {
+      await forceKilled;
+    }
+  } finally {
+    clearTimeout(deadline);
+    clearTimeout(forceKill);
+    if (pgid !== undefined) running.delete(pgid);
+  }
+
+  const durationMs = Math.round(performance.now() - started);
+  const stdout = typeof result.stdout === 'string' ? result.stdout : '';
+  const stderr = typeof result.stderr === 'string' ? result.stderr : '';
+  const exitCode = result.exitCode;
+  const shown = showCommand(command, args);
+  const tail = outputTail(stderr || stdout);
+  const details = { command, args: [...args], exitCode, signal: result.signal, stderrTail: tail, timedOut, durationMs };
+
+  if (timedOut) {
+    throw new CommandError(`${shown} timed out after ${formatDuration(timeoutMs)}`, details, { cause: result });
+  }
+  if (exitCode === undefined) {
+    if (result.signal) {
+      throw new CommandError(`${shown} was killed by ${result.signal}${lastLineSuffix(tail)}`, details, { cause: result });
+    }
+    const code = (result as { code?: string }).code;
+    const why = code === 'ENOENT' ? `command not found (PATH=${extendedPath(process.env.PATH)})` : (code ?? 'unknown error');
+    throw new CommandError(`${shown} could not be started: ${why}`, details, { cause: result });
+  }
+  if (result.isMaxBuffer) {
+    throw new CommandError(`${shown} produced more than ${MAX_BUFFER} bytes of output`, details, { cause: result });
+  }
+  if (exitCode !== 0 && !okExitCodes.includes(exitCode)) {
+    throw new CommandError(`${shown} failed (exit ${exitCode})${lastLineSuffix(tail)}`, details, { cause: result });
+  }
+  return { stdout, stderr, exitCode, durationMs };
+}
+
+function checkArgv(command: string, args: string[]): void {
+  if (typeof command !== 'string' || command.length === 0 || command.includes('\0')) {
+    throw new LatchError('refusing to run an empty or malformed command name');
+  }
+  if (!Array.isArray(args)) throw new LatchError(`arguments for ${command} must be an array`);
+  for (const arg of args) {
+    if (typeof arg !== 'string' || arg.includes('\0')) {
+      throw new LatchError(`refusing to run ${command}: an argument is not a string or contains a NUL byte`);
+    }
+  }
+}
+
+function extendedPath(current: string | undefined): string {
+  if (!current) return FALLBACK_PATH;
+  const parts = current.split(':').filter((p) => p.length > 0);
+  for (const dir of EXTRA_PATH) if (!parts.includes(dir)) parts.push(dir);
+  return parts.join(':');
+}
+
+function signalGroup(pgid: number, signal: NodeJS.Signals): void {
+  try {
+    process.kill(-pgid, signal);
+  } catch {
+    // ESRCH: the group is already gone.
+  }
+}
+
+/**
+ * Whether any process of the group is still running. Zombies do not count: an orphan that died keeps its group
+ * "alive" for kill(2) until init reaps it, and it needs no SIGKILL.
+ */
+function groupAlive(pgid: number): boolean {
+  let entries: string[];
+  try {
+    entries = readdirSync('/proc');
+  } catch {
+    try {
+      process.kill(-pgid, 0);
+      return true;
+    } catch (err) {
+      return (err as NodeJS.ErrnoException).code === 'EPERM';
+    }
+  }
+  for (const entry of entries) {
+    if (entry.charCodeAt(0) < 48 || entry.charCodeAt(0) > 57) continue;
+    let stat: string;
+    try {
+      stat = readFileSync(`/proc/${entry}/stat`, 'utf8');
+    } catch {
+      continue;
+    }
+    // pid (comm) state ppid pgrp ...; comm may contain spaces and parentheses, so split after the last ')'.
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    if (Number(fields[2]) === pgid && fields[0] !== 'Z' && fields[0] !== 'X') return true;
+  }
+  return false;
+}
+
+function showCommand(command: string, args: string[]): string {
+  const text = [command, ...args].map((a) => (/^[\w@%+=:,./-]+$/.test(a) ? a : JSON.stringify(a))).join(' ');
+  return text.length > 200 ? `${text.slice(0, 197)}...` : text;
+}
+
+function outputTail(text: string): string {
+  const lines = text.split('\n').map((l) => l.trimEnd()).filter((l) => l.length > 0);
+  const tail = lines.slice(-5).join('\n');
+  return tail.length > 1000 ? tail.slice(-1000) : tail;
+}
+
+function lastLineSuffix(tail: string): string {
+  const last = tail.split('\n').pop() ?? '';
+  if (!last) return '';
+  return `: ${last.length > 300 ? `${last.slice(0, 297)}...` : last}`;
+}
+
+function formatDuration(ms: number): string {
+  if (ms < 1000) return `${ms} ms`;
+  const s = ms / 1000;
+  return `${Number.isInteger(s) ? s : s.toFixed(1)} s`;
+}

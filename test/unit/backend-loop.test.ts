@@ -1,0 +1,206 @@
+import assert from 'node:assert/strict';
+import { execFile, execFileSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { mkdirSync, mkdtempSync, rmSync, statSync, statfsSync, writeFileSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { promisify } from 'node:util';
+import { LoopBackend } from '../../src/backend/loop.js';
+import { LatchError } from '../../src/errors.js';
+import { blockDeviceSize } from '../../src/sys/blockdev.js';
+import { listLoopDevices, setupLoop } from '../../src/sys/loop.js';
+
+const REPO = resolve(__dirname, '../..');
+const MiB = 1024 * 1024;
+const GiB = 1024 * MiB;
+const notRoot = process.getuid?.() !== 0 ? 'needs root and loop devices' : false;
+
+/** Detaches every loop device backed by a file under `dir` (and nothing else). */
+function detachAllUnder(dir: string): void {
+  const out = execFileSync('losetup', ['--list', '--noheadings', '--output', 'NAME,BACK-FILE'], { encoding: 'utf8' });
+  for (const line of out.split('\n')) {
+    const [name, ...rest] = line.trim().split(/\s+/);
+    const file = rest.join(' ').replace(/ \(deleted\)$/, '');
+    if (name && file.startsWith(`${dir}/`)) {
+      try {
+        execFileSync('losetup', ['-d', name], { stdio: 'ignore' });
+      } catch {
+        // already gone
+      }
+    }
+  }
+}
+
+describe('LoopBackend', { skip: notRoot }, () => {
+  let root = '';
+  let pool = '';
+  let backend: LoopBackend;
+
+  before(() => {
+    root = mkdtempSync(`/tmp/latch-backend-${randomBytes(3).toString('hex')}-`);
+    pool = join(root, 'pool');
+    backend = new LoopBackend({ poolDir: pool, maxSize: 1 * GiB });
+  });
+
+  after(() => {
+    if (!root) return;
+    detachAllUnder(root);
+    rmSync(root, { recursive: true, force: true });
+  });
+
+  it('creates a sparse 0600 image in a 0700 pool, idempotently', async () => {
+    await backend.create('vol-a', 256 * MiB);
+    assert.equal(statSync(pool).mode & 0o777, 0o700);
+    const image = statSync(join(pool, 'vol-a.img'));
+    assert.equal(image.size, 256 * MiB);
+    assert.equal(image.mode & 0o777, 0o600);
+    assert.ok(image.blocks * 512 < MiB, 'sparse');
+    assert.equal(await backend.size('vol-a'), 256 * MiB);
+    assert.equal(await backend.size('vol-none'), undefined);
+
+    await backend.create('vol-a', 256 * MiB);
+    await backend.create('vol-a', 100 * MiB);
+    await assert.rejects(backend.create('vol-a', 512 * MiB), /already exists with 256Mi, less than the requested 512Mi/);
+    assert.equal(await backend.size('vol-a'), 256 * MiB);
+  });
+
+  it('concurrent creates of one volume neither clobber nor fail', async () => {
+    await Promise.all(Array.from({ length: 8 }, () => backend.create('vol-race', 64 * MiB)));
+    assert.equal(await backend.size('vol-race'), 64 * MiB);
+    await backend.delete('vol-race');
+  });
+
+  it('refuses bad names and sizes above maxSize or the free space', async () => {
+    await assert.rejects(backend.create('../etc', MiB), LatchError);
+    await assert.rejects(backend.create('Vol', MiB), LatchError);
+    await assert.rejects(backend.attach('a/b'), LatchError);
+    await assert.rejects(backend.create('vol-b', 0), LatchError);
+    await assert.rejects(backend.create('vol-b', 2 * GiB), /requested size 2Gi is above the limit of 1Gi \(maxSize\)/);
+
+    const free = statfsSync(root);
+    const available = free.bavail * free.bsize;
+    const roomy = new LoopBackend({ poolDir: pool, maxSize: 2 ** 52 });
+    const tooBig = Math.ceil(available / GiB) * GiB + 16 * GiB;
+    await assert.rejects(roomy.create('vol-b', tooBig), /is above the .* available in the pool/);
+    assert.equal(await backend.size('vol-b'), undefined);
+  });
+
+  it('attach returns one device per image, however often and however concurrently it is called', async () => {
+    const first = await backend.attach('vol-a');
+    assert.match(first, /^\/dev\/loop[0-9]+$/);
+    assert.equal(await backend.attach('vol-a'), first);
+    assert.equal(await backend.findDevice('vol-a'), first);
+
+    const all = await Promise.all(Array.from({ length: 6 }, () => backend.attach('vol-a')));
+    assert.deepEqual(new Set(all), new Set([first]));
+    const image = join(pool, 'vol-a.img');
+    assert.equal((await listLoopDevices()).filter((d) => d.backingFile === image).length, 1);
+  });
+
+  it('concurrent attaches from several processes converge on exactly one device', async () => {
+    await backend.create('vol-c', 32 * MiB);
+    const script = join(root, 'attach.ts');
+    writeFileSync(
+      script,
+      `import { LoopBackend } from ${JSON.stringify(join(REPO, 'src/backend/loop'))};\n` +
+        `(async () => {\n` +
+        `  const b = new LoopBackend({ poolDir: ${JSON.stringify(pool)}, maxSize: ${GiB} });\n` +
+        `  const devices = await Promise.all([b.attach('vol-c'), b.attach('vol-c')]);\n` +
+        `  process.stdout.write(JSON.stringify(devices));\n` +
+        `})().catch((e) => { process.stdout.write(JSON.stringify({ error: String(e) })); process.exitCode = 1; });\n`,
+    );
+    const run = promisify(execFile);
+    const results = await Promise.all(
+      Array.from({ length: 6 }, () => run(process.execPath, ['--import', 'tsx', script], { cwd: REPO, timeout: 60_000 })),
+    );
+    const devices = results.flatMap((r) => JSON.parse(r.stdout) as string[]);
+    const image = join(pool, 'vol-c.img');
+    // Losers of the race may still be detaching with autoclear while udev closes them: give it a moment.
+    let backed = (await listLoopDevices()).filter((d) => d.backingFile === image);
+    for (let i = 0; i < 40 && backed.length > 1; i++) {
+      await new Promise((r) => setTimeout(r, 50));
+      backed = (await listLoopDevices()).filter((d) => d.backingFile === image);
+    }
+    assert.equal(backed.length, 1, JSON.stringify(backed));
+    assert.deepEqual(new Set(devices), new Set([backed[0]!.device]));
+    await backend.release('vol-c');
+    await backend.delete('vol-c');
+  });
+
+  it('volumeOfDevice knows our devices and nothing else', async () => {
+    const ours = await backend.attach('vol-a');
+    assert.equal(await backend.volumeOfDevice(ours), 'vol-a');
+    assert.equal(await backend.volumeOfDevice('/dev/vda'), undefined);
+    assert.equal(await backend.volumeOfDevice('/dev/loop999'), undefined);
+    assert.equal(await backend.volumeOfDevice('not-a-path'), undefined);
+
+    // A loop device over a file outside the pool, and over files inside it that are not images of ours.
+    const foreignDir = join(root, 'elsewhere');
+    mkdirSync(foreignDir);
+    const foreignFile = join(foreignDir, 'vol-a.img');
+    execFileSync('truncate', ['-s', '8M', foreignFile]);
+    const nested = join(pool, 'nested');
+    mkdirSync(nested);
+    const nestedFile = join(nested, 'vol-a.img');
+    execFileSync('truncate', ['-s', '8M', nestedFile]);
+    const foreign = await setupLoop(foreignFile);
+    const nestedDevice = await setupLoop(nestedFile);
+    try {
+      assert.equal(await backend.volumeOfDevice(foreign), undefined);
+      assert.equal(await backend.volumeOfDevice(nestedDevice), undefined);
+      assert.equal(await backend.findDevice('vol-a'), ours);
+
+      // release is idempotent and leaves foreign devices alone.
+      await backend.release('vol-a');
+      await backend.release('vol-a');
+      assert.equal(await backend.findDevice('vol-a'), undefined);
+      assert.equal(await backend.volumeOfDevice(ours), undefined);
+      const remaining = (await listLoopDevices()).map((d) => d.device);
+      assert.ok(remaining.includes(foreign), 'foreign device untouched');
+      assert.ok(remaining.includes(nestedDevice), 'nested device untouched');
+      await backend.release('vol-never-created');
+    } finally {
+      execFileSync('losetup', ['-d', foreign]);
+      execFileSync('losetup', ['-d', nestedDevice]);
+    }
+  });
+
+  it('grow refuses to shrink or exceed the limits, and refreshes the device size', async () => {
+    const device = await backend.attach('vol-a');
+    assert.equal(await blockDeviceSize(device), 256 * MiB);
+    await assert.rejects(backend.grow('vol-a', 128 * MiB), /cannot shrink from 256Mi to 128Mi/);
+    await assert.rejects(backend.grow('vol-a', 2 * GiB), /above the limit of 1Gi/);
+    await assert.rejects(backend.grow('vol-none', 512 * MiB), /has no image/);
+
+    await backend.grow('vol-a', 512 * MiB);
+    assert.equal(await backend.size('vol-a'), 512 * MiB);
+    assert.equal(await blockDeviceSize(device), 512 * MiB);
+    await backend.grow('vol-a', 512 * MiB); // same size again: no-op
+    assert.equal(await backend.findDevice('vol-a'), device);
+
+    // Grown while detached: the next attach simply sees the new size.
+    await backend.release('vol-a');
+    await backend.grow('vol-a', 768 * MiB);
+    const again = await backend.attach('vol-a');
+    assert.equal(await blockDeviceSize(again), 768 * MiB);
+  });
+
+  it('delete is refused while attached, then removes the image; a missing volume is a no-op', async () => {
+    const device = await backend.attach('vol-a');
+    await assert.rejects(backend.delete('vol-a'), new RegExp(`still set up as ${device}`));
+    assert.notEqual(await backend.size('vol-a'), undefined);
+    await backend.release('vol-a');
+    await backend.delete('vol-a');
+    assert.equal(await backend.size('vol-a'), undefined);
+    await backend.delete('vol-a');
+    await assert.rejects(backend.attach('vol-a'), /has no image in the pool/);
+  });
+
+  it('a pool that does not exist yet owns no devices', async () => {
+    const empty = new LoopBackend({ poolDir: join(root, 'no-pool'), maxSize: GiB });
+    assert.equal(await empty.findDevice('vol-a'), undefined);
+    assert.equal(await empty.size('vol-a'), undefined);
+    await empty.release('vol-a');
+    await empty.delete('vol-a');
+  });
+});

@@ -1,0 +1,193 @@
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { after, describe, it } from 'node:test';
+import { LatchError } from '../../src/errors.js';
+import { CommandError, killAllChildren, run, runningChildren } from '../../src/sys/run.js';
+
+const REPO = resolve(__dirname, '../..');
+
+/** A unique sleep duration, so the processes a test starts can be found in /proc and nothing else is. */
+function uniqueSleep(): string {
+  return `300.${Date.now() % 100000}${randomBytes(3).readUIntBE(0, 3)}`;
+}
+
+/** Live (not zombie) processes whose command line contains `marker`. */
+function processesWith(marker: string): number[] {
+  const found: number[] = [];
+  for (const entry of readdirSync('/proc')) {
+    if (!/^[0-9]+$/.test(entry)) continue;
+    try {
+      const cmdline = readFileSync(`/proc/${entry}/cmdline`, 'utf8').split('\0').join(' ');
+      if (!cmdline.includes(marker)) continue;
+      const stat = readFileSync(`/proc/${entry}/stat`, 'utf8');
+      const state = stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3);
+      if (state !== 'Z') found.push(Number(entry));
+    } catch {
+      // exited while we looked
+    }
+  }
+  return found;
+}
+
+async function waitFor(condition: () => boolean, ms: number): Promise<boolean> {
+  const until = Date.now() + ms;
+  while (Date.now() < until) {
+    if (condition()) return true;
+    await new Promise((r) => setTimeout(r, 25));
+  }
+  return condition();
+}
+
+/** Kills anything a failed test left behind (only processes carrying one of our markers). */
+const markers: string[] = [];
+after(() => {
+  for (const marker of markers) {
+    for (const pid of processesWith(marker)) {
+      try {
+        process.kill(pid, 'SIGKILL');
+      } catch {
+        // gone
+      }
+    }
+  }
+});
+
+describe('run', () => {
+  it('captures stdout and stderr separately', async () => {
+    const result = await run('sh', ['-c', 'echo out; echo err >&2']);
+    assert.equal(result.stdout, 'out\n');
+    assert.equal(result.stderr, 'err\n');
+    assert.equal(result.exitCode, 0);
+    assert.ok(result.durationMs >= 0);
+  });
+
+  it('never lets a child write to our own stdout or stderr', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'latch-run-'));
+    try {
+      const script = join(dir, 'child.ts');
+      writeFileSync(
+        script,
+        `import { run } from ${JSON.stringify(join(REPO, 'src/sys/run'))};\n` +
+          `(async () => {\n` +
+          `  await run('sh', ['-c', 'echo LOUD-OUT; echo LOUD-ERR >&2; exit 0']);\n` +
+          `  await run('sh', ['-c', 'echo LOUD-FAIL; echo LOUD-FAIL-ERR >&2; exit 4']).catch(() => undefined);\n` +
+          `  process.stdout.write(JSON.stringify({ status: 'Success' }));\n` +
+          `})();\n`,
+      );
+      const child = spawnSync(process.execPath, ['--import', 'tsx', script], { cwd: REPO, encoding: 'utf8', timeout: 60_000 });
+      assert.equal(child.status, 0, child.stderr);
+      assert.equal(child.stdout, '{"status":"Success"}');
+      assert.equal(child.stderr, '');
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('passes input on stdin, and stdin is /dev/null otherwise', async () => {
+    assert.equal((await run('cat', [], { input: 'hello\n' })).stdout, 'hello\n');
+    const started = Date.now();
+    const result = await run('sh', ['-c', 'cat; echo done'], { timeoutMs: 10_000 });
+    assert.equal(result.stdout, 'done\n');
+    assert.ok(Date.now() - started < 5_000);
+  });
+
+  it('runs with LC_ALL=C and the sbin directories on PATH', async () => {
+    const result = await run('sh', ['-c', 'echo "$LC_ALL"; echo "$PATH"']);
+    const [lcAll, path] = result.stdout.split('\n');
+    assert.equal(lcAll, 'C');
+    const dirs = (path ?? '').split(':');
+    for (const dir of ['/usr/local/sbin', '/usr/sbin', '/sbin']) assert.ok(dirs.includes(dir), `${dir} in ${path}`);
+  });
+
+  it('throws CommandError naming the command, exit code and last stderr line', async () => {
+    await assert.rejects(
+      run('sh', ['-c', 'echo first >&2; echo "the real reason" >&2; exit 3']),
+      (err: unknown) => {
+        assert.ok(err instanceof CommandError);
+        assert.ok(err instanceof LatchError);
+        assert.equal(err.exitCode, 3);
+        assert.equal(err.command, 'sh');
+        assert.equal(err.timedOut, false);
+        assert.match(err.message, /^sh -c .* failed \(exit 3\): the real reason$/);
+        assert.match(err.stderrTail, /first\nthe real reason/);
+        return true;
+      },
+    );
+  });
+
+  it('accepts exit codes listed in okExitCodes', async () => {
+    const result = await run('sh', ['-c', 'echo partial; exit 2'], { okExitCodes: [2] });
+    assert.equal(result.exitCode, 2);
+    assert.equal(result.stdout, 'partial\n');
+    await assert.rejects(run('sh', ['-c', 'exit 1'], { okExitCodes: [2] }), CommandError);
+  });
+
+  it('reports a command that does not exist', async () => {
+    await assert.rejects(run('latch-no-such-command', ['x']), (err: unknown) => {
+      assert.ok(err instanceof CommandError);
+      assert.equal(err.exitCode, undefined);
+      assert.match(err.message, /latch-no-such-command x could not be started: command not found/);
+      return true;
+    });
+  });
+
+  it('refuses arguments with NUL bytes', async () => {
+    await assert.rejects(run('echo', ['a\0b']), LatchError);
+  });
+
+  it('kills the whole process group when the deadline passes', async () => {
+    const a = uniqueSleep();
+    const b = uniqueSleep();
+    markers.push(a, b);
+    const started = Date.now();
+    await assert.rejects(run('sh', ['-c', `sleep ${a} & sleep ${b}`], { timeoutMs: 300 }), (err: unknown) => {
+      assert.ok(err instanceof CommandError);
+      assert.equal(err.timedOut, true);
+      assert.match(err.message, /^sh -c .* timed out after 300 ms$/);
+      return true;
+    });
+    assert.ok(Date.now() - started < 1_500, 'SIGTERM was enough, no grace period needed');
+    assert.ok(await waitFor(() => processesWith(a).length === 0 && processesWith(b).length === 0, 2_000), 'no sleep survives');
+    assert.equal(runningChildren(), 0);
+  });
+
+  it('follows up with SIGKILL when the group ignores SIGTERM', async () => {
+    const a = uniqueSleep();
+    const b = uniqueSleep();
+    markers.push(a, b);
+    const started = Date.now();
+    // The background sleep ignores SIGTERM and holds no pipe: only the SIGKILL 2 s later can end it.
+    await assert.rejects(
+      run('sh', ['-c', `trap '' TERM; sleep ${a} >/dev/null 2>&1 & sleep ${b}`], { timeoutMs: 300 }),
+      (err: unknown) => err instanceof CommandError && err.timedOut,
+    );
+    const elapsed = Date.now() - started;
+    assert.ok(elapsed >= 2_000 && elapsed < 5_000, `took ${elapsed} ms`);
+    assert.ok(await waitFor(() => processesWith(a).length === 0 && processesWith(b).length === 0, 2_000), 'no sleep survives');
+  });
+
+  it('killAllChildren kills every running child group at once', async () => {
+    const a = uniqueSleep();
+    const b = uniqueSleep();
+    markers.push(a, b);
+    const first = run('sh', ['-c', `sleep ${a} & wait`]);
+    const second = run('sleep', [b]);
+    const outcomes = Promise.allSettled([first, second]);
+    assert.ok(await waitFor(() => processesWith(a).length > 0 && processesWith(b).length > 0, 5_000), 'children started');
+    assert.equal(runningChildren(), 2);
+    killAllChildren();
+    const [r1, r2] = await outcomes;
+    for (const r of [r1, r2]) {
+      assert.equal(r?.status, 'rejected');
+      const reason = (r as PromiseRejectedResult).reason;
+      assert.ok(reason instanceof CommandError);
+      assert.match(reason.message, /killed by SIGKILL/);
+    }
+    assert.ok(await waitFor(() => processesWith(a).length === 0 && processesWith(b).length === 0, 2_000), 'no sleep survives');
+    assert.equal(runningChildren(), 0);
+  });
+});
