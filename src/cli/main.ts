@@ -2,6 +2,8 @@
 import { Command, CommanderError } from 'commander';
 import { LatchError, errorMessage } from '../errors.js';
 import { VERSION } from '../version.js';
+import { registerTicketCommands } from './ticket.js';
+import { registerVolumeCommands } from './volume.js';
 
 export function buildProgram(): Command {
   const program = new Command('latch')
@@ -24,6 +26,16 @@ export function buildProgram(): Command {
       process.stdout.write(`${VERSION}\n`);
     });
 
+  program
+    .command('demo')
+    .description('as root: play a pod start, stop and move between two nodes on a throwaway pool, and clean up')
+    .action(async () => {
+      const { runDemo } = await import('./demo.js');
+      process.exitCode = (await runDemo()) ? 0 : 1;
+    });
+
+  registerVolumeCommands(program);
+  registerTicketCommands(program);
   return program;
 }
 
@@ -31,7 +43,6 @@ export async function runCli(argv: string[]): Promise<void> {
   const program = buildProgram();
   try {
     await program.parseAsync(argv, { from: 'user' });
-    process.exitCode ??= 0;
   } catch (err) {
     if (err instanceof CommanderError) {
       // Help and version are "errors" to commander; their text has already been written.
