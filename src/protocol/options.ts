@@ -4,6 +4,7 @@ import type { Config, FsType } from '../config.js';
 import { LatchError } from '../errors.js';
 import { checkVolumeName } from '../names.js';
 import { parseSize } from '../size.js';
+import { z } from 'zod';
 
 export const MOUNT_OPTION_ALLOWLIST = [
   'noatime', 'nodiratime', 'relatime', 'strictatime', 'lazytime',
@@ -62,122 +63,147 @@ export function parseOptions(json: string, config: Pick<Config, 'allowedFsTypes'
     throw new LatchError(`the options argument is not valid JSON (${(err as Error).message})`);
   }
   if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) {
-    throw new LatchError(`the options argument must be a JSON object, not ${Array.isArray(raw) ? 'an array' : typeof raw}`);
+    throw new LatchError(`the options argument must be a JSON object, not ${Array.isArray(raw) ? 'an array' : describe(raw)}`);
   }
-
-  const values: Record<string, string> = {};
-  const secrets: Record<string, string> = {};
-  for (const [key, value] of Object.entries(raw)) {
-    if (key.startsWith(SECRET_PREFIX)) {
-      // Checked without echoing the value.
-      if (typeof value !== 'string') throw new LatchError(`option "${key}" must be a base64 string`);
-      secrets[key.slice(SECRET_PREFIX.length)] = decodeSecret(key, value);
-      continue;
-    }
-    if (typeof value !== 'string') {
-      throw new LatchError(`option "${key}" must be a string (FlexVolume options are strings), not ${describe(value)}`);
-    }
+  for (const key of Object.keys(raw)) {
     if (!key.startsWith(K8S) && !(USER_OPTIONS as readonly string[]).includes(key)) {
       throw new LatchError(`unknown option "${key.slice(0, 64)}"; latch understands ${USER_OPTIONS.join(', ')}`);
     }
-    // Unknown kubernetes.io/* keys are ignored: newer kubelets may add some.
-    if (key.startsWith(K8S) && !KNOWN_K8S_KEYS.has(key)) continue;
-    values[key] = value;
   }
 
-  const volume = values.volume !== undefined ? checkVolumeName(values.volume, 'option "volume"') : undefined;
-  const pvOrVolumeName =
-    values['kubernetes.io/pvOrVolumeName'] !== undefined
-      ? checkVolumeName(values['kubernetes.io/pvOrVolumeName'], 'option "kubernetes.io/pvOrVolumeName"')
-      : undefined;
+  const result = optionsSchema(config).safeParse(raw);
+  if (!result.success) {
+    const issue = result.error.issues[0]!;
+    const field = String(issue.path[0] ?? '');
+    if (issue.code === 'invalid_type') {
+      const what = field.startsWith(SECRET_PREFIX) ? 'a base64 string' : 'a string (FlexVolume options are strings)';
+      throw new LatchError(`option "${field}" must be ${what}, not ${describe((raw as Record<string, unknown>)[field])}`);
+    }
+    throw new LatchError(issue.message.startsWith('option "') ? issue.message : `option "${field}" ${issue.message}`);
+  }
+  const o = result.data;
+
+  const secrets: Record<string, string> = {};
+  for (const [key, value] of Object.entries(o)) {
+    if (key.startsWith(SECRET_PREFIX)) secrets[key.slice(SECRET_PREFIX.length)] = value as string;
+  }
+  const volume = o.volume;
+  const pvOrVolumeName = o['kubernetes.io/pvOrVolumeName'];
   const name = volume ?? pvOrVolumeName;
   if (name === undefined) {
     throw new LatchError('the options name no volume: set "volume", or pass "kubernetes.io/pvOrVolumeName"');
   }
-
-  let size: number | undefined;
-  if (values.size !== undefined) {
-    size = parseSize(values.size, 'option "size"');
-    if (size > config.maxSize) {
-      throw new LatchError(`option "size" (${values.size}) is above the configured maxSize of ${config.maxSize} bytes`);
-    }
-  }
-
-  const fsType = pickFsType(values, config.allowedFsTypes);
-  const readOnly = parseReadOnly(values);
-  const mountOptions = parseMountOptions(values.mountOptions);
-
-  let fsGroup: number | undefined;
-  const fsGroupText = values['kubernetes.io/mounterArgs.FsGroup'];
-  if (fsGroupText !== undefined && fsGroupText !== '') {
-    if (!/^[0-9]{1,10}$/.test(fsGroupText) || Number(fsGroupText) > 0xffffffff) {
-      throw new LatchError(`option "kubernetes.io/mounterArgs.FsGroup" must be a decimal group id, not "${fsGroupText.slice(0, 32)}"`);
-    }
-    fsGroup = Number(fsGroupText);
-  }
+  const k8sFsType = o['kubernetes.io/fsType'];
+  const fsType = o.fsType ?? (k8sFsType === '' ? undefined : k8sFsType);
 
   const pod: PodInfo = {};
-  if (values['kubernetes.io/pod.name']) pod.name = values['kubernetes.io/pod.name'];
-  if (values['kubernetes.io/pod.namespace']) pod.namespace = values['kubernetes.io/pod.namespace'];
-  if (values['kubernetes.io/pod.uid']) pod.uid = values['kubernetes.io/pod.uid'];
-  if (values['kubernetes.io/serviceAccount.name']) pod.serviceAccount = values['kubernetes.io/serviceAccount.name'];
+  if (o['kubernetes.io/pod.name']) pod.name = o['kubernetes.io/pod.name'];
+  if (o['kubernetes.io/pod.namespace']) pod.namespace = o['kubernetes.io/pod.namespace'];
+  if (o['kubernetes.io/pod.uid']) pod.uid = o['kubernetes.io/pod.uid'];
+  if (o['kubernetes.io/serviceAccount.name']) pod.serviceAccount = o['kubernetes.io/serviceAccount.name'];
+  const fsGroup = o['kubernetes.io/mounterArgs.FsGroup'];
 
   return {
     ...(volume !== undefined && { volume }),
     ...(pvOrVolumeName !== undefined && { pvOrVolumeName }),
     name,
-    ...(size !== undefined && { size }),
+    ...(o.size !== undefined && { size: o.size }),
     ...(fsType !== undefined && { fsType }),
-    readOnly,
-    mountOptions,
+    readOnly: o['kubernetes.io/readwrite'] === 'ro' || o.readOnly === 'true',
+    mountOptions: o.mountOptions ?? [],
     ...(Object.keys(pod).length > 0 && { pod }),
     ...(fsGroup !== undefined && { fsGroup }),
     secrets,
   };
 }
 
-function pickFsType(values: Record<string, string>, allowed: readonly FsType[]): FsType | undefined {
-  const user = values.fsType;
-  const k8s = values['kubernetes.io/fsType'];
-  const [field, text] = user !== undefined ? ['fsType', user] : ['kubernetes.io/fsType', k8s];
-  if (text === undefined || text === '') return undefined;
-  if (!(allowed as readonly string[]).includes(text)) {
-    throw new LatchError(`option "${field}" is "${text.slice(0, 32)}"; allowed filesystem types are ${allowed.join(', ')}`);
-  }
-  return text as FsType;
+/**
+ * The options schema. Built per call (it depends on the configured limits) and only by ops that take options,
+ * so init never pays for it. Unknown kubernetes.io/* keys pass (newer kubelets add some); latch's own unknown
+ * keys were refused before, with the list of known ones.
+ */
+function optionsSchema(config: Pick<Config, 'allowedFsTypes' | 'maxSize'>) {
+  const text = z.string();
+  const name = (field: string) =>
+    text.transform((value, ctx) => {
+      try {
+        return checkVolumeName(value, `option "${field}"`);
+      } catch (err) {
+        ctx.addIssue({ code: 'custom', message: (err as Error).message });
+        return z.NEVER;
+      }
+    });
+  const fsType = (field: string) =>
+    text.refine((v) => v === '' || (config.allowedFsTypes as readonly string[]).includes(v), {
+      error: (issue) =>
+        `option "${field}" is "${String(issue.input).slice(0, 32)}"; allowed filesystem types are ${config.allowedFsTypes.join(', ')}`,
+    });
+  return z
+    .object({
+      'kubernetes.io/fsType': fsType('kubernetes.io/fsType').optional(),
+      'kubernetes.io/readwrite': z.enum(['ro', 'rw'], { error: (i) => `option "kubernetes.io/readwrite" must be "ro" or "rw", not "${String(i.input).slice(0, 16)}"` }).optional(),
+      'kubernetes.io/pvOrVolumeName': name('kubernetes.io/pvOrVolumeName').optional(),
+      'kubernetes.io/pod.name': text.optional(),
+      'kubernetes.io/pod.namespace': text.optional(),
+      'kubernetes.io/pod.uid': text.optional(),
+      'kubernetes.io/serviceAccount.name': text.optional(),
+      'kubernetes.io/mounterArgs.FsGroup': text
+        .refine((v) => v === '' || (/^[0-9]{1,10}$/.test(v) && Number(v) <= 0xffffffff), {
+          error: (i) => `option "kubernetes.io/mounterArgs.FsGroup" must be a decimal group id, not "${String(i.input).slice(0, 32)}"`,
+        })
+        .transform((v) => (v === '' ? undefined : Number(v)))
+        .optional(),
+      volume: name('volume').optional(),
+      size: text
+        .transform((value, ctx) => {
+          try {
+            const bytes = parseSize(value, 'option "size"');
+            if (bytes > config.maxSize) {
+              ctx.addIssue({ code: 'custom', message: `option "size" (${value}) is above the configured maxSize of ${config.maxSize} bytes` });
+              return z.NEVER;
+            }
+            return bytes;
+          } catch (err) {
+            ctx.addIssue({ code: 'custom', message: (err as Error).message });
+            return z.NEVER;
+          }
+        })
+        .optional(),
+      fsType: fsType('fsType').transform((v) => (v === '' ? undefined : v)).optional(),
+      readOnly: z.enum(['true', 'false'], { error: (i) => `option "readOnly" must be "true" or "false", not "${String(i.input).slice(0, 16)}"` }).optional(),
+      mountOptions: text.transform((value, ctx) => {
+        const options = [...new Set(value.split(',').map((o) => o.trim()).filter((o) => o !== ''))];
+        const bad = options.find((o) => !(MOUNT_OPTION_ALLOWLIST as readonly string[]).includes(o));
+        if (bad !== undefined) {
+          ctx.addIssue({
+            code: 'custom',
+            message: `option "mountOptions" contains "${bad.slice(0, 32)}", which is not allowed; allowed: ${MOUNT_OPTION_ALLOWLIST.join(', ')}`,
+          });
+          return z.NEVER;
+        }
+        return options;
+      }).optional(),
+    })
+    // Only kubernetes.io/* keys reach here. Secrets are checked and decoded below without echoing their value.
+    .catchall(text)
+    .superRefine((o, ctx) => {
+      for (const [key, value] of Object.entries(o)) {
+        if (!key.startsWith(SECRET_PREFIX)) continue;
+        if (typeof value !== 'string' || !/^[A-Za-z0-9+/]*={0,2}$/.test(value) || value.length % 4 !== 0) {
+          ctx.addIssue({ code: 'custom', path: [key], message: `option "${key}" is not valid base64 (kubelet base64-encodes secret values)` });
+        }
+      }
+    })
+    .transform((o) => {
+      const out: Record<string, unknown> = { ...o };
+      for (const key of Object.keys(out)) {
+        if (key.startsWith(SECRET_PREFIX)) out[key] = Buffer.from(out[key] as string, 'base64').toString('utf8');
+        else if (key.startsWith(K8S) && !KNOWN_K8S_KEYS.has(key)) delete out[key];
+      }
+      return out as typeof o & { fsType?: FsType; 'kubernetes.io/fsType'?: FsType | '' };
+    });
 }
 
-function parseReadOnly(values: Record<string, string>): boolean {
-  const rw = values['kubernetes.io/readwrite'];
-  if (rw !== undefined && rw !== 'ro' && rw !== 'rw') {
-    throw new LatchError(`option "kubernetes.io/readwrite" must be "ro" or "rw", not "${rw.slice(0, 16)}"`);
-  }
-  const user = values.readOnly;
-  if (user !== undefined && user !== 'true' && user !== 'false') {
-    throw new LatchError(`option "readOnly" must be "true" or "false", not "${user.slice(0, 16)}"`);
-  }
-  return rw === 'ro' || user === 'true';
-}
-
-function parseMountOptions(text: string | undefined): string[] {
-  if (text === undefined || text.trim() === '') return [];
-  const options = text.split(',').map((o) => o.trim()).filter((o) => o !== '');
-  for (const option of options) {
-    if (!(MOUNT_OPTION_ALLOWLIST as readonly string[]).includes(option)) {
-      throw new LatchError(
-        `option "mountOptions" contains "${option.slice(0, 32)}", which is not allowed; allowed: ${MOUNT_OPTION_ALLOWLIST.join(', ')}`,
-      );
-    }
-  }
-  return [...new Set(options)];
-}
-
-function decodeSecret(key: string, value: string): string {
-  if (!/^[A-Za-z0-9+/]*={0,2}$/.test(value) || value.length % 4 !== 0) {
-    throw new LatchError(`option "${key}" is not valid base64 (kubelet base64-encodes secret values)`);
-  }
-  return Buffer.from(value, 'base64').toString('utf8');
-}
 
 function describe(value: unknown): string {
   if (value === null) return 'null';
