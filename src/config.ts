@@ -33,7 +33,7 @@ export interface Config {
   maxSize: number;
   defaultFsType: FsType;
   allowedFsTypes: FsType[];
-  /** Seconds waitforattach waits for this node to be granted the volume; kubelet kills us at 600. */
+  /** Seconds waitforattach waits for the grant (at most 480: the call itself must answer before kubelet kills it at 600). */
   waitForAttachTimeout: number;
   /** Seconds any child process (losetup, mkfs, mount...) may run before its process group is killed. */
   commandTimeout: number;
@@ -96,7 +96,7 @@ function buildSchema() {
       maxSize: size.default(1024 ** 4),
       defaultFsType: fsType.default('ext4'),
       allowedFsTypes: z.array(fsType).min(1).default([...FS_TYPES]),
-      waitForAttachTimeout: z.number().int().min(1).max(540).default(120),
+      waitForAttachTimeout: z.number().int().min(1).max(480).default(120),
       commandTimeout: z.number().int().min(1).max(3600).default(120),
       store: store.default({ type: 'file' }),
     })
