@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 declare -A PACKAGES=(
   [losetup]=mount [findmnt]=util-linux [blkid]=util-linux [mkfs.ext4]=e2fsprogs [resize2fs]=e2fsprogs
   [mkfs.xfs]=xfsprogs [xfs_growfs]=xfsprogs [mkfs.btrfs]=btrfs-progs [jq]=jq [inotifywait]=inotify-tools
+  [etcd]=etcd-server
 )
 missing=()
 for cmd in "${!PACKAGES[@]}"; do

@@ -9,6 +9,10 @@ npm run --silent build
 echo "== type check"
 tsc --noEmit -p .
 echo "== unit tests"
-node --import tsx --test --test-reporter=spec --test-concurrency=1 test/unit/*.test.ts
+# One shared etcd member for the ledger suite's etcd run (its worker processes must all reach the same one);
+# with-etcd.ts stops it afterwards, even on failure. Tests that need their own etcd (a cluster, restarts) start
+# and stop it themselves. Without etcd installed, the etcd tests skip with a message.
+node --import tsx test/etcd/with-etcd.ts -- \
+  node --import tsx --test --test-reporter=spec --test-concurrency=1 test/unit/*.test.ts
 echo "== bats suites"
 bats --print-output-on-failure test/bats

@@ -1,7 +1,6 @@
 // Opens the store the configuration names. Each implementation is imported on demand, so a driver call with the
 // file store never loads the etcd client (and the other way round).
 import type { Config } from '../config.js';
-import { LatchError } from '../errors.js';
 import type { Store } from './types.js';
 
 export async function openStore(config: Config): Promise<Store> {
@@ -10,9 +9,9 @@ export async function openStore(config: Config): Promise<Store> {
       const { FileStore } = await import('./file.js');
       return new FileStore(config.stateDir);
     }
-    case 'etcd':
-      throw new LatchError(
-        'the etcd store is not available yet; use "store": {"type": "file"} in ' + config.source,
-      );
+    case 'etcd': {
+      const { EtcdStore } = await import('./etcd.js');
+      return new EtcdStore(config.store);
+    }
   }
 }

@@ -1,0 +1,492 @@
+// The `etcd` store: the ledger in an etcd v3 cluster, so the controller and every node share one truth.
+//
+// It speaks etcd's JSON gateway (POST /v3/kv/range, /v3/kv/txn; keys and values base64) with node:http(s) only,
+// so a driver call loads no client library. One key per store key, `<prefix><kind>/<name>`, holding the value as
+// JSON. The Store revision is the key's mod_revision (etcd's cluster-wide revision of its last change), which only
+// grows and is never reused, also across delete and re-create.
+//
+// Compare-and-swap: put and delete are one transaction that compares mod_revision (or create_revision == 0 for
+// "must not exist") and otherwise reads the key back, so a write is applied completely or not at all.
+//
+// Every operation has one deadline (timeoutMs) across all its attempts. An attempt that cannot connect, times out,
+// or meets a member without quorum ("no leader", sent early thanks to the `hasleader` metadata) moves on to the
+// next endpoint, round after round with a short back-off, until the deadline; then the operation fails with a
+// StoreError saying etcd is unreachable or has lost quorum. A write whose answer was lost (connection reset,
+// timeout after sending) may still have been applied: retrying it is safe because the retry compares the same
+// revision, so at most one of the two can apply; if the retry then finds the key holding exactly the value we wrote
+// (or, for a delete, the key gone), the state the caller asked for holds and the write counts as done. Reads are
+// linearizable (never a stale member's view).
+import { readFileSync } from 'node:fs';
+import * as http from 'node:http';
+import * as https from 'node:https';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { ConflictError, LatchError, StoreError } from '../errors.js';
+import { parseKey, type Store, type Versioned } from './types.js';
+
+export interface EtcdStoreOptions {
+  endpoints: string[];
+  /** Prepended to every key; a missing trailing "/" is added. Default "/latch/". */
+  prefix?: string;
+  /** Deadline of one store operation, across every endpoint and retry. Default 5000. */
+  timeoutMs?: number;
+  /** PEM files: `ca` to verify the members, `cert` and `key` for client-certificate authentication. */
+  tls?: { ca?: string; cert?: string; key?: string };
+  /** Keys per page when listing (tests use a small one). Default 1000. */
+  listPageSize?: number;
+}
+
+/** etcd could not be reached, or answered that it cannot serve (no leader, lost quorum, timed out). */
+export class EtcdUnavailableError extends StoreError {
+  override name = 'EtcdUnavailableError';
+}
+
+const KIND = /^[a-z]+$/;
+/** The largest answer we accept (a list of many keys is far smaller). */
+const MAX_RESPONSE_BYTES = 64 * 1024 * 1024;
+/** An attempt gets at least this long (or what is left of the deadline) even when other endpoints wait untried. */
+const MIN_ATTEMPT_MS = 1000;
+const BACKOFF_MS = [50, 100, 200, 400];
+
+interface KeyValue {
+  key?: string;
+  value?: string;
+  create_revision?: string;
+  mod_revision?: string;
+  version?: string;
+}
+interface RangeResponse {
+  header?: { revision?: string };
+  kvs?: KeyValue[];
+  count?: string;
+  /** More keys in the range than the limit let through. */
+  more?: boolean;
+}
+interface TxnResponse {
+  header?: { revision?: string };
+  succeeded?: boolean;
+  responses?: Array<{ response_range?: RangeResponse; response_put?: unknown; response_delete_range?: unknown }>;
+}
+
+/** The result of one request, after failover. `ambiguous`: an earlier attempt may have been applied. */
+interface Answer<T> {
+  body: T;
+  ambiguous: boolean;
+}
+
+/** Why one attempt failed, and what that means for the operation. */
+class AttemptError extends Error {
+  constructor(
+    message: string,
+    /** true: try another endpoint / again; false: etcd refused the request itself, retrying cannot help. */
+    readonly retry: boolean,
+    /** true: the request may have reached etcd and been applied. */
+    readonly maybeApplied: boolean,
+    /** true: the attempt ran out of time (says less about the endpoint than an error it answered). */
+    readonly timedOut = false,
+  ) {
+    super(message);
+  }
+}
+
+const NOT_CONNECTED_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'EADDRNOTAVAIL']);
+
+function reason(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}
+
+function b64(text: string | Buffer): string {
+  return (typeof text === 'string' ? Buffer.from(text, 'utf8') : text).toString('base64');
+}
+
+/** The smallest key greater than every key starting with `prefix` (etcd's range_end for a prefix). */
+function prefixEnd(prefix: Buffer): Buffer {
+  const end = Buffer.from(prefix);
+  for (let i = end.length - 1; i >= 0; i--) {
+    if (end[i]! < 0xff) {
+      end[i]! += 1;
+      return end.subarray(0, i + 1);
+    }
+  }
+  return Buffer.from([0]); // the whole key space
+}
+
+function checkRevision(expectedRevision: number): void {
+  if (!Number.isSafeInteger(expectedRevision) || expectedRevision < 0) {
+    throw new LatchError(`etcd store: expected revision must be a non-negative integer, got ${String(expectedRevision)}`);
+  }
+}
+
+export class EtcdStore implements Store {
+  readonly kind = 'etcd' as const;
+  readonly endpoints: readonly string[];
+  readonly prefix: string;
+  readonly timeoutMs: number;
+  private readonly httpAgent = new http.Agent({ keepAlive: true });
+  private readonly httpsAgent: https.Agent | undefined;
+  /** The endpoint that answered last: tried first next time. */
+  private preferred = 0;
+  private readonly listPageSize: number;
+
+  constructor(options: EtcdStoreOptions) {
+    if (options.endpoints.length === 0) throw new LatchError('etcd store: no endpoints configured (store.endpoints)');
+    this.endpoints = options.endpoints.map((e) => {
+      let url: URL;
+      try {
+        url = new URL(e);
+      } catch {
+        throw new LatchError(`etcd store: endpoint ${JSON.stringify(e)} is not a URL such as https://10.0.0.1:2379`);
+      }
+      if (url.protocol !== 'http:' && url.protocol !== 'https:') {
+        throw new LatchError(`etcd store: endpoint ${e} must start with http:// or https://`);
+      }
+      return url.href.replace(/\/+$/, '');
+    });
+    const prefix = options.prefix ?? '/latch/';
+    this.prefix = prefix.endsWith('/') ? prefix : `${prefix}/`;
+    this.timeoutMs = options.timeoutMs ?? 5000;
+    this.listPageSize = options.listPageSize ?? 1000;
+    if (!(this.timeoutMs > 0)) throw new LatchError(`etcd store: timeoutMs must be positive, got ${this.timeoutMs}`);
+    const tls = options.tls;
+    if (tls && (tls.cert === undefined) !== (tls.key === undefined)) {
+      throw new LatchError('etcd store: tls.cert and tls.key go together: give both or neither');
+    }
+    if (this.endpoints.some((e) => e.startsWith('https:'))) {
+      this.httpsAgent = new https.Agent({
+        keepAlive: true,
+        ca: tls?.ca !== undefined ? readPem(tls.ca, 'tls.ca') : undefined,
+        cert: tls?.cert !== undefined ? readPem(tls.cert, 'tls.cert') : undefined,
+        key: tls?.key !== undefined ? readPem(tls.key, 'tls.key') : undefined,
+      });
+    } else if (tls && (tls.ca ?? tls.cert) !== undefined) {
+      throw new LatchError('etcd store: tls is configured but no endpoint uses https://; the files would not be used');
+    }
+  }
+
+  async get(key: string): Promise<Versioned | undefined> {
+    const full = this.keyOf(key);
+    const { body } = await this.call<RangeResponse>('/v3/kv/range', { key: b64(full) }, `read ${key}`, false);
+    const kv = body.kvs?.[0];
+    return kv === undefined ? undefined : { value: this.decode(kv, key), revision: revisionOf(kv.mod_revision, key) };
+  }
+
+  async put(key: string, value: unknown, expectedRevision: number): Promise<number> {
+    const full = this.keyOf(key);
+    checkRevision(expectedRevision);
+    let text: string | undefined;
+    try {
+      text = JSON.stringify(value);
+    } catch (err) {
+      throw new LatchError(`etcd store: the value for ${key} cannot be stored as JSON: ${reason(err)}`, { cause: err });
+    }
+    if (text === undefined) throw new LatchError(`etcd store: the value for ${key} cannot be stored as JSON (${typeof value})`);
+    const k = b64(full);
+    const v = b64(text);
+    const { body, ambiguous } = await this.call<TxnResponse>(
+      '/v3/kv/txn',
+      {
+        compare: [compareRevision(k, expectedRevision)],
+        success: [{ request_put: { key: k, value: v } }],
+        failure: [{ request_range: { key: k } }],
+      },
+      `write ${key}`,
+      true,
+    );
+    if (body.succeeded) return revisionOf(body.header?.revision, key);
+    const current = body.responses?.[0]?.response_range?.kvs?.[0];
+    // Our first attempt's answer was lost but it was applied: the key holds exactly what we wrote.
+    if (ambiguous && current !== undefined && (current.value ?? '') === v) return revisionOf(current.mod_revision, key);
+    throw this.conflict(key, expectedRevision, current);
+  }
+
+  async delete(key: string, expectedRevision: number): Promise<void> {
+    const full = this.keyOf(key);
+    checkRevision(expectedRevision);
+    const k = b64(full);
+    if (expectedRevision === 0) {
+      // "Must not exist": nothing to write either way.
+      const { body } = await this.call<RangeResponse>('/v3/kv/range', { key: k, keys_only: true }, `read ${key}`, false);
+      const kv = body.kvs?.[0];
+      if (kv !== undefined) throw this.conflict(key, 0, kv);
+      return;
+    }
+    const { body, ambiguous } = await this.call<TxnResponse>(
+      '/v3/kv/txn',
+      {
+        compare: [compareRevision(k, expectedRevision)],
+        success: [{ request_delete_range: { key: k } }],
+        failure: [{ request_range: { key: k, keys_only: true } }],
+      },
+      `delete ${key}`,
+      true,
+    );
+    if (body.succeeded) return;
+    const current = body.responses?.[0]?.response_range?.kvs?.[0];
+    // Our first attempt's answer was lost but it was applied: the key is gone.
+    if (ambiguous && current === undefined) return;
+    throw this.conflict(key, expectedRevision, current);
+  }
+
+  async list(kind: string): Promise<string[]> {
+    if (!KIND.test(kind)) throw new LatchError(`etcd store: invalid kind ${JSON.stringify(kind)}`);
+    const start = Buffer.from(`${this.prefix}${kind}/`, 'utf8');
+    const names: string[] = [];
+    let from = start;
+    const end = prefixEnd(start);
+    // Page through the keys, so a huge ledger never makes one huge answer.
+    for (;;) {
+      const { body } = await this.call<RangeResponse>(
+        '/v3/kv/range',
+        { key: b64(from), range_end: b64(end), keys_only: true, limit: this.listPageSize },
+        `list ${kind}`,
+        false,
+      );
+      const kvs = body.kvs ?? [];
+      for (const kv of kvs) {
+        const name = Buffer.from(kv.key ?? '', 'base64').subarray(start.length).toString('utf8');
+        try {
+          parseKey(`${kind}/${name}`);
+        } catch {
+          continue; // not one of ours (written by hand under our prefix)
+        }
+        names.push(name);
+      }
+      if (kvs.length === 0 || !body.more) break;
+      // The next page starts just after the last key of this one.
+      from = Buffer.concat([Buffer.from(kvs[kvs.length - 1]!.key ?? '', 'base64'), Buffer.from([0])]);
+    }
+    return names.sort();
+  }
+
+  async close(): Promise<void> {
+    this.httpAgent.destroy();
+    this.httpsAgent?.destroy();
+  }
+
+  private keyOf(key: string): string {
+    try {
+      parseKey(key);
+    } catch (err) {
+      throw new LatchError(`etcd store: ${reason(err)}`, { cause: err });
+    }
+    return this.prefix + key;
+  }
+
+  private decode(kv: KeyValue, key: string): unknown {
+    const text = Buffer.from(kv.value ?? '', 'base64').toString('utf8');
+    try {
+      return JSON.parse(text);
+    } catch (err) {
+      throw new StoreError(
+        `etcd store: the value of ${this.prefix}${key} is not JSON (${reason(err)}); something other than latch wrote it`,
+        { cause: err },
+      );
+    }
+  }
+
+  private conflict(key: string, expected: number, current: KeyValue | undefined): ConflictError {
+    const now = current === undefined ? 'it does not exist' : `it is at revision ${current.mod_revision}`;
+    const want = expected === 0 ? 'expected it not to exist' : `expected revision ${expected}`;
+    return new ConflictError(`etcd store: ${key} changed: ${want} but ${now}`);
+  }
+
+  /**
+   * POSTs one request with failover across the endpoints, retrying until the operation's deadline.
+   * `mutation`: a lost answer means the request may have been applied (reported as `ambiguous`).
+   */
+  private async call<T>(path: string, request: unknown, what: string, mutation: boolean): Promise<Answer<T>> {
+    const payload = JSON.stringify(request);
+    const deadline = Date.now() + this.timeoutMs;
+    const n = this.endpoints.length;
+    const lastError = new Map<string, string>();
+    let ambiguous = false;
+    for (let round = 0; ; round++) {
+      const first = this.preferred;
+      for (let i = 0; i < n; i++) {
+        const index = (first + i) % n;
+        const endpoint = this.endpoints[index]!;
+        const remaining = deadline - Date.now();
+        if (remaining <= 0) break;
+        const untried = n - i;
+        const budget = untried <= 1 ? remaining : Math.min(remaining, Math.max(MIN_ATTEMPT_MS, Math.floor(remaining / untried)));
+        try {
+          const body = (await this.attempt(endpoint, path, payload, budget)) as T;
+          this.preferred = index;
+          return { body, ambiguous };
+        } catch (err) {
+          if (!(err instanceof AttemptError)) throw err;
+          if (mutation && err.maybeApplied) ambiguous = true;
+          if (!err.retry) {
+            throw new StoreError(
+              `etcd store: cannot ${what}: ${endpoint}: ${err.message}` +
+                (ambiguous ? '; an earlier attempt may have been applied (completely, never in part): read again' : ''),
+            );
+          }
+          // Keep what an endpoint last said; an attempt cut short by the deadline says less than that.
+          if (!err.timedOut || !lastError.has(endpoint)) lastError.set(endpoint, err.message);
+        }
+      }
+      const remaining = deadline - Date.now();
+      if (remaining <= 0) break;
+      await sleep(Math.min(remaining, BACKOFF_MS[Math.min(round, BACKOFF_MS.length - 1)]!));
+      if (deadline - Date.now() <= 0) break;
+    }
+    const details = [...lastError].map(([e, m]) => `${e}: ${m}`).join('; ');
+    const outcome = !mutation
+      ? 'nothing was changed'
+      : ambiguous
+        ? 'the change may or may not have been applied (completely, never in part); it is safe to retry'
+        : 'nothing was changed';
+    throw new EtcdUnavailableError(
+      `etcd store: cannot ${what}: etcd is unreachable or has lost quorum: no endpoint of ${n} answered within ` +
+        `${this.timeoutMs} ms (${details || 'no attempt could be made'}); ${outcome}. The call can be retried once etcd is back`,
+    );
+  }
+
+  /** One HTTP(S) request to one endpoint, with its own timeout. Resolves the parsed answer or rejects AttemptError. */
+  private attempt(endpoint: string, path: string, payload: string, timeoutMs: number): Promise<unknown> {
+    const isHttps = endpoint.startsWith('https:');
+    const url = new URL(endpoint + path);
+    return new Promise((resolve, reject) => {
+      let connected = false;
+      let settled = false;
+      const fail = (err: AttemptError) => {
+        if (settled) return;
+        settled = true;
+        clearTimeout(timer);
+        req.destroy();
+        reject(err);
+      };
+      const requestOptions: http.RequestOptions = {
+        method: 'POST',
+        agent: isHttps ? this.httpsAgent : this.httpAgent,
+        headers: {
+          'content-type': 'application/json',
+          'content-length': Buffer.byteLength(payload),
+          // Ask the member to refuse at once, rather than hang, when it has no leader (etcd's "hasleader").
+          'grpc-metadata-hasleader': 'true',
+        },
+      };
+      const req = (isHttps ? https : http).request(url, requestOptions, (res) => {
+        const chunks: Buffer[] = [];
+        let size = 0;
+        res.on('data', (chunk: Buffer) => {
+          size += chunk.length;
+          if (size > MAX_RESPONSE_BYTES) fail(new AttemptError(`its answer is larger than ${MAX_RESPONSE_BYTES} bytes`, false, true));
+          else chunks.push(chunk);
+        });
+        res.on('error', (err) => fail(new AttemptError(`the answer broke off: ${reason(err)}`, true, true)));
+        res.on('end', () => {
+          if (settled) return;
+          const text = Buffer.concat(chunks).toString('utf8');
+          const status = res.statusCode ?? 0;
+          if (status === 200) {
+            try {
+              const body = JSON.parse(text) as unknown;
+              settled = true;
+              clearTimeout(timer);
+              resolve(body);
+            } catch {
+              fail(new AttemptError(`it answered something that is not JSON: ${text.slice(0, 200)}`, true, true));
+            }
+            return;
+          }
+          fail(classifyHttpError(status, text));
+        });
+      });
+      req.on('socket', (socket) => {
+        // A reused keep-alive socket is connected already; a new one is once it (and TLS) is up.
+        if (!socket.connecting) connected = true;
+        else socket.once(isHttps ? 'secureConnect' : 'connect', () => (connected = true));
+      });
+      req.on('error', (err) => {
+        const code = (err as NodeJS.ErrnoException).code;
+        const tls = tlsProblem(err);
+        if (code !== undefined && NOT_CONNECTED_CODES.has(code)) {
+          fail(new AttemptError(code === 'ECONNREFUSED' ? 'connection refused' : `cannot connect (${code})`, true, false));
+        } else if (tls !== undefined) {
+          // A configuration problem, not an outage: report it at once. The handshake failed: nothing was sent.
+          fail(new AttemptError(tls, false, false));
+        } else if (!connected) {
+          fail(new AttemptError(`cannot connect: ${reason(err)}`, true, false));
+        } else {
+          fail(new AttemptError(`the connection broke: ${reason(err)}`, true, true));
+        }
+      });
+      const timer = setTimeout(() => {
+        fail(
+          new AttemptError(
+            connected ? `no answer within ${timeoutMs} ms` : `could not connect within ${timeoutMs} ms`,
+            true,
+            connected,
+            true,
+          ),
+        );
+      }, timeoutMs);
+      req.end(payload);
+    });
+  }
+}
+
+function revisionOf(text: string | undefined, key: string): number {
+  const revision = Number(text);
+  if (!Number.isSafeInteger(revision) || revision <= 0) {
+    throw new StoreError(`etcd store: etcd answered an invalid revision ${JSON.stringify(text)} for ${key}`);
+  }
+  return revision;
+}
+
+function compareRevision(key: string, expectedRevision: number): Record<string, unknown> {
+  return expectedRevision === 0
+    ? { key, target: 'CREATE', result: 'EQUAL', create_revision: '0' }
+    : { key, target: 'MOD', result: 'EQUAL', mod_revision: String(expectedRevision) };
+}
+
+/** The gateway answers gRPC errors as {"error","message","code"} with an HTTP status. */
+function classifyHttpError(status: number, text: string): AttemptError {
+  let message = text.trim().slice(0, 300);
+  let code: number | undefined;
+  try {
+    const body = JSON.parse(text) as { message?: unknown; error?: unknown; code?: unknown };
+    if (typeof body.message === 'string' || typeof body.error === 'string') message = String(body.message ?? body.error);
+    if (typeof body.code === 'number') code = body.code;
+  } catch {
+    // not JSON: keep the text
+  }
+  if (/no leader/i.test(message)) {
+    return new AttemptError(`${message} (this member has no leader: the cluster has lost quorum or is electing one)`, true, false);
+  }
+  // gRPC Unavailable (14), DeadlineExceeded (4), ResourceExhausted (8), Aborted (10); HTTP 5xx, 408, 429.
+  if ((code !== undefined && [4, 8, 10, 14].includes(code)) || status >= 500 || status === 408 || status === 429) {
+    return new AttemptError(`${message || `HTTP ${status}`}`, true, true);
+  }
+  if (status === 401 || code === 16) {
+    return new AttemptError(`${message} (etcd wants authentication; latch authenticates with client certificates only: set store.tls.cert and store.tls.key)`, false, false);
+  }
+  if (status === 404) {
+    return new AttemptError(`HTTP 404 for the etcd v3 JSON API: is this an etcd (v3.4 or later) client URL?`, true, false);
+  }
+  return new AttemptError(`${message || `HTTP ${status}`}`, false, false);
+}
+
+/** A TLS failure explained with the setting to fix, or undefined when the error is not about TLS. */
+function tlsProblem(err: unknown): string | undefined {
+  const code = (err as NodeJS.ErrnoException).code ?? '';
+  if (/ALERT_BAD_CERTIFICATE|CERTIFICATE_REQUIRED|ALERT_UNKNOWN_CA|ALERT_CERTIFICATE/i.test(code)) {
+    return `TLS handshake refused by etcd (${code}): it did not accept our client certificate (or got none); ` +
+      'set store.tls.cert and store.tls.key to a certificate signed by the CA etcd trusts (--trusted-ca-file)';
+  }
+  if (/CERT|SELF_SIGNED|UNABLE_TO_VERIFY|UNABLE_TO_GET_ISSUER|ALTNAME|HOSTNAME/i.test(code)) {
+    return `cannot verify etcd's certificate (${code}: ${reason(err)}); set store.tls.ca to the CA that signed it, ` +
+      'and use an endpoint address its certificate names';
+  }
+  if (/^ERR_SSL|^ERR_TLS/i.test(code)) return `TLS failed (${code}); check store.tls and that the endpoint speaks https`;
+  return undefined;
+}
+
+function readPem(path: string, field: string): Buffer {
+  try {
+    return readFileSync(path);
+  } catch (err) {
+    throw new StoreError(`etcd store: cannot read store.${field} ${path}: ${reason(err)}`, { cause: err });
+  }
+}
