@@ -1,15 +1,21 @@
 // Volume names become file names in the pool and state directories, so they are checked before they touch a path.
 import { LatchError } from './errors.js';
 
-export const MAX_VOLUME_NAME = 200;
+// Kubernetes names (PVs, nodes) may have 253 characters. A volume's name also names its image file
+// (`<name>.img`, at most 255 bytes), so it may have 250: a longer PV needs the `volume` option.
+export const MAX_KUBERNETES_NAME = 253;
+export const MAX_VOLUME_NAME = 250;
 // Lower-case DNS-subdomain-like names: what PV names and inline volume names already are.
 const VOLUME_NAME = /^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$/;
 
 /** Throws unless `name` is safe to use as a file name component; `what` names the field in the message. */
-export function checkVolumeName(name: string, what = 'volume name'): string {
+export function checkVolumeName(name: string, what = 'volume name', max = MAX_VOLUME_NAME): string {
   if (name.length === 0) throw new LatchError(`${what} is empty`);
-  if (name.length > MAX_VOLUME_NAME) {
-    throw new LatchError(`${what} is ${name.length} characters long; the limit is ${MAX_VOLUME_NAME}`);
+  if (name.length > max) {
+    throw new LatchError(
+      `${what} is ${name.length} characters long; the limit is ${max}` +
+        (max === MAX_VOLUME_NAME ? ' (for a longer PV name, set the "volume" option to a shorter name)' : ''),
+    );
   }
   if (!VOLUME_NAME.test(name) || name.includes('..')) {
     throw new LatchError(
@@ -20,7 +26,12 @@ export function checkVolumeName(name: string, what = 'volume name'): string {
   return name;
 }
 
-/** Node names come from kubelet (lower-cased hostnames) and from admins; same rule, they end up in documents and keys. */
+/** PV and inline volume names as Kubernetes passes them: same characters, up to 253. */
+export function checkPvName(name: string, what = 'PV name'): string {
+  return checkVolumeName(name, what, MAX_KUBERNETES_NAME);
+}
+
+/** Node names come from kubelet (lower-cased hostnames) and from admins; they end up in documents and keys. */
 export function checkNodeName(name: string, what = 'node name'): string {
-  return checkVolumeName(name, what);
+  return checkVolumeName(name, what, MAX_KUBERNETES_NAME);
 }

@@ -15,4 +15,4 @@ echo "== unit tests"
 node --import tsx test/etcd/with-etcd.ts -- \
   node --import tsx --test --test-reporter=spec --test-concurrency=1 test/unit/*.test.ts
 echo "== bats suites"
-bats --print-output-on-failure test/bats
+node_modules/bats/bin/bats --print-output-on-failure test/bats

@@ -7,7 +7,7 @@ import { isAbsolute, normalize } from 'node:path';
 import { loadConfig, type Config } from '../config.js';
 import { LatchError, NotSupportedError, errorMessage } from '../errors.js';
 import { redactArgs, writeLog } from '../log.js';
-import { checkNodeName, checkVolumeName } from '../names.js';
+import { checkNodeName, checkPvName } from '../names.js';
 import type { OpCall } from '../ops/types.js';
 import { killAllChildren, setDefaultCommandTimeout } from '../sys/run.js';
 import { OPS, usageOf } from './ops.js';
@@ -16,7 +16,6 @@ import { encodeReply, exitCodeOf, failure, notSupported, type Reply } from './re
 
 // kubelet kills waitforattach at 10 minutes and waits forever on the others: answer before either happens.
 const CALL_DEADLINE_MS = 9 * 60 * 1000;
-const FALLBACK_LOG = { logFile: '/var/log/latch/latch.log', logMaxBytes: 10 * 1024 * 1024 };
 
 export async function runDriverCall(op: string, args: string[]): Promise<void> {
   const started = process.hrtime.bigint();
@@ -32,8 +31,10 @@ export async function runDriverCall(op: string, args: string[]): Promise<void> {
     if (finished) return;
     finished = true;
     const durationMs = Number((process.hrtime.bigint() - started) / 1_000_000n);
-    writeLog(
-      config ?? FALLBACK_LOG,
+    // Without a usable config there is no configured log file: the reply carries the message, and nothing is
+    // written anywhere the operator did not choose.
+    if (config) writeLog(
+      config,
       {
         callId,
         pid: process.pid,
@@ -68,10 +69,21 @@ export async function runDriverCall(op: string, args: string[]): Promise<void> {
   try {
     const spec = OPS[op];
     if (!spec) {
+      // Unknown ops (waitfordetach, getdevicemountpath, ...) are Not supported whatever the config says; the
+      // config is read only to log the call where the operator chose.
+      try {
+        config = loadConfig();
+      } catch {
+        /* not needed to answer */
+      }
       finish(notSupported());
       return;
     }
     config = loadConfig();
+    if (spec.attachModeOnly && !config.attach) {
+      finish(notSupported(`${op} is not used in non-attach mode (attach: false): mount and unmount do the whole job on the node`));
+      return;
+    }
     setDefaultCommandTimeout(config.commandTimeout * 1000);
     const call = buildCall(op, args, config, facts);
     const handler = await spec.load();
@@ -108,7 +120,7 @@ function buildCall(op: string, argv: string[], config: Config, facts: Record<str
     } else if (name === 'nodeName') {
       facts.node = checkNodeName(value, `${op}: argument <nodeName>`);
     } else if (name === 'pvOrVolumeName') {
-      facts.volume = checkVolumeName(value, `${op}: argument <pvOrVolumeName>`);
+      facts.volume = checkPvName(value, `${op}: argument <pvOrVolumeName>`);
     } else if (name === 'newBytes' || name === 'oldBytes') {
       if (!/^[0-9]{1,17}$/.test(value)) throw new LatchError(`${op}: argument <${name}> must be a byte count, not "${value.slice(0, 32)}"`);
     } else if (value !== '') {

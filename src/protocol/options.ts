@@ -2,7 +2,7 @@
 // the kubernetes.io/* keys plus the user's flexVolume.options (see PROTOCOL.md "The options JSON").
 import type { Config, FsType } from '../config.js';
 import { LatchError } from '../errors.js';
-import { checkVolumeName } from '../names.js';
+import { checkPvName, checkVolumeName } from '../names.js';
 import { parseSize } from '../size.js';
 import { z } from 'zod';
 
@@ -89,10 +89,11 @@ export function parseOptions(json: string, config: Pick<Config, 'allowedFsTypes'
   }
   const volume = o.volume;
   const pvOrVolumeName = o['kubernetes.io/pvOrVolumeName'];
-  const name = volume ?? pvOrVolumeName;
-  if (name === undefined) {
+  if (volume === undefined && pvOrVolumeName === undefined) {
     throw new LatchError('the options name no volume: set "volume", or pass "kubernetes.io/pvOrVolumeName"');
   }
+  // The PV name is the volume's name unless "volume" says otherwise; as a volume name it must fit a file name.
+  const name = volume ?? checkVolumeName(pvOrVolumeName!, 'option "kubernetes.io/pvOrVolumeName"');
   const k8sFsType = o['kubernetes.io/fsType'];
   const fsType = o.fsType ?? (k8sFsType === '' ? undefined : k8sFsType);
 
@@ -124,10 +125,10 @@ export function parseOptions(json: string, config: Pick<Config, 'allowedFsTypes'
  */
 function optionsSchema(config: Pick<Config, 'allowedFsTypes' | 'maxSize'>) {
   const text = z.string();
-  const name = (field: string) =>
+  const name = (field: string, check: typeof checkVolumeName) =>
     text.transform((value, ctx) => {
       try {
-        return checkVolumeName(value, `option "${field}"`);
+        return check(value, `option "${field}"`);
       } catch (err) {
         ctx.addIssue({ code: 'custom', message: (err as Error).message });
         return z.NEVER;
@@ -142,7 +143,7 @@ function optionsSchema(config: Pick<Config, 'allowedFsTypes' | 'maxSize'>) {
     .object({
       'kubernetes.io/fsType': fsType('kubernetes.io/fsType').optional(),
       'kubernetes.io/readwrite': z.enum(['ro', 'rw'], { error: (i) => `option "kubernetes.io/readwrite" must be "ro" or "rw", not "${String(i.input).slice(0, 16)}"` }).optional(),
-      'kubernetes.io/pvOrVolumeName': name('kubernetes.io/pvOrVolumeName').optional(),
+      'kubernetes.io/pvOrVolumeName': name('kubernetes.io/pvOrVolumeName', checkPvName).optional(),
       'kubernetes.io/pod.name': text.optional(),
       'kubernetes.io/pod.namespace': text.optional(),
       'kubernetes.io/pod.uid': text.optional(),
@@ -153,7 +154,7 @@ function optionsSchema(config: Pick<Config, 'allowedFsTypes' | 'maxSize'>) {
         })
         .transform((v) => (v === '' ? undefined : Number(v)))
         .optional(),
-      volume: name('volume').optional(),
+      volume: name('volume', checkVolumeName).optional(),
       size: text
         .transform((value, ctx) => {
           try {

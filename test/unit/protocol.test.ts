@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { describe, it } from 'node:test';
 import { loadConfig, parseConfig } from '../../src/config.js';
 import { redactArgs, writeLog } from '../../src/log.js';
-import { checkVolumeName } from '../../src/names.js';
+import { checkPvName, checkVolumeName } from '../../src/names.js';
 import { parseOptions } from '../../src/protocol/options.js';
 import { encodeReply, exitCodeOf, failure, notSupported, success } from '../../src/protocol/reply.js';
 import { formatSize, parseSize } from '../../src/size.js';
@@ -175,6 +175,16 @@ describe('sizes and names', () => {
   });
   it('checks volume names', () => {
     for (const good of ['pv-1', 'pvc-0f1e2d3c-aaaa-bbbb-cccc-1234567890ab', 'a', 'a.b_c']) assert.equal(checkVolumeName(good), good);
-    for (const bad of ['', 'a/b', '..', 'a..b', '-a', 'A', 'a b', 'x;rm', 'a'.repeat(201)]) assert.throws(() => checkVolumeName(bad));
+    for (const bad of ['', 'a/b', '..', 'a..b', '-a', 'A', 'a b', 'x;rm', 'a'.repeat(251)]) assert.throws(() => checkVolumeName(bad));
+    assert.equal(checkPvName('a'.repeat(253)), 'a'.repeat(253));
+    assert.throws(() => checkPvName('a'.repeat(254)), /limit is 253/);
+  });
+});
+
+describe('long Kubernetes names', () => {
+  it('accepts a 253-character PV name with a shorter volume option, and says what to do without one', () => {
+    const pv = 'p'.repeat(253);
+    assert.equal(parseOptions(JSON.stringify({ 'kubernetes.io/pvOrVolumeName': pv, volume: 'short' }), config).name, 'short');
+    assert.throws(() => parseOptions(JSON.stringify({ 'kubernetes.io/pvOrVolumeName': pv }), config), /set the "volume" option/);
   });
 });
