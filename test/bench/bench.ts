@@ -1,0 +1,296 @@
+// npm run bench: what a driver call costs, as ratios to baselines measured in the same run (the machine is shared
+// and noisy, so absolute times mean little). Candidates run interleaved, after warm-up, with several repetitions;
+// every call's reply is checked, since a call that fails is not a fast call.
+import { spawn, spawnSync } from 'node:child_process';
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { addTicket, newVolume } from '../../src/ledger/arbitrate.js';
+import { ticketId } from '../../src/ledger/ids.js';
+import { FileStore } from '../../src/store/file.js';
+
+const ROOT = join(__dirname, '..', '..');
+const NODE = process.execPath;
+const REPS = Number(process.env.BENCH_REPS ?? 15);
+const WARMUP = 3;
+const isRoot = process.getuid?.() === 0;
+const TIME = existsSync('/usr/bin/time') ? '/usr/bin/time' : undefined;
+
+interface Sample { ms: number; rssKiB?: number }
+interface Stats { median: number; min: number; max: number; rssKiB?: number }
+const results: Record<string, unknown> = { machine: machine(), reps: REPS };
+
+function stats(samples: Sample[]): Stats {
+  const ms = samples.map((s) => s.ms).sort((a, b) => a - b);
+  const rss = samples.map((s) => s.rssKiB).filter((r): r is number => r !== undefined).sort((a, b) => a - b);
+  return {
+    median: ms[Math.floor(ms.length / 2)]!,
+    min: ms[0]!,
+    max: ms[ms.length - 1]!,
+    ...(rss.length > 0 && { rssKiB: rss[Math.floor(rss.length / 2)] }),
+  };
+}
+
+/** Runs one command, timing it; with /usr/bin/time also its peak RSS. Throws if `check` rejects its output. */
+function runOnce(argv: string[], env: NodeJS.ProcessEnv, check?: (stdout: string, code: number) => boolean): Sample {
+  const full = TIME ? [TIME, '-f', '%M', ...argv] : argv;
+  const started = process.hrtime.bigint();
+  const r = spawnSync(full[0]!, full.slice(1), { env, encoding: 'utf8' });
+  const ms = Number(process.hrtime.bigint() - started) / 1e6;
+  const stderrLines = r.stderr.trim().split('\n');
+  const rssKiB = TIME ? Number(stderrLines[stderrLines.length - 1]) : undefined;
+  if (check && !check(r.stdout, r.status ?? -1)) {
+    throw new Error(`benchmark call failed: ${argv.slice(1).join(' ').slice(0, 120)} -> ${r.stdout} ${r.stderr}`);
+  }
+  return { ms, ...(rssKiB !== undefined && !Number.isNaN(rssKiB) && { rssKiB }) };
+}
+
+/** Measures several candidates interleaved: rep 1 of each, rep 2 of each, ... so drift hits all alike. */
+function measure(candidates: Record<string, () => Sample>): Record<string, Stats> {
+  const samples: Record<string, Sample[]> = {};
+  for (const name of Object.keys(candidates)) samples[name] = [];
+  for (let i = 0; i < WARMUP + REPS; i++) {
+    for (const [name, fn] of Object.entries(candidates)) {
+      const s = fn();
+      if (i >= WARMUP) samples[name]!.push(s);
+    }
+  }
+  return Object.fromEntries(Object.entries(samples).map(([n, s]) => [n, stats(s)]));
+}
+
+function table(title: string, rows: string[][]): void {
+  const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));
+  console.log(`\n${title}`);
+  for (const r of rows) console.log(`  ${r.map((c, i) => c.padEnd(widths[i]!)).join('  ')}`);
+}
+
+const fmt = (n: number) => n.toFixed(1);
+const ok = (stdout: string, code: number) => {
+  try {
+    const reply = JSON.parse(stdout) as { status?: string };
+    return code === 0 && reply.status === 'Success';
+  } catch {
+    return false;
+  }
+};
+
+function workDir(): { dir: string; env: NodeJS.ProcessEnv } {
+  const dir = mkdtempSync(join(tmpdir(), 'latch-bench-'));
+  const config = { nodeName: 'node-a', stateDir: join(dir, 'state'), poolDir: join(dir, 'pool'), logFile: join(dir, 'latch.log'), defaultSize: '64Mi' };
+  writeFileSync(join(dir, 'config.json'), JSON.stringify(config));
+  return { dir, env: { ...process.env, LATCH_CONFIG: join(dir, 'config.json') } };
+}
+
+const optionsFor = (pv: string) =>
+  JSON.stringify({ 'kubernetes.io/fsType': '', 'kubernetes.io/pvOrVolumeName': pv, 'kubernetes.io/readwrite': 'rw' });
+
+function drivers(): Record<string, string[]> {
+  const found: Record<string, string[]> = { 'bin/latch': [join(ROOT, 'bin/latch')] };
+  if (existsSync(join(ROOT, 'bin/latch-sea'))) found['bin/latch-sea'] = [join(ROOT, 'bin/latch-sea')];
+  return found;
+}
+
+function controlPlaneCalls(): void {
+  const { dir, env } = workDir();
+  try {
+    const json = optionsFor('pv-bench');
+    const candidates: Record<string, () => Sample> = { 'node -e 0': () => runOnce([NODE, '-e', '0'], env) };
+    for (const [name, cmd] of Object.entries(drivers())) {
+      runOnce([...cmd, 'attach', json, 'node-a'], env, ok);
+      candidates[`${name} init`] = () => runOnce([...cmd, 'init'], env, ok);
+      candidates[`${name} getvolumename`] = () => runOnce([...cmd, 'getvolumename', json], env, ok);
+      candidates[`${name} isattached`] = () => runOnce([...cmd, 'isattached', json, 'node-a'], env, ok);
+      candidates[`${name} attach (attached)`] = () => runOnce([...cmd, 'attach', json, 'node-a'], env, ok);
+    }
+    const s = measure(candidates);
+    const base = s['node -e 0']!.median;
+    results.controlPlane = s;
+    table('Per-call wall time and peak RSS (medians; ratio to bare `node -e 0`; target <= 1.10, RSS <= 60 MiB)', [
+      ['call', 'median ms', 'min', 'max', 'ratio', 'peak RSS MiB'],
+      ...Object.entries(s).map(([n, v]) => [n, fmt(v.median), fmt(v.min), fmt(v.max), (v.median / base).toFixed(2), v.rssKiB ? fmt(v.rssKiB / 1024) : 'n/a']),
+    ]);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+function ledgerScaling(): Promise<void> {
+  return (async () => {
+    const rows: string[][] = [['call', '10 volumes ms', '10,000 volumes ms', 'ratio (target <= 1.10)']];
+    const out: Record<string, unknown> = {};
+    const setups = await Promise.all([10, 10_000].map(async (count) => {
+      const { dir, env } = workDir();
+      const store = new FileStore(join(dir, 'state'));
+      const now = new Date().toISOString();
+      for (let i = 0; i < count; i++) {
+        const name = `vol-${i}`;
+        const id = ticketId('workload', name, 'latch/loop', 'node-a');
+        const doc = addTicket(newVolume(name, 64 << 20, 'ext4', now), { id, type: 'workload', nodeID: 'node-a', parameters: { readOnly: false }, requestedBy: { pvName: name } }, now);
+        await store.put(`volumes/${name}`, doc, 0);
+      }
+      return { dir, env, count };
+    }));
+    try {
+      const json = optionsFor('vol-7');
+      const cmd = drivers()['bin/latch']!;
+      const candidates: Record<string, () => Sample> = {};
+      for (const { env, count } of setups) {
+        candidates[`isattached@${count}`] = () => runOnce([...cmd, 'isattached', json, 'node-a'], env, ok);
+        candidates[`attach@${count}`] = () => runOnce([...cmd, 'attach', json, 'node-a'], env, ok);
+      }
+      const s = measure(candidates);
+      out.stats = s;
+      for (const call of ['isattached', 'attach']) {
+        const small = s[`${call}@10`]!.median;
+        const large = s[`${call}@10000`]!.median;
+        rows.push([call, fmt(small), fmt(large), (large / small).toFixed(2)]);
+      }
+      results.ledgerScaling = out;
+      table('Ledger size: the same call with 10 and with 10,000 volumes', rows);
+    } finally {
+      for (const { dir } of setups) rmSync(dir, { recursive: true, force: true });
+    }
+  })();
+}
+
+/** The raw tools a pod lifecycle needs at the least: what latch drives, without latch. */
+function rawFloor(dir: string, i: number): Sample {
+  const image = join(dir, `raw-${i}.img`);
+  const mnt = join(dir, `raw-${i}`);
+  mkdirSync(mnt, { recursive: true });
+  const started = process.hrtime.bigint();
+  const sh = (cmd: string, ...args: string[]) => {
+    const r = spawnSync(cmd, args, { encoding: 'utf8' });
+    if (r.status !== 0) throw new Error(`${cmd} ${args.join(' ')}: ${r.stderr}`);
+    return r.stdout.trim();
+  };
+  sh('truncate', '-s', '64M', image);
+  const dev = sh('losetup', '--find', '--show', image);
+  sh('mkfs.ext4', '-q', '-F', '-E', 'lazy_itable_init=1,lazy_journal_init=1', dev);
+  sh('mount', dev, mnt);
+  sh('umount', mnt);
+  sh('losetup', '-d', dev);
+  const ms = Number(process.hrtime.bigint() - started) / 1e6;
+  rmSync(image);
+  return { ms };
+}
+
+function lifecycle(cmd: string[], env: NodeJS.ProcessEnv, dir: string, pv: string): Sample {
+  const json = optionsFor(pv);
+  const global = join(dir, 'mounts', pv);
+  mkdirSync(global, { recursive: true });
+  const started = process.hrtime.bigint();
+  runOnce([...cmd, 'attach', json, 'node-a'], env, ok);
+  const wait = spawnSync(cmd[0]!, [...cmd.slice(1), 'waitforattach', '', json], { env, encoding: 'utf8' });
+  const device = (JSON.parse(wait.stdout) as { device?: string }).device;
+  if (!device) throw new Error(`waitforattach failed: ${wait.stdout}`);
+  runOnce([...cmd, 'mountdevice', global, device, json], env, ok);
+  runOnce([...cmd, 'unmountdevice', global], env, ok);
+  runOnce([...cmd, 'detach', pv, 'node-a'], env, ok);
+  return { ms: Number(process.hrtime.bigint() - started) / 1e6 };
+}
+
+function podLifecycle(): void {
+  const { dir, env } = workDir();
+  try {
+    let n = 0;
+    const cmd = drivers()['bin/latch']!;
+    const s = measure({
+      'node -e 0': () => runOnce([NODE, '-e', '0'], env),
+      'raw tools floor': () => rawFloor(dir, n++),
+      'latch lifecycle': () => lifecycle(cmd, env, dir, `pv-life-${n++}`),
+    });
+    const node = s['node -e 0']!.median;
+    const floor = s['raw tools floor']!.median;
+    const life = s['latch lifecycle']!.median;
+    results.podLifecycle = { ...s, overheadInNodeStarts: (life - floor) / node };
+    table('Pod lifecycle (attach, waitforattach, mountdevice, unmountdevice, detach) on a fresh 64 MiB volume', [
+      ['what', 'median ms', 'min', 'max'],
+      ...Object.entries(s).map(([k, v]) => [k, fmt(v.median), fmt(v.min), fmt(v.max)]),
+      ['latch - floor, in node starts', ((life - floor) / node).toFixed(2), 'target <= 4', ''],
+      ['latch / (floor + 5 x node)', (life / (floor + 5 * node)).toFixed(2), '', ''],
+    ]);
+  } finally {
+    cleanUp(dir);
+  }
+}
+
+async function concurrentLifecycles(count: number): Promise<void> {
+  const { dir, env } = workDir();
+  const cmd = drivers()['bin/latch']!;
+  const call = (args: string[]) =>
+    new Promise<{ stdout: string; code: number }>((resolve) => {
+      const child = spawn(cmd[0]!, [...cmd.slice(1), ...args], { env });
+      let stdout = '';
+      child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+      child.on('close', (code) => resolve({ stdout, code: code ?? -1 }));
+    });
+  const one = async (i: number): Promise<number | undefined> => {
+    const pv = `pv-conc-${i}`;
+    const json = optionsFor(pv);
+    const global = join(dir, 'mounts', pv);
+    mkdirSync(global, { recursive: true });
+    const started = process.hrtime.bigint();
+    try {
+      if (!ok((await call(['attach', json, 'node-a'])).stdout, 0)) return undefined;
+      const device = (JSON.parse((await call(['waitforattach', '', json])).stdout) as { device?: string }).device;
+      if (!device) return undefined;
+      if (!ok((await call(['mountdevice', global, device, json])).stdout, 0)) return undefined;
+      if (!ok((await call(['unmountdevice', global])).stdout, 0)) return undefined;
+      if (!ok((await call(['detach', pv, 'node-a'])).stdout, 0)) return undefined;
+      return Number(process.hrtime.bigint() - started) / 1e6;
+    } catch {
+      return undefined;
+    }
+  };
+  try {
+    const started = process.hrtime.bigint();
+    const times = await Promise.all(Array.from({ length: count }, (_, i) => one(i)));
+    const wall = Number(process.hrtime.bigint() - started) / 1e3 / 1e6;
+    const done = times.filter((t): t is number => t !== undefined).sort((a, b) => a - b);
+    const failures = count - done.length;
+    const pct = (p: number) => done[Math.min(done.length - 1, Math.floor(done.length * p))] ?? NaN;
+    results.concurrent = { count, wallSeconds: wall, throughputPerSecond: done.length / wall, p50: pct(0.5), p99: pct(0.99), failures };
+    table(`${count} concurrent pod lifecycles on ${count} volumes (target: 0 failures)`, [
+      ['wall s', 'lifecycles/s', 'p50 ms', 'p99 ms', 'failures'],
+      [wall.toFixed(1), (done.length / wall).toFixed(2), fmt(pct(0.5)), fmt(pct(0.99)), String(failures)],
+    ]);
+  } finally {
+    cleanUp(dir);
+  }
+}
+
+/** Unmounts and detaches anything a failed lifecycle left under `dir`, then removes it. */
+function cleanUp(dir: string): void {
+  spawnSync('sh', ['-c', `grep -F ' ${dir}/' /proc/self/mountinfo | cut -d' ' -f5 | sort -r | xargs -r -n1 umount`]);
+  spawnSync('sh', ['-c', `losetup -l -n -O NAME,BACK-FILE | grep -F '${dir}/' | cut -d' ' -f1 | xargs -r -n1 losetup -d`]);
+  rmSync(dir, { recursive: true, force: true });
+}
+
+function machine(): Record<string, string> {
+  const cpu = spawnSync('sh', ['-c', "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"], { encoding: 'utf8' }).stdout.trim();
+  return { node: process.version, cpu, cores: String(spawnSync('nproc', { encoding: 'utf8' }).stdout.trim()), date: new Date().toISOString() };
+}
+
+async function main(): Promise<void> {
+  if (!existsSync(join(ROOT, 'bin/latch'))) throw new Error('bin/latch is missing: run npm run build first');
+  console.log(`latch benchmark: ${REPS} repetitions after ${WARMUP} warm-up, interleaved; ${JSON.stringify(results.machine)}`);
+  if (!TIME) console.log('(no /usr/bin/time: peak RSS is not measured; apt-get install time)');
+  controlPlaneCalls();
+  await ledgerScaling();
+  if (isRoot) {
+    podLifecycle();
+    await concurrentLifecycles(Number(process.env.BENCH_CONCURRENT ?? 64));
+  } else {
+    console.log('\nSkipping the pod lifecycle and concurrency benchmarks: they need root and loop devices.');
+  }
+  const outDir = join(ROOT, 'test/bench/results');
+  mkdirSync(outDir, { recursive: true });
+  writeFileSync(join(outDir, 'latest.json'), `${JSON.stringify(results, null, 2)}\n`);
+  console.log(`\nWrote ${join(outDir, 'latest.json')}`);
+}
+
+main().catch((err: unknown) => {
+  console.error(err);
+  process.exitCode = 1;
+});
