@@ -1,13 +1,20 @@
 // Bundles src/main.ts into bin/latch: one CommonJS file with a node shebang and no run-time node_modules.
 // CommonJS because Node starts it noticeably faster than an ESM bundle, and every driver call pays start-up.
+//
+// `node build.mjs --sea` (npm run build:sea) also makes bin/latch-sea, a Node single-executable application: the
+// same bundle injected into a copy of the running node binary, so a host needs nothing installed. It takes a few
+// seconds (the node binary is ~100 MB), which is why plain `npm run build` does not do it.
 import { build } from 'esbuild';
-import { chmodSync, readFileSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
+import { chmodSync, copyFileSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 
 const pkg = JSON.parse(readFileSync(new URL('./package.json', import.meta.url), 'utf8'));
 
-await build({
+const bundleOptions = {
   entryPoints: ['src/main.ts'],
-  outfile: 'bin/latch',
   bundle: true,
   platform: 'node',
   target: 'node20',
@@ -15,8 +22,58 @@ await build({
   minify: false,
   sourcemap: false,
   legalComments: 'none',
-  banner: { js: '#!/usr/bin/env node' },
   define: { LATCH_VERSION: JSON.stringify(pkg.version) },
   logLevel: 'warning',
-});
+};
+
+await build({ ...bundleOptions, outfile: 'bin/latch', banner: { js: '#!/usr/bin/env node' } });
 chmodSync('bin/latch', 0o755);
+
+if (process.argv.includes('--sea')) await buildSea('bin/latch-sea');
+
+/**
+ * Node 20 single-executable application (https://nodejs.org/docs/latest-v20.x/api/single-executable-applications.html):
+ * bundle → blob (node --experimental-sea-config) → copy of node with the blob injected (postject). Bundles from
+ * src/ again into a private directory rather than reading bin/latch, which someone may be rebuilding meanwhile,
+ * and renames the result into place, so nobody ever runs a half-written bin/latch-sea.
+ */
+async function buildSea(outfile) {
+  const work = mkdtempSync(join(tmpdir(), 'latch-sea-'));
+  try {
+    const main = join(work, 'latch.cjs');
+    const blob = join(work, 'latch.blob');
+    const exe = join(work, 'latch-sea');
+    await build({ ...bundleOptions, outfile: main });
+    const seaConfig = join(work, 'sea-config.json');
+    writeFileSync(
+      seaConfig,
+      JSON.stringify({
+        main,
+        output: blob,
+        // The driver must print nothing but its JSON reply, on stderr too: kubelet parses both streams.
+        disableExperimentalSEAWarning: true,
+        // Compiled code in the blob: the driver starts faster on every call kubelet makes.
+        useCodeCache: true,
+      }),
+    );
+    quietly(process.execPath, ['--experimental-sea-config', seaConfig]);
+    copyFileSync(process.execPath, exe);
+    chmodSync(exe, 0o755);
+    // postject's ELF writer prints harmless warnings about .note sections; its output is shown only on failure.
+    const postject = join(dirname(fileURLToPath(import.meta.resolve('postject'))), 'cli.js');
+    quietly(process.execPath, [
+      postject, exe, 'NODE_SEA_BLOB', blob, '--sentinel-fuse', 'NODE_SEA_FUSE_fce680ab2cc467b6e072b8b5df1996b2',
+    ]);
+    renameSync(exe, outfile);
+  } finally {
+    rmSync(work, { recursive: true, force: true });
+  }
+}
+
+function quietly(command, args) {
+  const result = spawnSync(command, args, { stdio: ['ignore', 'pipe', 'pipe'], encoding: 'utf8' });
+  if (result.status !== 0) {
+    process.stderr.write(`${result.stdout ?? ''}${result.stderr ?? ''}`);
+    throw new Error(`${args.slice(0, 2).join(' ')} failed (${result.error?.message ?? `exit ${result.status}`})`);
+  }
+}

@@ -8,6 +8,7 @@ import { LatchError } from '../errors.js';
 import { listLoopDevices, detachLoop } from '../sys/loop.js';
 import { readMountInfo, umount } from '../sys/mounts.js';
 import { run } from '../sys/run.js';
+import { runningExecutable } from './install.js';
 
 interface Step {
   who: string;
@@ -115,8 +116,8 @@ export async function runDemo(): Promise<boolean> {
 
 /** Runs this same executable (bundle or single-executable build) with its own config. */
 async function runSelf(args: string[], config: string) {
-  const isSea = (await import('node:sea').then((m) => m.isSea()).catch(() => false)) as boolean;
-  const [command, prefix] = isSea ? [process.execPath, []] : [process.execPath, [process.argv[1]!]];
+  const self = await runningExecutable();
+  const [command, prefix] = self.selfContained ? [self.path, []] : [process.execPath, [self.path]];
   const previous = process.env.LATCH_CONFIG;
   process.env.LATCH_CONFIG = config;
   try {

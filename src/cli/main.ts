@@ -2,6 +2,9 @@
 import { Command, CommanderError } from 'commander';
 import { LatchError, errorMessage } from '../errors.js';
 import { VERSION } from '../version.js';
+import { registerDoctorCommands } from './doctor.js';
+import { registerInstallCommands } from './install.js';
+import { registerLedgerCommands } from './ledger.js';
 import { registerTicketCommands } from './ticket.js';
 import { registerVolumeCommands } from './volume.js';
 
@@ -36,6 +39,9 @@ export function buildProgram(): Command {
 
   registerVolumeCommands(program);
   registerTicketCommands(program);
+  registerLedgerCommands(program);
+  registerInstallCommands(program);
+  registerDoctorCommands(program);
   return program;
 }
 

@@ -1,0 +1,57 @@
+#!/bin/sh
+# The DaemonSet container: write this node's latch configuration, install the driver into kubelet's plugin dir,
+# report `latch doctor`, then sleep until stopped. Every start installs again (an unchanged build changes nothing).
+# Stopping never removes the driver: kubelet needs it to unmount and detach volumes that are still in use, even
+# while this pod is being replaced. `latch uninstall` on a drained node is the only way it goes.
+#
+# Environment: NODE_NAME (required, from spec.nodeName), LATCH_CONFIG (default /etc/latch/config.json),
+# LATCH_CONFIG_TEMPLATE (default /etc/latch-template/config.json; when missing, an existing config is kept and only
+# its nodeName is set), LATCH_VOLUME_PLUGIN_DIR (else latch install detects the plugin dir), LATCH_DRIVER (vendor/driver),
+# LATCH_READY_FILE (default /tmp/latch-installed: written once installed, for the readiness probe),
+# LATCH (the latch executable, default: latch on PATH).
+set -eu
+
+: "${NODE_NAME:?NODE_NAME must be set (the DaemonSet takes it from spec.nodeName)}"
+config=${LATCH_CONFIG:-/etc/latch/config.json}
+template=${LATCH_CONFIG_TEMPLATE:-/etc/latch-template/config.json}
+ready=${LATCH_READY_FILE:-/tmp/latch-installed}
+latch=${LATCH:-latch}
+
+log() { printf 'latch-entrypoint: %s\n' "$*"; }
+
+# The configuration: the template (or the config already on the host) with this node's name, replaced by rename
+# so a driver call never reads half a file.
+mkdir -p "$(dirname "$config")"
+if [ -f "$template" ]; then
+  base=$template
+elif [ -f "$config" ]; then
+  base=$config
+else
+  base=""
+fi
+tmp="$(dirname "$config")/.$(basename "$config").$$"
+if [ -n "$base" ]; then
+  jq --arg node "$NODE_NAME" '.nodeName = $node' "$base" >"$tmp"
+else
+  jq -n --arg node "$NODE_NAME" '{nodeName: $node}' >"$tmp"
+fi
+chmod 0644 "$tmp"
+mv -f "$tmp" "$config"
+log "wrote $config for node $NODE_NAME${base:+ (from $base)}"
+
+if [ -n "${LATCH_DRIVER:-}" ]; then
+  "$latch" install --driver "$LATCH_DRIVER"
+else
+  "$latch" install
+fi
+: >"$ready"
+
+# For `kubectl logs`: what doctor sees from inside this container (the tools it checks are the image's; run
+# `<plugin dir>/latch~loop/loop doctor` on the host for the host's view). Its findings never stop the pod.
+"$latch" doctor || log "latch doctor reported findings (exit $?); see above"
+
+sleeper=""
+trap 'log "stopping; the driver stays installed"; [ -n "$sleeper" ] && kill "$sleeper" 2>/dev/null; exit 0' TERM INT
+sleep infinity &
+sleeper=$!
+wait "$sleeper"
