@@ -10,6 +10,7 @@ import { LatchError } from '../errors.js';
 import { checkVolumeName } from '../names.js';
 import { formatSize } from '../size.js';
 import { blockDeviceSize } from '../sys/blockdev.js';
+import { readMountInfo } from '../sys/mounts.js';
 import {
   detachLoop,
   listLoopDevices,
@@ -122,15 +123,17 @@ export class LoopBackend implements Backend {
     if (!(await statImage(path))) throw new LatchError(`volume ${volume} has no image in the pool (${path})`);
 
     const existing = await this.liveDevices(volume);
-    if (existing[0]) return existing[0].device;
-
-    await setupLoop(path);
-    // Several callers may have raced past the check above. Each keeps the lowest-numbered device backed by the
-    // image and detaches the rest, so all of them converge on the same device.
+    if (existing.length === 1) return existing[0]!.device;
+    if (existing.length === 0) await setupLoop(path);
+    // Several callers may have raced past the check above (or a killed call left a second device). Every caller
+    // keeps the same device (the mounted one, else the lowest-numbered) and detaches the others that are not
+    // mounted, so they all converge on one.
     const devices = await this.liveDevices(volume);
-    const [keep, ...extra] = devices;
+    const mounted = await mountedSources();
+    const keep = devices.find((d) => mounted.has(d.device)) ?? devices[0];
     if (!keep) throw new LatchError(`losetup set up ${path}, but no loop device backed by it is visible in /sys`);
-    for (const dup of extra) {
+    for (const dup of devices) {
+      if (dup === keep || mounted.has(dup.device)) continue;
       // Best effort: a device still open (udev probing it) is left with autoclear and goes away on its last close.
       await detachLoop(dup.device, dup.backingFile).catch(() => undefined);
     }
@@ -139,7 +142,10 @@ export class LoopBackend implements Backend {
 
   async findDevice(volume: string): Promise<string | undefined> {
     checkVolumeName(volume);
-    return (await this.liveDevices(volume))[0]?.device;
+    const devices = await this.liveDevices(volume);
+    if (devices.length <= 1) return devices[0]?.device;
+    const mounted = await mountedSources();
+    return (devices.find((d) => mounted.has(d.device)) ?? devices[0])?.device;
   }
 
   async volumeOfDevice(device: string): Promise<string | undefined> {
@@ -254,6 +260,10 @@ function checkSizeArgument(volume: string, sizeBytes: number): void {
 }
 
 /** lstat of an image; undefined when missing; refuses anything but a regular file (a symlink could point anywhere). */
+async function mountedSources(): Promise<Set<string>> {
+  return new Set((await readMountInfo()).map((m) => m.source));
+}
+
 async function statImage(path: string): Promise<Stats | undefined> {
   let stats: Stats;
   try {

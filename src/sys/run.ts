@@ -1,7 +1,8 @@
 // The one place that spawns child processes. Every child gets an argument array (never a shell), its own process
 // group, captured stdout/stderr (the driver's stdout carries only its JSON reply) and a deadline after which the
 // whole group is killed: kubelet gives most FlexVolume calls no timeout, so a hung mkfs would hang a volume forever.
-import { readdirSync, readFileSync } from 'node:fs';
+import { constants, existsSync, readdirSync, readFileSync } from 'node:fs';
+import { access } from 'node:fs/promises';
 import { LatchError } from '../errors.js';
 
 export interface RunOptions {
@@ -106,9 +107,21 @@ export async function run(command: string, args: string[], options: RunOptions =
   }
   const okExitCodes = options.okExitCodes ?? [];
 
-  const { execa } = await import('execa');
+  const path = extendedPath(process.env.PATH);
+  const executable = await findExecutable(command, path);
   const started = performance.now();
-  const child = execa(command, args, {
+  if (executable === undefined) {
+    throw new CommandError(`${showCommand(command, args)} could not be started: command not found (PATH=${path})`, {
+      command, args: [...args], exitCode: undefined, stderrTail: '', timedOut: false, durationMs: 0,
+    });
+  }
+  // A child must not outlive the driver: kubelet SIGKILLs a driver call without telling it, and an orphaned
+  // `losetup -d /dev/loop3` that runs later detaches whichever volume has loop3 by then. PR_SET_PDEATHSIG (through
+  // util-linux's setpriv, which execs the command with it set) makes the kernel kill the child with us.
+  const [file, argv] = SETPRIV ? [SETPRIV, ['--pdeathsig', 'SIGKILL', '--', executable, ...args]] : [executable, args];
+
+  const { execa } = await import('execa');
+  const child = execa(file, argv, {
     detached: true, // own process group, so a deadline can kill grandchildren too
     cleanup: false, // we do our own killing (killAllChildren)
     ...(options.input === undefined ? { stdin: 'ignore' as const } : { input: options.input }),
@@ -120,7 +133,7 @@ export async function run(command: string, args: string[], options: RunOptions =
     stripFinalNewline: false,
     maxBuffer: MAX_BUFFER,
     extendEnv: true,
-    env: { LC_ALL: 'C', PATH: extendedPath(process.env.PATH) },
+    env: { LC_ALL: 'C', PATH: path },
   });
 
   const pgid = child.pid;
@@ -195,6 +208,22 @@ function checkArgv(command: string, args: string[]): void {
       throw new LatchError(`refusing to run ${command}: an argument is not a string or contains a NUL byte`);
     }
   }
+}
+
+const SETPRIV = ['/usr/bin/setpriv', '/bin/setpriv'].find((p) => existsSync(p));
+
+/** The absolute path `command` resolves to on `path`, or undefined when there is none. */
+async function findExecutable(command: string, path: string): Promise<string | undefined> {
+  const candidates = command.includes('/') ? [command] : path.split(':').map((dir) => `${dir}/${command}`);
+  for (const candidate of candidates) {
+    try {
+      await access(candidate, constants.X_OK);
+      return candidate;
+    } catch {
+      /* not here */
+    }
+  }
+  return undefined;
 }
 
 function extendedPath(current: string | undefined): string {

@@ -191,3 +191,30 @@ describe('run', () => {
     assert.equal(runningChildren(), 0);
   });
 });
+
+describe('a child never outlives a SIGKILLed driver', () => {
+  it('the kernel kills the child when its parent dies (PR_SET_PDEATHSIG through setpriv)', async () => {
+    const { spawn } = await import('node:child_process');
+    const { readdirSync, readFileSync } = await import('node:fs');
+    const marker = `${300 + Math.floor(Math.random() * 1000)}.${process.pid}`; // a unique "sleep N.M"
+    const sleeping = () =>
+      readdirSync('/proc').filter((p) => /^\d+$/.test(p)).some((p) => {
+        try {
+          const argv = readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0');
+          return /(^|\/)sleep$/.test(argv[0] ?? '') && argv.includes(marker); // not the parent, whose argv has it too
+        } catch {
+          return false;
+        }
+      });
+    const parent = spawn(process.execPath, ['--import', 'tsx', 'test/fixtures/run-then-wait.ts', marker], { stdio: 'ignore' });
+    try {
+      for (let i = 0; i < 100 && !sleeping(); i++) await new Promise((r) => setTimeout(r, 100));
+      assert.equal(sleeping(), true, 'the child started');
+      parent.kill('SIGKILL');
+      for (let i = 0; i < 20 && sleeping(); i++) await new Promise((r) => setTimeout(r, 100));
+      assert.equal(sleeping(), false, 'the child died with its parent');
+    } finally {
+      parent.kill('SIGKILL');
+    }
+  });
+});
