@@ -1,4 +1,4 @@
-// latch volume create|list|inspect|delete|release: the admin's view of volumes, through the same ledger and backend.
+// latch volume create|list|inspect|delete|expand|release: the admin's view of volumes, through the same ledger and backend.
 import type { Command } from 'commander';
 import { loadConfig, FS_TYPES, type FsType } from '../config.js';
 import { LatchError } from '../errors.js';
@@ -103,6 +103,21 @@ export function registerVolumeCommands(program: Command): void {
         return undefined;
       });
       process.stdout.write(`volume ${name} deleted\n`);
+    });
+
+  volume
+    .command('expand <name>')
+    .description(
+      'grow a volume: its image always; its filesystem too (online) when run on the node that has it mounted. ' +
+        'Refuses to shrink or to pass maxSize or the pool\'s free space; repeating it is harmless',
+    )
+    .requiredOption('--size <size>', 'the new size, as bytes or a quantity such as 2Gi')
+    .action(async (name: string, opts: { size: string }) => {
+      const config = loadConfig();
+      checkVolumeName(name);
+      const size = parseSize(opts.size, '--size');
+      const { expandVolume } = await import('../ops/node-steps.js');
+      process.stdout.write(`${await expandVolume(config, name, size)}\n`);
     });
 
   volume

@@ -8,8 +8,9 @@ export async function run(call: OpCall) {
       attach: call.config.attach,
       selinuxRelabel: true,
       fsGroup: true,
-      // Only true once expandfs really grows the filesystem: kubelet calls it for every expanded PVC.
-      requiresFSResize: false,
+      // expandfs grows the image, the loop device and the mounted filesystem online: kubelet calls it after a PVC
+      // is expanded (in both modes).
+      requiresFSResize: true,
       supportsMetrics: false,
     },
   });

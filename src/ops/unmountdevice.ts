@@ -1,10 +1,10 @@
 // unmountdevice <deviceMountPath> (node): find what is mounted there from the kernel, unmount it, release the
 // loop device and confirm the release in the ledger. Works with no options and after a crash at any point.
 import { basename } from 'node:path';
-import { markReleased } from '../ledger/arbitrate.js';
-import { checkVolumeName } from '../names.js';
+import { checkPvName, checkVolumeName } from '../names.js';
 import { failure, success } from '../protocol/reply.js';
-import { mountsAt, readMountInfo, umount } from '../sys/mounts.js';
+import { mountsAt, umount } from '../sys/mounts.js';
+import { releaseIfUnmounted } from './node-steps.js';
 import { openBackend, openLedger } from './services.js';
 import type { OpCall } from './types.js';
 
@@ -23,13 +23,11 @@ export async function run(call: OpCall) {
   } else {
     // Nothing mounted: a previous call may have died after unmounting. kubelet names the global path after the
     // PV, so finish that volume's release if its device is still set up here.
-    const pvName = basename(path);
     try {
-      checkVolumeName(pvName);
+      name = checkVolumeName(await (await openLedger(config)).volumeOfPv(checkPvName(basename(path))));
     } catch {
-      return success();
+      return success(); // not a name latch could have used: nothing of ours to finish
     }
-    name = await (await openLedger(config)).volumeOfPv(pvName);
     if ((await backend.findDevice(name)) === undefined) {
       const doc = await (await openLedger(config)).get(name);
       if (!doc?.status.nodes[config.nodeName] || doc.status.nodes[config.nodeName]?.phase === 'granted') return success();
@@ -37,13 +35,10 @@ export async function run(call: OpCall) {
   }
   call.facts.volume = name;
 
-  const device = await backend.findDevice(name);
-  if (device && (await readMountInfo()).some((m) => m.source === device)) {
+  const busy = await releaseIfUnmounted(config, name);
+  if (busy) {
     // Still mounted elsewhere (a pod bind mount kubelet has not removed yet): keep the device and the hold.
-    return success({ message: `${path} unmounted; ${device} is still mounted elsewhere, so it stays attached` });
+    return success({ message: `${path} unmounted; ${busy} is still mounted elsewhere, so it stays attached` });
   }
-  await backend.release(name);
-  const ledger = await openLedger(config);
-  await ledger.update(name, (d) => (d ? markReleased(d, config.nodeName, ledger.now()) : d));
   return success();
 }

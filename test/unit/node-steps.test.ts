@@ -1,0 +1,109 @@
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { describe, it } from 'node:test';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { resolve } from 'node:path';
+import { ticketId } from '../../src/ledger/ids.js';
+import {
+  hasCapability,
+  parseCapEff,
+  podKeyOf,
+  podTicketId,
+  stagingPath,
+  withVolumeLock,
+} from '../../src/ops/node-steps.js';
+import { LatchError } from '../../src/errors.js';
+
+describe('pod keys and pod tickets (non-attach mode)', () => {
+  it('takes the pod UID from kubelet\'s pod volume dir, else the whole path', () => {
+    assert.equal(podKeyOf('/var/lib/kubelet/pods/1b2c-33/volumes/latch~loop/pv-1'), '1b2c-33');
+    assert.equal(podKeyOf('/other/kubelet/pods/u/volumes/latch~loop/pv'), 'u');
+    assert.equal(podKeyOf('/mnt/somewhere/pv-1'), '/mnt/somewhere/pv-1');
+    assert.equal(podKeyOf('/var/lib/kubelet/pods/u/volumes/latch~loop/pv/extra'), '/var/lib/kubelet/pods/u/volumes/latch~loop/pv/extra');
+  });
+
+  it('gives one deterministic workload ticket per pod, never equal to attach mode\'s node ticket', () => {
+    const a = podTicketId('pv-1', 'latch/loop', 'node-a', 'uid-1');
+    assert.equal(a, podTicketId('pv-1', 'latch/loop', 'node-a', 'uid-1'));
+    assert.match(a, /^workload-[0-9a-f]{64}$/);
+    assert.notEqual(a, podTicketId('pv-1', 'latch/loop', 'node-a', 'uid-2'));
+    assert.notEqual(a, podTicketId('pv-1', 'latch/loop', 'node-b', 'uid-1'));
+    assert.notEqual(a, ticketId('workload', 'pv-1', 'latch/loop', 'node-a'));
+  });
+
+  it('keeps staging mounts node-private under stateDir', () => {
+    assert.equal(stagingPath({ stateDir: '/var/lib/latch/state', nodeName: 'node-a' }, 'pv-1'), '/var/lib/latch/state/staging/node-a/pv-1');
+    assert.notEqual(
+      stagingPath({ stateDir: '/s', nodeName: 'node-a' }, 'v'),
+      stagingPath({ stateDir: '/s', nodeName: 'node-b' }, 'v'),
+    );
+  });
+});
+
+describe('capabilities', () => {
+  it('reads CapEff and tests CAP_SYS_RESOURCE (bit 24)', () => {
+    const without = parseCapEff('Name:\tnode\nCapInh:\t0000000000000000\nCapEff:\t000001fffeffffff\nCapBnd:\t000001ffffffffff\n');
+    assert.equal(without, 0x1fffeffffffn);
+    assert.equal(hasCapability(without!, 24), false);
+    assert.equal(hasCapability(without!, 21), true); // CAP_SYS_ADMIN
+    const full = parseCapEff('CapEff:\t000001ffffffffff\n');
+    assert.equal(hasCapability(full!, 24), true);
+    assert.equal(parseCapEff('no such line'), undefined);
+  });
+});
+
+describe('the node-local volume lock', () => {
+  const config = { stateDir: `/tmp/latch-lock-test-${process.pid}`, nodeName: 'node-a' };
+
+  it('serialises holders of the same volume and lets other volumes and nodes through', async () => {
+    const order: string[] = [];
+    const first = withVolumeLock(config, 'v', async () => {
+      order.push('first in');
+      // Other volumes and other nodes are not blocked meanwhile.
+      await withVolumeLock(config, 'w', async () => order.push('other volume'), 1000);
+      await withVolumeLock({ ...config, nodeName: 'node-b' }, 'v', async () => order.push('other node'), 1000);
+      await sleep(150);
+      order.push('first out');
+    });
+    await sleep(20);
+    const second = withVolumeLock(config, 'v', async () => order.push('second'));
+    await Promise.all([first, second]);
+    assert.deepEqual(order, ['first in', 'other volume', 'other node', 'first out', 'second']);
+  });
+
+  it('gives up with a LatchError after the wait, and frees the lock when fn throws', async () => {
+    let release!: () => void;
+    const held = withVolumeLock(config, 'x', () => new Promise<void>((r) => (release = r)));
+    await sleep(20);
+    await assert.rejects(withVolumeLock(config, 'x', async () => 1, 100), (err: unknown) => {
+      assert.ok(err instanceof LatchError);
+      assert.match((err as Error).message, /another latch call .* volume x on node node-a/);
+      return true;
+    });
+    release();
+    await held;
+    await assert.rejects(withVolumeLock(config, 'x', async () => { throw new Error('boom'); }), /boom/);
+    assert.equal(await withVolumeLock(config, 'x', async () => 42, 100), 42);
+  });
+
+  it('is freed by the kernel when its holder is killed with SIGKILL', async () => {
+    const script = `
+      const { withVolumeLock } = require(${JSON.stringify(resolve(__dirname, '../../src/ops/node-steps.ts'))});
+      setInterval(() => {}, 1000);
+      withVolumeLock(${JSON.stringify(config)}, 'k', () => { process.stdout.write('held\\n'); return new Promise(() => {}); });
+    `;
+    const child = spawn(process.execPath, ['--import', 'tsx', '-e', script], { stdio: ['ignore', 'pipe', 'inherit'] });
+    try {
+      await new Promise<void>((resolve, reject) => {
+        child.stdout.on('data', (d: Buffer) => d.toString().includes('held') && resolve());
+        child.once('exit', () => reject(new Error('the lock holder exited early')));
+      });
+      await assert.rejects(withVolumeLock(config, 'k', async () => 1, 100), LatchError);
+      child.kill('SIGKILL');
+      await new Promise((r) => child.once('exit', r));
+      assert.equal(await withVolumeLock(config, 'k', async () => 'free', 2000), 'free');
+    } finally {
+      child.kill('SIGKILL');
+    }
+  });
+});
