@@ -2,7 +2,7 @@
 import { readFileSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { isAbsolute, normalize } from 'node:path';
-import { z } from 'zod';
+import type * as Zod from 'zod';
 import { ConfigError, errorMessage } from './errors.js';
 import { parseSize } from './size.js';
 
@@ -43,7 +43,13 @@ export interface Config {
 // Plugin directories that kubelet watches: nothing of ours but the driver itself may live below them.
 const PLUGIN_DIR_MARKER = 'kubelet-plugins/volume/exec';
 
+/** zod, loaded on first use: evaluating it costs more than the rest of a driver call, and init never needs it. */
+export function zod(): typeof Zod.z {
+  return (require('zod') as typeof Zod).z;
+}
+
 function buildSchema() {
+  const z = zod();
   const absolutePath = z
     .string()
     .refine((p) => isAbsolute(p), 'must be an absolute path')
@@ -105,6 +111,11 @@ function buildSchema() {
 
 /** Reads and validates the configuration; throws ConfigError naming the file and the field. */
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
+  const { raw, source } = readConfigFile(env);
+  return parseConfig(raw, source);
+}
+
+function readConfigFile(env: NodeJS.ProcessEnv): { raw: unknown; source: string } {
   const explicit = env.LATCH_CONFIG;
   const path = explicit && explicit.length > 0 ? explicit : DEFAULT_CONFIG_PATH;
   let raw: unknown = {};
@@ -124,12 +135,20 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       throw new ConfigError(`configuration file ${path} cannot be read: ${errorMessage(err)}`);
     }
   }
-  return parseConfig(raw, source);
+  return { raw, source };
+}
+
+let schema: ReturnType<typeof buildSchema> | undefined;
+
+/** Builds the schema ahead of the first call (the single-executable build keeps it in its startup snapshot). */
+export function warmConfigSchema(): void {
+  schema ??= buildSchema();
 }
 
 /** Validates an already parsed configuration object; `source` names it in messages. */
 export function parseConfig(raw: unknown, source: string): Config {
-  const result = buildSchema().safeParse(raw);
+  schema ??= buildSchema();
+  const result = schema.safeParse(raw);
   if (!result.success) {
     const issue = result.error.issues[0]!;
     const field = issue.path.length > 0 ? issue.path.join('.') : '(top level)';

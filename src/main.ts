@@ -4,9 +4,11 @@ import { runDriverCall } from './protocol/driver.js';
 
 const ADMIN_COMMANDS = new Set(['volume', 'ticket', 'doctor', 'install', 'uninstall', 'demo', 'version', 'ledger', 'help']);
 
-const first = process.argv[2];
-if (first === undefined || first.startsWith('-') || ADMIN_COMMANDS.has(first)) {
-  void import('./cli/main.js').then((cli) => cli.runCli(process.argv.slice(2)));
-} else {
-  void runDriverCall(first, process.argv.slice(3));
+export function main(argv: string[]): void {
+  const first = argv[2];
+  if (first === undefined || first.startsWith('-') || ADMIN_COMMANDS.has(first)) {
+    void import('./cli/main.js').then((cli) => cli.runCli(argv.slice(2)));
+  } else {
+    void runDriverCall(first, argv.slice(3));
+  }
 }

@@ -1,10 +1,9 @@
 // The options JSON kubelet and the controller pass: Go's json.Marshal of a map[string]string,
 // the kubernetes.io/* keys plus the user's flexVolume.options (see PROTOCOL.md "The options JSON").
-import type { Config, FsType } from '../config.js';
+import { parseConfig, zod, type Config, type FsType } from '../config.js';
 import { LatchError } from '../errors.js';
 import { checkPvName, checkVolumeName } from '../names.js';
 import { parseSize } from '../size.js';
-import { z } from 'zod';
 
 export const MOUNT_OPTION_ALLOWLIST = [
   'noatime', 'nodiratime', 'relatime', 'strictatime', 'lazytime',
@@ -71,7 +70,7 @@ export function parseOptions(json: string, config: Pick<Config, 'allowedFsTypes'
     }
   }
 
-  const result = optionsSchema(config).safeParse(raw);
+  const result = cachedOptionsSchema(config).safeParse(raw);
   if (!result.success) {
     const issue = result.error.issues[0]!;
     const field = String(issue.path[0] ?? '');
@@ -118,12 +117,28 @@ export function parseOptions(json: string, config: Pick<Config, 'allowedFsTypes'
   };
 }
 
+const schemas = new Map<string, ReturnType<typeof optionsSchema>>();
+
+/** The options schema for these limits, built once per process (and, for the defaults, in the startup snapshot). */
+function cachedOptionsSchema(config: Pick<Config, 'allowedFsTypes' | 'maxSize'>) {
+  const key = `${config.allowedFsTypes.join(',')}|${config.maxSize}`;
+  let schema = schemas.get(key);
+  if (!schema) schemas.set(key, (schema = optionsSchema(config)));
+  return schema;
+}
+
+/** Builds the options schema for the default limits ahead of the first call. */
+export function warmOptionsSchema(): void {
+  cachedOptionsSchema(parseConfig({}, 'built-in defaults'));
+}
+
 /**
- * The options schema. Built per call (it depends on the configured limits) and only by ops that take options,
+ * The options schema, for the configured limits. Built only by ops that take options,
  * so init never pays for it. Unknown kubernetes.io/* keys pass (newer kubelets add some); latch's own unknown
  * keys were refused before, with the list of known ones.
  */
 function optionsSchema(config: Pick<Config, 'allowedFsTypes' | 'maxSize'>) {
+  const z = zod();
   const text = z.string();
   const name = (field: string, check: typeof checkVolumeName) =>
     text.transform((value, ctx) => {

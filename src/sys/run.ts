@@ -118,7 +118,8 @@ export async function run(command: string, args: string[], options: RunOptions =
   // A child must not outlive the driver: kubelet SIGKILLs a driver call without telling it, and an orphaned
   // `losetup -d /dev/loop3` that runs later detaches whichever volume has loop3 by then. PR_SET_PDEATHSIG (through
   // util-linux's setpriv, which execs the command with it set) makes the kernel kill the child with us.
-  const [file, argv] = SETPRIV ? [SETPRIV, ['--pdeathsig', 'SIGKILL', '--', executable, ...args]] : [executable, args];
+  const setpriv = setprivPath();
+  const [file, argv] = setpriv ? [setpriv, ['--pdeathsig', 'SIGKILL', '--', executable, ...args]] : [executable, args];
 
   const { execa } = await import('execa');
   const child = execa(file, argv, {
@@ -210,7 +211,13 @@ function checkArgv(command: string, args: string[]): void {
   }
 }
 
-const SETPRIV = ['/usr/bin/setpriv', '/bin/setpriv'].find((p) => existsSync(p));
+let setprivFound: string | null | undefined;
+
+/** util-linux's setpriv, looked up on first use (never at load time: the startup snapshot is built elsewhere). */
+function setprivPath(): string | undefined {
+  setprivFound ??= ['/usr/bin/setpriv', '/bin/setpriv'].find((p) => existsSync(p)) ?? null;
+  return setprivFound ?? undefined;
+}
 
 /** The absolute path `command` resolves to on `path`, or undefined when there is none. */
 async function findExecutable(command: string, path: string): Promise<string | undefined> {
