@@ -21,6 +21,7 @@ import {
   type LoopDevice,
 } from '../sys/loop.js';
 import type { Backend } from './types.js';
+import { syncDir } from '../sys/files.js';
 
 export interface LoopBackendOptions {
   /** Directory holding the images; created 0700 on first use. */
@@ -284,11 +285,3 @@ function acceptExisting(volume: string, path: string, stats: Stats, sizeBytes: n
   );
 }
 
-async function syncDir(dir: string): Promise<void> {
-  const handle = await open(dir, 'r');
-  try {
-    await handle.sync();
-  } finally {
-    await handle.close();
-  }
-}

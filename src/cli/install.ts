@@ -17,6 +17,7 @@ import { openStore } from '../store/index.js';
 import { formatSize } from '../size.js';
 import { listLoopDevices } from '../sys/loop.js';
 import { parseFormat, printJson, type OutputFormat } from './output.js';
+import { syncDir } from '../sys/files.js';
 
 export const DEFAULT_PLUGIN_DIR = '/usr/libexec/kubernetes/kubelet-plugins/volume/exec';
 export const OPENSHIFT_PLUGIN_DIR = '/etc/kubernetes/kubelet-plugins/volume/exec';
@@ -423,14 +424,6 @@ async function removeStaleTemps(dir: string, driver: string): Promise<void> {
   }
 }
 
-async function syncDir(dir: string): Promise<void> {
-  const handle = await open(dir, 'r');
-  try {
-    await handle.sync();
-  } finally {
-    await handle.close();
-  }
-}
 
 // ---- uninstall ----------------------------------------------------------------------------------------------
 

@@ -14,14 +14,13 @@ import assert from 'node:assert/strict';
 import { execFileSync, spawn } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { appendFile, readFile } from 'node:fs/promises';
-import { join, resolve } from 'node:path';
-import { build } from 'esbuild';
+import { join } from 'node:path';
 import { ticketId } from '../../src/ledger/ids.js';
 import { Ledger } from '../../src/ledger/ledger.js';
 import { EtcdStore } from '../../src/store/etcd.js';
 import { EtcdCluster, etcdSkipReason } from '../etcd/etcd.js';
+import { bundleForNode } from '../fixtures/bundle.js';
 
-const REPO = resolve(__dirname, '../..');
 const NODES = ['node-a', 'node-b', 'node-c'];
 const VOLUMES = ['shared-0', 'shared-1'];
 const CYCLES_PER_NODE = 3;
@@ -124,18 +123,8 @@ describe('three nodes, one etcd ledger, concurrent pod lifecycles', { skip, time
   before(async () => {
     work = mkdtempSync('/tmp/latch-etcd-nodes-');
     latchJs = join(work, 'latch');
-    const pkg = JSON.parse(readFileSync(join(REPO, 'package.json'), 'utf8')) as { version: string };
     // The same bundle as bin/latch (build.mjs), from the current sources.
-    await build({
-      entryPoints: [join(REPO, 'src/main.ts')],
-      outfile: latchJs,
-      bundle: true,
-      platform: 'node',
-      target: 'node20',
-      format: 'cjs',
-      define: { LATCH_VERSION: JSON.stringify(pkg.version) },
-      logLevel: 'warning',
-    });
+    await bundleForNode('src/bin.ts', latchJs);
     etcd = await EtcdCluster.start({ size: 1 });
     for (const node of NODES) {
       const path = join(work, `${node}.json`);

@@ -131,7 +131,7 @@ describe('latch ledger migrate', { skip }, () => {
     function latch(args: string[], config: object) {
       const configPath = join(work, `config-${++n}.json`);
       writeFileSync(configPath, JSON.stringify(config));
-      const r = spawnSync(process.execPath, ['--import', 'tsx', join(REPO, 'src/main.ts'), ...args], {
+      const r = spawnSync(process.execPath, ['--import', 'tsx', join(REPO, 'src/bin.ts'), ...args], {
         cwd: REPO,
         encoding: 'utf8',
         env: { ...process.env, LATCH_CONFIG: configPath },

@@ -14,8 +14,7 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
-import { build } from 'esbuild';
+import { join } from 'node:path';
 import { addTicket, removeTicket } from '../../src/ledger/arbitrate.js';
 import { ticketId } from '../../src/ledger/ids.js';
 import { Ledger } from '../../src/ledger/ledger.js';
@@ -23,6 +22,7 @@ import type { VolumeDoc } from '../../src/ledger/types.js';
 import { DRIVER, VOLUMES, checkInvariants, ownPvName } from '../fixtures/ledger-invariants.js';
 import { storeKinds, type StoreKind } from '../fixtures/ledger-stores.js';
 import type { Report } from '../fixtures/ledger-worker.js';
+import { bundleForNode } from '../fixtures/bundle.js';
 
 const STORM_WORKERS = 16;
 const STORM_OPERATIONS = 50;
@@ -36,15 +36,7 @@ let workerJs: string;
 before(async () => {
   work = mkdtempSync(join(tmpdir(), 'latch-ledger-storm-'));
   workerJs = join(work, 'ledger-worker.cjs');
-  await build({
-    entryPoints: [resolve(__dirname, '../fixtures/ledger-worker.ts')],
-    outfile: workerJs,
-    bundle: true,
-    platform: 'node',
-    target: 'node20',
-    format: 'cjs',
-    logLevel: 'warning',
-  });
+  await bundleForNode('test/fixtures/ledger-worker.ts', workerJs);
 });
 after(() => {
   if (work) rmSync(work, { recursive: true, force: true });

@@ -6,9 +6,9 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, utimesSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
-import { build } from 'esbuild';
+import { join } from 'node:path';
 import { FileStore, STALE_TEMP_MS } from '../../src/store/file.js';
+import { bundleForNode } from '../fixtures/bundle.js';
 
 // Must match test/fixtures/store-writer.ts.
 const COUNTER_KEYS = ['counters/a', 'counters/b', 'counters/c'];
@@ -22,15 +22,7 @@ let writerJs: string;
 before(async () => {
   work = mkdtempSync(join(tmpdir(), 'latch-store-crash-'));
   writerJs = join(work, 'store-writer.cjs');
-  await build({
-    entryPoints: [resolve(__dirname, '../fixtures/store-writer.ts')],
-    outfile: writerJs,
-    bundle: true,
-    platform: 'node',
-    target: 'node20',
-    format: 'cjs',
-    logLevel: 'warning',
-  });
+  await bundleForNode('test/fixtures/store-writer.ts', writerJs);
 });
 after(() => {
   if (work) rmSync(work, { recursive: true, force: true });

@@ -276,7 +276,7 @@ describe('etcd store', { skip }, () => {
       const json = JSON.stringify({ 'kubernetes.io/pvOrVolumeName': 'pv-1' });
       for (const args of [['attach', json, 'node-a'], ['isattached', json, 'node-a'], ['detach', 'pv-1', 'node-a']]) {
         const started = Date.now();
-        const r = spawnSync(process.execPath, ['--import', 'tsx', join(REPO, 'src/main.ts'), ...args], {
+        const r = spawnSync(process.execPath, ['--import', 'tsx', join(REPO, 'src/bin.ts'), ...args], {
           cwd: REPO,
           encoding: 'utf8',
           env: { ...process.env, LATCH_CONFIG: config },
