@@ -767,3 +767,41 @@ check_config_failure() {
   assert_equal "$stderr" ""
   assert_output "$(jq -r .version "$LATCH_REPO_ROOT/package.json")"
 }
+
+# A preload that, once the call is under way (after main has taken over the streams), writes the ways a library
+# might: console.log/console.error, raw stream writes, a Node warning.
+write_stray_preload() {
+  cat >"$BATS_TEST_TMPDIR/stray.js" <<'JS'
+setImmediate(() => {
+  console.log('noise-console-log');
+  console.error('noise-console-error');
+  process.stdout.write('noise-stdout-write\n');
+  process.emitWarning('noise-warning', 'ExperimentalWarning');
+});
+JS
+}
+
+@test "output: console output, stream writes and Node warnings during a call go to the log, never to stdout/stderr" {
+  write_stray_preload
+  # waitforattach of a volume nobody attached polls until its deadline, so the preload's writes land mid-call.
+  NODE_OPTIONS="--require $BATS_TEST_TMPDIR/stray.js" latch_call waitforattach "" "$(flex_options "$(unique_name stray)")"
+  assert_reply Failure
+  refute_output --partial noise-
+  local entry
+  entry=$(log_entries | tail -n 1)
+  # The single-executable build does not honour NODE_OPTIONS preloads: nothing stray then, which is fine too.
+  if [[ ${LATCH_BIN:-} != *latch-sea* ]]; then
+    assert_equal "$(jq -r '.strayOutput | contains("noise-console-log") and contains("noise-console-error") and contains("noise-stdout-write") and contains("noise-warning")' <<<"$entry")" true
+  fi
+}
+
+@test "output: an unhandled rejection during a call is one Failure reply naming an internal error" {
+  cat >"$BATS_TEST_TMPDIR/reject.js" <<'JS'
+setImmediate(() => { Promise.reject(new Error('noise-rejection')); });
+JS
+  NODE_OPTIONS="--require $BATS_TEST_TMPDIR/reject.js" latch_call waitforattach "" "$(flex_options "$(unique_name reject)")"
+  assert_reply Failure
+  if [[ ${LATCH_BIN:-} != *latch-sea* ]]; then
+    assert_output --partial 'internal error in waitforattach: noise-rejection'
+  fi
+}
