@@ -140,6 +140,13 @@ function requiredTools(allowed: readonly FsType[], defaultFsType: FsType): ToolS
     { tool: 'mount', deb: 'mount', rpm: 'util-linux', why: 'mounts volumes', severity: 'error' },
     { tool: 'umount', deb: 'mount', rpm: 'util-linux', why: 'unmounts volumes', severity: 'error' },
     { tool: 'findmnt', deb: 'util-linux', rpm: 'util-linux', why: 'verifies mounts', severity: 'error' },
+    {
+      tool: 'setpriv',
+      deb: 'util-linux',
+      rpm: 'util-linux',
+      why: "makes every child die with a killed driver call (without it an orphaned losetup -d could hit another volume's device)",
+      severity: 'warning',
+    },
   ];
   const packages: Record<FsType, { deb: string; rpm: string; grow: string }> = {
     ext4: { deb: 'e2fsprogs', rpm: 'e2fsprogs', grow: 'resize2fs' },

@@ -130,7 +130,7 @@ _judge_events() {
 tool_dir_without() {
   local dir="$LATCH_TMP/tools" tool found skip
   mkdir -p "$dir"
-  for tool in losetup blkid mount umount findmnt mkfs.ext4 mkfs.ext3 resize2fs mkfs.xfs xfs_growfs mkfs.btrfs btrfs node; do
+  for tool in losetup blkid mount umount findmnt setpriv mkfs.ext4 mkfs.ext3 resize2fs mkfs.xfs xfs_growfs mkfs.btrfs btrfs node; do
     for skip in "$@"; do [[ $tool == "$skip" ]] && continue 2; done
     found=$(PATH="$PATH:/usr/sbin:/sbin" command -v "$tool") || continue
     ln -sf "$found" "$dir/$tool"
