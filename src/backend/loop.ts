@@ -10,7 +10,7 @@ import { LatchError } from '../errors.js';
 import { checkVolumeName } from '../names.js';
 import { formatSize } from '../size.js';
 import { blockDeviceSize } from '../sys/blockdev.js';
-import { readMountInfo } from '../sys/mounts.js';
+import { mountedSources } from '../sys/mounts.js';
 import {
   detachLoop,
   listLoopDevices,
@@ -261,10 +261,6 @@ function checkSizeArgument(volume: string, sizeBytes: number): void {
 }
 
 /** lstat of an image; undefined when missing; refuses anything but a regular file (a symlink could point anywhere). */
-async function mountedSources(): Promise<Set<string>> {
-  return new Set((await readMountInfo()).map((m) => m.source));
-}
-
 async function statImage(path: string): Promise<Stats | undefined> {
   let stats: Stats;
   try {

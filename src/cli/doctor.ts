@@ -11,6 +11,7 @@ import { access, lstat, open, readdir, realpath, stat, statfs } from 'node:fs/pr
 import { basename, dirname, join } from 'node:path';
 import { FS_TYPES, loadConfig, type Config, type FsType } from '../config.js';
 import { errorMessage } from '../errors.js';
+import { isInUse, nodeHoldsDevice, ticketsOfNode } from '../ledger/arbitrate.js';
 import type { VolumeDoc } from '../ledger/types.js';
 import { Ledger } from '../ledger/ledger.js';
 import { openStore } from '../store/index.js';
@@ -380,8 +381,8 @@ async function checkLedgerAndKernel(
   }
   const mountsOf = (device: string) => mounts.filter((m) => m.source === device).map((m) => m.mountPoint);
   const holds = (volume: string) => {
-    const phase = byName.get(volume)?.status.nodes[node]?.phase;
-    return phase === 'attaching' || phase === 'attached' || phase === 'detaching';
+    const doc = byName.get(volume);
+    return doc !== undefined && nodeHoldsDevice(doc, node);
   };
   const liveDevice = (volume: string) => devices.find((d) => !d.deleted && volumeOf(d) === volume);
 
@@ -389,10 +390,10 @@ async function checkLedgerAndKernel(
   // Holds of this node whose device is gone.
   for (const doc of docs) {
     const entry = doc.status.nodes[node];
-    if (!entry || (entry.phase !== 'attached' && entry.phase !== 'attaching')) continue;
+    if (!entry || !isInUse(entry.phase)) continue;
     if (liveDevice(doc.name)) continue;
     problems++;
-    const tickets = Object.values(doc.spec.tickets).filter((t) => t.nodeID === node).map((t) => `${t.id.slice(0, t.id.indexOf('-') + 13)}...`);
+    const tickets = ticketsOfNode(doc, node).map((t) => `${t.id.slice(0, t.id.indexOf('-') + 13)}...`);
     add({
       check: 'ledger',
       severity: entry.phase === 'attached' ? 'error' : 'warning',

@@ -6,6 +6,7 @@ import type { FsType } from '../config.js';
 import {
   TICKET_PRIORITY,
   type NodeAttachment,
+  type NodePhase,
   type Ticket,
   type TicketStatus,
   type VolumeDoc,
@@ -114,10 +115,15 @@ export function isSatisfied(doc: VolumeDoc, id: string): boolean {
   return !!ticket && !!status && status.satisfied && status.generation === ticket.generation;
 }
 
-/** Whether a node currently holds (or may be setting up) the device: what ticket removal and deletion must respect. */
+/** Whether a node with this phase has taken the volume up: it is setting up, or has, the device. */
+export function isInUse(phase: NodePhase | undefined): boolean {
+  return phase === 'attaching' || phase === 'attached';
+}
+
+/** Whether a node holds (or may still have) the device: in use, or not yet confirmed released. */
 export function nodeHoldsDevice(doc: VolumeDoc, node: string): boolean {
   const phase = doc.status.nodes[node]?.phase;
-  return phase === 'attaching' || phase === 'attached' || phase === 'detaching';
+  return isInUse(phase) || phase === 'detaching';
 }
 
 /** Order in which waiting tickets are chosen: higher priority first, then the smallest ID. */
@@ -220,7 +226,8 @@ function stateOf(entries: NodeAttachment[]): VolumeState {
   return 'attached';
 }
 
-function ticketsOfNode(doc: VolumeDoc, node: string): Ticket[] {
+/** The node's tickets on the volume, of any type (an admin ticket for the node also keeps the volume there). */
+export function ticketsOfNode(doc: VolumeDoc, node: string): Ticket[] {
   return Object.values(doc.spec.tickets).filter((t) => t.nodeID === node);
 }
 

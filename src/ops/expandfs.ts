@@ -6,13 +6,13 @@
 // the kernel would refuse to grow (no CAP_SYS_RESOURCE). The devicePath argument is informational only ("" in
 // non-attach mode): latch finds the device from the kernel.
 import { formatSize } from '../size.js';
+import { isInUse } from '../ledger/arbitrate.js';
 import { failure, success } from '../protocol/reply.js';
 import {
   checkCanGrowOnline,
   checkGrowRequest,
   filesystemMountOf,
   growFilesystem,
-  holdsDevice,
   recordSize,
   withVolumeLock,
 } from './node-steps.js';
@@ -36,7 +36,7 @@ export async function run(call: OpCall) {
     if (current === undefined) return failure(`volume ${name} has no image in the pool (${config.poolDir}); there is nothing to expand`);
 
     const entry = doc.status.nodes[node];
-    if (!entry || !holdsDevice(entry.phase)) {
+    if (!entry || !isInUse(entry.phase)) {
       return failure(
         `volume ${name} is not attached to node ${node} (${doc.status.state}); expandfs grows a volume on the node that has it mounted`,
       );

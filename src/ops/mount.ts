@@ -5,21 +5,19 @@
 // node-private staging mount under stateDir that every pod on this node shares, and a bind mount into the pod dir,
 // read-only when asked.
 import { LatchError, NotSupportedError, errorMessage } from '../errors.js';
-import { addTicket, isSatisfied, newVolume, removeTicket } from '../ledger/arbitrate.js';
+import { addTicket, isInUse, isSatisfied, newVolume, removeTicket, ticketsOfNode } from '../ledger/arbitrate.js';
 import type { Ticket } from '../ledger/types.js';
 import { failure, success } from '../protocol/reply.js';
 import { bindMount, findmnt, mountsAt, umount } from '../sys/mounts.js';
 import {
   claimGrant,
   ensureDirectory,
-  holdsDevice,
   leaveNode,
   mountVolumeAt,
   podKeyOf,
   podTicketId,
   setUpDevice,
   stagingPath,
-  ticketsOfNode,
   withVolumeLock,
 } from './node-steps.js';
 import { openBackend, openLedger } from './services.js';
@@ -91,7 +89,7 @@ export async function run(call: OpCall) {
 
     try {
       doc = await claimGrant(ledger, name, node);
-      if (!doc || !holdsDevice(doc.status.nodes[node]?.phase)) {
+      if (!doc || !isInUse(doc.status.nodes[node]?.phase)) {
         throw new LatchError(`volume ${name} was withdrawn from node ${node} while it was being mounted; try again`);
       }
       const { device, doc: attached } = await setUpDevice(config, name, doc, call.facts);
@@ -123,7 +121,7 @@ export async function run(call: OpCall) {
       // Leave nothing behind for a pod that did not get its mount: kubelet sends no unmount for it.
       try {
         const after = await ledger.update(name, (d) => (d?.spec.tickets[id] ? removeTicket(d, id, ledger.now()) : d));
-        if (ticketsOfNode(after, node).length === 0) await leaveNode(config, name);
+        if (!after || ticketsOfNode(after, node).length === 0) await leaveNode(config, name);
       } catch (undoErr) {
         call.facts.undoError = errorMessage(undoErr);
       }

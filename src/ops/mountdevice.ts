@@ -1,6 +1,7 @@
 // mountdevice <deviceMountPath> <devicePath> <json> (node): put a filesystem on the volume only if it has none,
 // mount it at kubelet's global path, and check with findmnt that the right device is mounted there.
 import { realpath } from 'node:fs/promises';
+import { isInUse } from '../ledger/arbitrate.js';
 import { failure, success } from '../protocol/reply.js';
 import { mountVolumeAt } from './node-steps.js';
 import { openBackend, openLedger } from './services.js';
@@ -18,7 +19,7 @@ export async function run(call: OpCall) {
 
   const doc = await ledger.get(name);
   const entry = doc?.status.nodes[node];
-  if (!doc || !entry || (entry.phase !== 'attaching' && entry.phase !== 'attached')) {
+  if (!doc || !entry || !isInUse(entry.phase)) {
     return failure(`volume ${name} is not attached to node ${node} (${doc ? doc.status.state : 'unknown volume'}); waitforattach comes first`);
   }
   const device = await backend.findDevice(name);

@@ -9,21 +9,16 @@ import { dirname, join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Config } from '../config.js';
 import { LatchError, errorMessage } from '../errors.js';
-import { markAttached, markAttaching, markReleased } from '../ledger/arbitrate.js';
+import { isInUse, markAttached, markAttaching, markReleased } from '../ledger/arbitrate.js';
 import type { Ledger } from '../ledger/ledger.js';
 import type { VolumeDoc } from '../ledger/types.js';
 import { formatSize } from '../size.js';
 import { growFs, makeFs, probeFsType } from '../sys/blockdev.js';
-import { findmnt, mount, mountsAt, readMountInfo, umount, type MountInfo } from '../sys/mounts.js';
+import { findmnt, isDeviceMounted, mount, mountsAt, readMountInfo, umount, type MountInfo } from '../sys/mounts.js';
 import { CommandError } from '../sys/run.js';
 import { openBackend, openLedger } from './services.js';
 
 // ---- the grant and the device ----------------------------------------------------------------------------------
-
-/** Whether a node phase means the node has (or is setting up) the device. */
-export function holdsDevice(phase: string | undefined): boolean {
-  return phase === 'attaching' || phase === 'attached';
-}
 
 /** Claims the ledger's grant for this node (granted -> attaching) in one compare-and-swap; returns the document. */
 export async function claimGrant(ledger: Ledger, name: string, node: string): Promise<VolumeDoc | undefined> {
@@ -59,8 +54,7 @@ export async function setUpDevice(
   const after = await ledger.update(name, (d) => (d && markAttached(d, node, device, ledger.now())) ?? d);
   if (after?.status.nodes[node]?.phase !== 'attached') {
     // The controller detached it while we were setting up: undo, unless something already mounted the device.
-    const mounted = (await readMountInfo()).some((m) => m.source === device);
-    if (!mounted) {
+    if (!(await isDeviceMounted(device))) {
       await backend.release(name);
       await ledger.update(name, (d) => (d ? markReleased(d, node, ledger.now()) : d));
     }
@@ -76,7 +70,7 @@ export async function setUpDevice(
 export async function releaseIfUnmounted(config: Config, name: string): Promise<string | undefined> {
   const backend = await openBackend(config);
   const device = await backend.findDevice(name);
-  if (device && (await readMountInfo()).some((m) => m.source === device)) return device;
+  if (device && (await isDeviceMounted(device))) return device;
   await backend.release(name);
   const ledger = await openLedger(config);
   await ledger.update(name, (d) => (d ? markReleased(d, config.nodeName, ledger.now()) : d));
@@ -214,11 +208,6 @@ export function podTicketId(pvName: string, driverName: string, node: string, po
   return `workload-${createHash('sha256').update(`${pvName}${driverName}${node}\0pod\0${podKey}`).digest('hex')}`;
 }
 
-/** This node's tickets on the volume (of any type: an admin ticket for this node also keeps the volume here). */
-export function ticketsOfNode(doc: VolumeDoc | undefined, node: string): string[] {
-  return doc ? Object.values(doc.spec.tickets).filter((t) => t.nodeID === node).map((t) => t.id) : [];
-}
-
 /**
  * The volume is no longer wanted on this node by any ticket: unmount the staging path, then release the device and
  * confirm it in the ledger. Returns the device when it is still mounted elsewhere (kept; the node keeps its hold,
@@ -352,7 +341,7 @@ export async function expandVolume(config: Config, name: string, newBytes: numbe
     }
 
     const here = doc.status.nodes[node];
-    const device = holdsDevice(here?.phase) ? await backend.findDevice(name) : undefined;
+    const device = isInUse(here?.phase) ? await backend.findDevice(name) : undefined;
     const where = device ? await filesystemMountOf(device) : undefined;
     const online = where !== undefined && !here!.readOnly && !where.options.includes('ro');
     if (online) await checkCanGrowOnline(name, where.fsType);

@@ -6,12 +6,12 @@
 // restart or a lost staging mount. Success when nothing of the volume is mounted at the pod dir.
 import { basename } from 'node:path';
 import { NotSupportedError } from '../errors.js';
-import { removeTicket } from '../ledger/arbitrate.js';
+import { removeTicket, ticketsOfNode } from '../ledger/arbitrate.js';
 import type { VolumeDoc } from '../ledger/types.js';
 import { checkPvName } from '../names.js';
 import { failure, success } from '../protocol/reply.js';
 import { mountsAt, umount } from '../sys/mounts.js';
-import { leaveNode, podKeyOf, podTicketId, ticketsOfNode, withVolumeLock } from './node-steps.js';
+import { leaveNode, podKeyOf, podTicketId, withVolumeLock } from './node-steps.js';
 import { openBackend, openLedger } from './services.js';
 import type { OpCall } from './types.js';
 
@@ -58,7 +58,7 @@ export async function run(call: OpCall) {
       const id = d && findPodTicket(d, basename(podDir), config.driverName, node, podKey);
       return d && id ? removeTicket(d, id, ledger.now()) : d;
     });
-    const others = ticketsOfNode(doc, node).length;
+    const others = doc ? ticketsOfNode(doc, node).length : 0;
     if (others > 0) {
       return success({ message: `${podDir} unmounted; volume ${volume} stays set up on node ${node} for ${others} other ticket(s)` });
     }

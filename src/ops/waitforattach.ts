@@ -3,7 +3,8 @@
 // controller's attach reply, which cannot know a node's loop device: latch finds the device itself.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { failure, success } from '../protocol/reply.js';
-import { claimGrant, holdsDevice, setUpDevice } from './node-steps.js';
+import { isInUse } from '../ledger/arbitrate.js';
+import { claimGrant, setUpDevice } from './node-steps.js';
 import { openLedger } from './services.js';
 import type { OpCall } from './types.js';
 
@@ -20,7 +21,7 @@ export async function run(call: OpCall) {
   // Wait for the grant, and claim it (granted -> attaching) in the same compare-and-swap.
   const deadline = Date.now() + config.waitForAttachTimeout * 1000;
   let doc = await claimGrant(ledger, name, node);
-  while (!holdsDevice(doc?.status.nodes[node]?.phase)) {
+  while (!isInUse(doc?.status.nodes[node]?.phase)) {
     if (Date.now() >= deadline) {
       const ticket = doc && Object.values(doc.spec.tickets).find((t) => t.nodeID === node);
       const why = !doc ? 'the volume does not exist' : ticket ? doc.status.tickets[ticket.id]?.message : 'no ticket for this node';

@@ -177,6 +177,16 @@ export async function umount(target: string, options: { lazy?: boolean } = {}): 
   }
 }
 
+/** The sources of every mount on this host (devices, for block-device mounts). */
+export async function mountedSources(): Promise<Set<string>> {
+  return new Set((await readMountInfo()).map((m) => m.source));
+}
+
+/** Whether `device` is mounted anywhere on this host (a global path, a pod's bind mount, a staging path...). */
+export async function isDeviceMounted(device: string): Promise<boolean> {
+  return (await mountedSources()).has(device);
+}
+
 /** Throws unless every option is a single plain mount option (no commas, no leading '-'). */
 export function checkMountOptions(options: string[]): string[] {
   for (const option of options) {
