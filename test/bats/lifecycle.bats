@@ -48,17 +48,18 @@ fsck_clean() {
   [[ $status == 0 ]] || fail "e2fsck -f -n $1 exited $status: $output"
 }
 
-# attached_blank NODE PV [KEY VALUE]... -- attach + waitforattach only (no mountdevice): sets $volume_device; the
-# device is blank.
-attached_blank() {
-  local node=$1 pv=$2 options
-  shift 2
-  options=$(flex_options "$pv" "$@")
-  node_call_success "$node" attach "$options" "$(node_name "$node")"
-  node_call_success "$node" waitforattach "" "$options"
-  volume_device=$(reply_field device)
-  [[ $volume_device == /dev/loop* ]] || fail "waitforattach replied device '$volume_device': $output"
-  assert_equal "$(fs_type_of "$volume_device")" ""
+# after_kubelet_restart OPTIONS DEVICE PATH VOLUME -- what a restarted kubelet calls on node-a for a volume in use
+# (isattached, waitforattach, mountdevice) with OPTIONS: the same device comes back, mounted once, one loop device.
+after_kubelet_restart() {
+  local options=$1 device=$2 path=$3 volume=$4
+  node_call a isattached "$options" node-a
+  assert_attached_reply true
+  node_call_success a waitforattach "" "$options"
+  assert_equal "$(reply_field device)" "$device"
+  node_call_success a mountdevice "$path" "$device" "$options"
+  assert_mounted "$path" "$device" ext4 rw
+  assert_equal "$(mounts_at "$path")" 1
+  assert_loop_count "$volume" 1
 }
 
 # ---- the pod start and stop sequences -------------------------------------------------------------------
@@ -138,14 +139,7 @@ attached_blank() {
   echo before-restart >"$path/file"
 
   # kubelet restarted and reconstructed the volume from directory names
-  node_call a isattached "$restart" node-a
-  assert_attached_reply true
-  node_call_success a waitforattach "" "$restart"
-  assert_equal "$(reply_field device)" "$device"
-  node_call_success a mountdevice "$path" "$device" "$restart"
-  assert_mounted "$path" "$device" ext4 rw
-  assert_equal "$(mounts_at "$path")" 1
-  assert_loop_count "$pv" 1
+  after_kubelet_restart "$restart" "$device" "$path" "$pv"
 
   node_call_success a unmountdevice "$path"
   assert_not_mounted "$path"
@@ -180,14 +174,7 @@ attached_blank() {
   echo "on $vol" >"$path/file"
 
   # kubelet restarts: only the PV name from now on
-  node_call a isattached "$restart" node-a
-  assert_attached_reply true
-  node_call_success a waitforattach "" "$restart"
-  assert_equal "$(reply_field device)" "$device"
-  node_call_success a mountdevice "$path" "$device" "$restart"
-  assert_mounted "$path" "$device" ext4 rw
-  assert_equal "$(mounts_at "$path")" 1
-  assert_loop_count "$vol" 1
+  after_kubelet_restart "$restart" "$device" "$path" "$vol"
   assert_equal "$(ledger_doc "$pv")" null
   [[ ! -e $LATCH_POOL_DIR/$pv.img ]] || fail "an image named after the PV was created: $LATCH_POOL_DIR/$pv.img"
 
@@ -310,7 +297,7 @@ kill_delays() {
 mountdevice_killed() {
   local pv=$1 when=$2 options device path sum
   options=$(flex_options "$pv" size 2Gi)
-  attached_blank a "$pv" size 2Gi
+  volume_attach a "$pv" size 2Gi
   device=$volume_device
   path=$(node_global_path a "$pv")
 
@@ -638,7 +625,7 @@ refused() {
 @test "a bad fsType ('ext4; rm -rf /', ntfs...) is refused by attach and mountdevice; the device stays blank" {
   local pv before fs key path
   pv=$(unique_name pv)
-  attached_blank a "$pv"
+  volume_attach a "$pv"
   path=$(node_global_path a "$pv")
   before=$(kernel_state)
   for fs in "ext4; rm -rf /" "ntfs" "ext4,exec"; do
@@ -655,7 +642,7 @@ refused() {
 @test "mountOptions outside the allowlist are refused and the device is not touched; allowed ones work" {
   local pv before opts path
   pv=$(unique_name pv)
-  attached_blank a "$pv"
+  volume_attach a "$pv"
   path=$(node_global_path a "$pv")
   before=$(kernel_state)
   refused a attach "$(flex_options "$(unique_name pv)" mountOptions "exec,suid=0")" node-a
@@ -680,9 +667,9 @@ refused() {
   local one two dev_one dev_two path before link
   one=$(unique_name pv)
   two=$(unique_name pv)
-  attached_blank a "$one"
+  volume_attach a "$one"
   dev_one=$volume_device
-  attached_blank a "$two"
+  volume_attach a "$two"
   dev_two=$volume_device
   path=$(node_global_path a "$one")
   link="$LATCH_TMP/dev-link"
@@ -706,7 +693,7 @@ refused() {
 @test "mountdevice refuses a mount path that is a regular file; the file and the device are untouched" {
   local pv path before
   pv=$(unique_name pv)
-  attached_blank a "$pv"
+  volume_attach a "$pv"
   path="$(dirname "$(node_global_path a "$pv")")/$pv-file"
   rmdir "$(node_global_path a "$pv")"
   echo "not a directory" >"$path"

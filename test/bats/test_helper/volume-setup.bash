@@ -109,9 +109,9 @@ restart_options() {
   go_json kubernetes.io/fsType "" kubernetes.io/pvOrVolumeName "$1" kubernetes.io/readwrite rw
 }
 
-# volume_start NODE PV [KEY VALUE]... -- the pod-start calls (attach, waitforattach, mountdevice) with
-# flex_options PV plus the pairs; each must be Success. Sets $volume_device and $volume_path.
-volume_start() {
+# volume_attach NODE PV [KEY VALUE]... -- attach + waitforattach (no mountdevice) with flex_options PV plus the
+# pairs; each must be Success. Sets $volume_device.
+volume_attach() {
   local node=$1 pv=$2 options
   shift 2
   options=$(flex_options "$pv" "$@")
@@ -119,8 +119,16 @@ volume_start() {
   node_call_success "$node" waitforattach "" "$options"
   volume_device=$(jq -r '.device // ""' <<<"$output")
   [[ $volume_device == /dev/loop* ]] || fail "waitforattach replied device '$volume_device', not a loop device: $output"
+}
+
+# volume_start NODE PV [KEY VALUE]... -- the pod-start calls (attach, waitforattach, mountdevice) with
+# flex_options PV plus the pairs; each must be Success. Sets $volume_device and $volume_path.
+volume_start() {
+  local node=$1 pv=$2
+  volume_attach "$@"
+  shift 2
   volume_path=$(node_global_path "$node" "$pv")
-  node_call_success "$node" mountdevice "$volume_path" "$volume_device" "$options"
+  node_call_success "$node" mountdevice "$volume_path" "$volume_device" "$(flex_options "$pv" "$@")"
 }
 
 # volume_stop NODE PV -- the pod-stop calls: unmountdevice of the node's global path, then detach; both Success.
