@@ -1,11 +1,9 @@
 // Filesystems on block devices: probe, format, grow; and device sizes from /sys.
 import { readFile, realpath } from 'node:fs/promises';
 import { basename, isAbsolute } from 'node:path';
+import { FS_TYPES } from '../config.js';
 import { LatchError } from '../errors.js';
 import { run } from './run.js';
-
-export const MAKEABLE_FS_TYPES = ['ext4', 'ext3', 'xfs', 'btrfs'] as const;
-export type MakeableFsType = (typeof MAKEABLE_FS_TYPES)[number];
 
 /**
  * The filesystem type blkid finds on `device` (low-level probe, no cache), or undefined when it finds no signature
@@ -56,7 +54,7 @@ export async function makeFs(device: string, fsType: string): Promise<void> {
       return;
     default:
       throw new LatchError(
-        `cannot create a ${JSON.stringify(fsType)} filesystem: supported types are ${MAKEABLE_FS_TYPES.join(', ')}`,
+        `cannot create a ${JSON.stringify(fsType)} filesystem: supported types are ${FS_TYPES.join(', ')}`,
       );
   }
 }

@@ -75,10 +75,6 @@ export function setDefaultCommandTimeout(ms: number): void {
   defaultTimeoutMs = ms;
 }
 
-export function getDefaultCommandTimeout(): number {
-  return defaultTimeoutMs;
-}
-
 /**
  * Kills the process group of every child still running, with SIGKILL, synchronously.
  * For the protocol layer's SIGTERM handler: kubelet's own deadline must not leave our children behind.
