@@ -19,7 +19,9 @@ const englishOnlyZodLocales = {
   name: 'english-only-zod-locales',
   setup(b) {
     b.onResolve({ filter: /\/locales\/index\.c?js$/ }, (args) =>
-      args.importer.includes(`${join('node_modules', 'zod')}`) ? { path: join(dirname(args.importer), args.path), namespace: 'zod-locales' } : undefined,
+      args.importer.includes(`${join('node_modules', 'zod')}`)
+        ? { path: join(dirname(args.importer), args.path), namespace: 'zod-locales' }
+        : undefined,
     );
     b.onLoad({ filter: /.*/, namespace: 'zod-locales' }, (args) => ({
       contents: args.path.endsWith('.cjs')
@@ -84,9 +86,7 @@ async function buildSea(outfile) {
     chmodSync(exe, 0o755);
     // postject's ELF writer prints harmless warnings about .note sections; its output is shown only on failure.
     const postject = join(dirname(fileURLToPath(import.meta.resolve('postject'))), 'cli.js');
-    quietly(process.execPath, [
-      postject, exe, 'NODE_SEA_BLOB', blob, '--sentinel-fuse', 'NODE_SEA_FUSE_fce680ab2cc467b6e072b8b5df1996b2',
-    ]);
+    quietly(process.execPath, [postject, exe, 'NODE_SEA_BLOB', blob, '--sentinel-fuse', 'NODE_SEA_FUSE_fce680ab2cc467b6e072b8b5df1996b2']);
     renameSync(exe, outfile);
   } finally {
     rmSync(work, { recursive: true, force: true });

@@ -56,16 +56,14 @@ function buildSchema() {
     .refine((p) => !p.includes('\0'), 'must not contain NUL')
     .refine((p) => !normalize(p).includes(PLUGIN_DIR_MARKER), 'must not be inside the kubelet plugin directory')
     .transform((p) => normalize(p));
-  const size = z
-    .union([z.string(), z.number()])
-    .transform((v, ctx) => {
-      try {
-        return parseSize(v);
-      } catch (err) {
-        ctx.addIssue({ code: 'custom', message: errorMessage(err) });
-        return z.NEVER;
-      }
-    });
+  const size = z.union([z.string(), z.number()]).transform((v, ctx) => {
+    try {
+      return parseSize(v);
+    } catch (err) {
+      ctx.addIssue({ code: 'custom', message: errorMessage(err) });
+      return z.NEVER;
+    }
+  });
   const fsType = z.enum(FS_TYPES);
   const store = z.discriminatedUnion('type', [
     z.object({ type: z.literal('file') }).strict(),
@@ -75,10 +73,7 @@ function buildSchema() {
         endpoints: z.array(z.string().url()).min(1),
         prefix: z.string().default('/latch/'),
         timeoutMs: z.number().int().min(100).max(60_000).default(5000),
-        tls: z
-          .object({ ca: absolutePath.optional(), cert: absolutePath.optional(), key: absolutePath.optional() })
-          .strict()
-          .optional(),
+        tls: z.object({ ca: absolutePath.optional(), cert: absolutePath.optional(), key: absolutePath.optional() }).strict().optional(),
       })
       .strict(),
   ]);
@@ -97,11 +92,18 @@ function buildSchema() {
       poolDir: absolutePath.default('/var/lib/latch/pool'),
       stateDir: absolutePath.default('/var/lib/latch/state'),
       logFile: absolutePath.default('/var/log/latch/latch.log'),
-      logMaxBytes: z.number().int().min(4096).default(10 * 1024 * 1024),
+      logMaxBytes: z
+        .number()
+        .int()
+        .min(4096)
+        .default(10 * 1024 * 1024),
       defaultSize: size.default(1024 ** 3),
       maxSize: size.default(1024 ** 4),
       defaultFsType: fsType.default('ext4'),
-      allowedFsTypes: z.array(fsType).min(1).default([...FS_TYPES]),
+      allowedFsTypes: z
+        .array(fsType)
+        .min(1)
+        .default([...FS_TYPES]),
       waitForAttachTimeout: z.number().int().min(1).max(480).default(120),
       commandTimeout: z.number().int().min(1).max(3600).default(120),
       store: store.default({ type: 'file' }),
@@ -152,8 +154,7 @@ export function parseConfig(raw: unknown, source: string): Config {
   if (!result.success) {
     const issue = result.error.issues[0]!;
     const field = issue.path.length > 0 ? issue.path.join('.') : '(top level)';
-    const detail =
-      issue.code === 'unrecognized_keys' ? `unknown field(s) ${issue.keys.map((k) => `"${k}"`).join(', ')}` : issue.message;
+    const detail = issue.code === 'unrecognized_keys' ? `unknown field(s) ${issue.keys.map((k) => `"${k}"`).join(', ')}` : issue.message;
     throw new ConfigError(`invalid configuration in ${source}: field "${field}": ${detail}`);
   }
   const c = result.data;

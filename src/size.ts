@@ -3,8 +3,17 @@ import { LatchError } from './errors.js';
 
 const MULTIPLIERS: Record<string, number> = {
   '': 1,
-  k: 1e3, K: 1e3, M: 1e6, G: 1e9, T: 1e12, P: 1e15,
-  Ki: 2 ** 10, Mi: 2 ** 20, Gi: 2 ** 30, Ti: 2 ** 40, Pi: 2 ** 50,
+  k: 1e3,
+  K: 1e3,
+  M: 1e6,
+  G: 1e9,
+  T: 1e12,
+  P: 1e15,
+  Ki: 2 ** 10,
+  Mi: 2 ** 20,
+  Gi: 2 ** 30,
+  Ti: 2 ** 40,
+  Pi: 2 ** 50,
 };
 
 const QUANTITY = /^([0-9]+(?:\.[0-9]+)?)(|k|K|M|G|T|P|Ki|Mi|Gi|Ti|Pi)$/;
@@ -36,7 +45,10 @@ export function formatSize(bytes: number): string {
     // Not an exact power-of-two multiple: show one decimal.
     let v = bytes;
     let u = 0;
-    while (v >= 1024 && u < units.length - 1) { v /= 1024; u++; }
+    while (v >= 1024 && u < units.length - 1) {
+      v /= 1024;
+      u++;
+    }
     return `${v.toFixed(1)}${units[u]}`;
   }
   return `${value}${units[unit]}`;

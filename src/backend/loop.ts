@@ -11,15 +11,7 @@ import { checkVolumeName } from '../names.js';
 import { formatSize } from '../size.js';
 import { blockDeviceSize } from '../sys/blockdev.js';
 import { mountedSources } from '../sys/mounts.js';
-import {
-  detachLoop,
-  listLoopDevices,
-  loopDeviceInfo,
-  loopNumber,
-  refreshLoopCapacity,
-  setupLoop,
-  type LoopDevice,
-} from '../sys/loop.js';
+import { detachLoop, listLoopDevices, loopDeviceInfo, loopNumber, refreshLoopCapacity, setupLoop, type LoopDevice } from '../sys/loop.js';
 import type { Backend } from './types.js';
 import { syncDir } from '../sys/files.js';
 
@@ -101,9 +93,7 @@ export class LoopBackend implements Backend {
     const path = this.imagePath(volume);
     const devices = await this.liveDevices(volume);
     if (devices.length > 0) {
-      throw new LatchError(
-        `volume ${volume} is still set up as ${devices.map((d) => d.device).join(', ')}; release it before deleting`,
-      );
+      throw new LatchError(`volume ${volume} is still set up as ${devices.map((d) => d.device).join(', ')}; release it before deleting`);
     }
     try {
       await unlink(path);
@@ -184,9 +174,7 @@ export class LoopBackend implements Backend {
     const stats = await statImage(path);
     if (!stats) throw new LatchError(`volume ${volume} has no image in the pool (${path})`);
     if (sizeBytes < stats.size) {
-      throw new LatchError(
-        `volume ${volume}: cannot shrink from ${formatSize(stats.size)} to ${formatSize(sizeBytes)}; volumes only grow`,
-      );
+      throw new LatchError(`volume ${volume}: cannot shrink from ${formatSize(stats.size)} to ${formatSize(sizeBytes)}; volumes only grow`);
     }
     if (sizeBytes > this.maxSize) {
       throw new LatchError(
@@ -280,4 +268,3 @@ function acceptExisting(volume: string, path: string, stats: Stats, sizeBytes: n
       `(${path}); expand it instead`,
   );
 }
-

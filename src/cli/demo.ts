@@ -73,28 +73,67 @@ export async function runDemo(): Promise<boolean> {
 
     say('== Pod starts on node-a');
     await call({ who: 'kubelet node-a', config: nodeA, args: ['init'], expect: success });
-    await call({ who: 'controller', config: nodeA, args: ['attach', options, 'node-a'], expect: success, note: 'volume created lazily, ticket granted to node-a' });
+    await call({
+      who: 'controller',
+      config: nodeA,
+      args: ['attach', options, 'node-a'],
+      expect: success,
+      note: 'volume created lazily, ticket granted to node-a',
+    });
     await call({ who: 'controller', config: nodeA, args: ['isattached', options, 'node-a'], expect: (r) => r.attached === true });
-    const wait = await call({ who: 'kubelet node-a', config: nodeA, args: ['waitforattach', '', options], expect: (r) => typeof r.device === 'string' });
+    const wait = await call({
+      who: 'kubelet node-a',
+      config: nodeA,
+      args: ['waitforattach', '', options],
+      expect: (r) => typeof r.device === 'string',
+    });
     const deviceA = String(wait.device);
     await mkdir(globalMount, { recursive: true, mode: 0o750 });
-    await call({ who: 'kubelet node-a', config: nodeA, args: ['mountdevice', globalMount, deviceA, options], expect: success, note: 'blank device: formatted ext4, mounted, checked with findmnt' });
+    await call({
+      who: 'kubelet node-a',
+      config: nodeA,
+      args: ['mountdevice', globalMount, deviceA, options],
+      expect: success,
+      note: 'blank device: formatted ext4, mounted, checked with findmnt',
+    });
     const text = `written on node-a at ${new Date().toISOString()}\n`;
     await writeFile(join(globalMount, 'hello.txt'), text);
     say(`[pod on node-a] wrote hello.txt: ${text.trim()}`);
 
     say('\n== node-b wants the same read-write-once volume while node-a holds it');
-    await call({ who: 'controller', config: nodeB, args: ['attach', options, 'node-b'], expect: (r) => r.status === 'Failure' && String(r.message).includes('node-a') });
+    await call({
+      who: 'controller',
+      config: nodeB,
+      args: ['attach', options, 'node-b'],
+      expect: (r) => r.status === 'Failure' && String(r.message).includes('node-a'),
+    });
     await call({ who: 'controller', config: nodeB, args: ['isattached', options, 'node-b'], expect: (r) => r.attached === false });
 
     say('\n== Pod stops on node-a');
-    await call({ who: 'kubelet node-a', config: nodeA, args: ['unmountdevice', globalMount], expect: success, note: 'unmounted, loop device released, release confirmed in the ledger' });
+    await call({
+      who: 'kubelet node-a',
+      config: nodeA,
+      args: ['unmountdevice', globalMount],
+      expect: success,
+      note: 'unmounted, loop device released, release confirmed in the ledger',
+    });
     await call({ who: 'controller', config: nodeA, args: ['detach', pv, 'node-a'], expect: success });
 
     say('\n== The pod moves to node-b and finds its data');
     await call({ who: 'controller', config: nodeB, args: ['attach', options, 'node-b'], expect: success });
-    const waitB = await call({ who: 'kubelet node-b', config: nodeB, args: ['waitforattach', '', options], expect: (r) => typeof r.device === 'string' });
-    await call({ who: 'kubelet node-b', config: nodeB, args: ['mountdevice', globalMount, String(waitB.device), options], expect: success, note: 'a filesystem is there already: mounted, never reformatted' });
+    const waitB = await call({
+      who: 'kubelet node-b',
+      config: nodeB,
+      args: ['waitforattach', '', options],
+      expect: (r) => typeof r.device === 'string',
+    });
+    await call({
+      who: 'kubelet node-b',
+      config: nodeB,
+      args: ['mountdevice', globalMount, String(waitB.device), options],
+      expect: success,
+      note: 'a filesystem is there already: mounted, never reformatted',
+    });
     const readBack = await readFile(join(globalMount, 'hello.txt'), 'utf8').catch(() => '(missing)');
     const same = readBack === text;
     ok &&= same;

@@ -80,19 +80,32 @@ export async function runDoctor(options: DoctorOptions = {}): Promise<DoctorRepo
     add({
       check: 'config',
       severity: 'ok',
-      message: `configuration from ${config.source}: node ${config.nodeName}, driver ${config.driverName}, ` +
+      message:
+        `configuration from ${config.source}: node ${config.nodeName}, driver ${config.driverName}, ` +
         `${config.attach ? 'attach' : 'non-attach'} mode, ${config.store.type} store`,
     });
   } catch (err) {
     const file = env.LATCH_CONFIG || '/etc/latch/config.json';
-    add({ check: 'config', severity: 'error', message: errorMessage(err), fix: `\${EDITOR:-vi} ${sh(file)}`, note: 'see the README, "Configuration"; then run latch doctor again' });
+    add({
+      check: 'config',
+      severity: 'error',
+      message: errorMessage(err),
+      fix: `\${EDITOR:-vi} ${sh(file)}`,
+      note: 'see the README, "Configuration"; then run latch doctor again',
+    });
   }
 
   await checkTools(config, env, add);
   await checkLoopSupport(add);
   await checkPlugin(config, options, env, add);
   if (config) await checkLedgerAndKernel(config, options.stuckAfterSeconds ?? DEFAULT_STUCK_AFTER_SECONDS, now, add);
-  else add({ check: 'ledger', severity: 'warning', message: 'ledger and kernel not compared: the configuration did not load', note: 'fix the configuration first (see above)' });
+  else
+    add({
+      check: 'ledger',
+      severity: 'warning',
+      message: 'ledger and kernel not compared: the configuration did not load',
+      note: 'fix the configuration first (see above)',
+    });
 
   const errors = findings.filter((f) => f.severity === 'error').length;
   const warnings = findings.filter((f) => f.severity === 'warning').length;
@@ -227,7 +240,12 @@ async function checkPlugin(
   try {
     choice = await choosePluginDir(options.pluginDir, env);
   } catch (err) {
-    add({ check: 'plugin-dir', severity: 'error', message: errorMessage(err), note: "run latch doctor --plugin-dir with kubelet's --volume-plugin-dir" });
+    add({
+      check: 'plugin-dir',
+      severity: 'error',
+      message: errorMessage(err),
+      note: "run latch doctor --plugin-dir with kubelet's --volume-plugin-dir",
+    });
     return;
   }
   const dirOption = choice.source === 'option' || choice.source === 'env' ? ` --plugin-dir ${sh(choice.dir)}` : '';
@@ -253,9 +271,19 @@ async function checkPlugin(
   const { dir, file } = driverPath(choice.dir, driverName);
   const installed = await installedState(file);
   if (installed.state === 'missing') {
-    add({ check: 'driver', severity: 'error', message: `${file} is not installed: kubelet does not know the driver ${driverName}`, fix: installFix });
+    add({
+      check: 'driver',
+      severity: 'error',
+      message: `${file} is not installed: kubelet does not know the driver ${driverName}`,
+      fix: installFix,
+    });
   } else if (installed.state === 'not-a-file') {
-    add({ check: 'driver', severity: 'error', message: `${file} is ${installed.kind}: kubelet cannot run it`, fix: `rm -r ${sh(file)} && ${installFix}` });
+    add({
+      check: 'driver',
+      severity: 'error',
+      message: `${file} is ${installed.kind}: kubelet cannot run it`,
+      fix: `rm -r ${sh(file)} && ${installFix}`,
+    });
   } else {
     let self: { sha256: string; path: string } | undefined;
     try {
@@ -265,11 +293,20 @@ async function checkPlugin(
       self = undefined;
     }
     if ((installed.mode & 0o111) !== 0o111) {
-      add({ check: 'driver', severity: 'error', message: `${file} is not executable (mode ${installed.mode.toString(8)})`, fix: installFix });
+      add({
+        check: 'driver',
+        severity: 'error',
+        message: `${file} is not executable (mode ${installed.mode.toString(8)})`,
+        fix: installFix,
+      });
     } else if (self === undefined) {
       add({ check: 'driver', severity: 'ok', message: `${file} is installed (sha256 ${installed.sha256.slice(0, 12)})` });
     } else if (self.sha256 === installed.sha256) {
-      add({ check: 'driver', severity: 'ok', message: `${file} is installed and identical to ${self.path} (sha256 ${installed.sha256.slice(0, 12)})` });
+      add({
+        check: 'driver',
+        severity: 'ok',
+        message: `${file} is installed and identical to ${self.path} (sha256 ${installed.sha256.slice(0, 12)})`,
+      });
     } else {
       add({
         check: 'driver',
@@ -321,7 +358,9 @@ async function checkInterpreter(file: string, env: NodeJS.ProcessEnv, add: (f: F
   const words = line.split(/\s+/);
   const interpreter = words[0] && basename(words[0]) === 'env' ? words[1] : words[0];
   if (!interpreter) return;
-  const found = interpreter.startsWith('/') ? await findTool(basename(interpreter), [dirname(interpreter)]) : await findTool(interpreter, toolSearchPath(env));
+  const found = interpreter.startsWith('/')
+    ? await findTool(basename(interpreter), [dirname(interpreter)])
+    : await findTool(interpreter, toolSearchPath(env));
   if (found) return;
   add({
     check: 'driver',
@@ -482,7 +521,11 @@ async function checkLedgerAndKernel(
   }
 
   if (problems === 0) {
-    add({ check: 'ledger', severity: 'ok', message: `ledger and kernel agree on node ${node}: ${devices.length} loop device(s) of the pool, each held in the ledger` });
+    add({
+      check: 'ledger',
+      severity: 'ok',
+      message: `ledger and kernel agree on node ${node}: ${devices.length} loop device(s) of the pool, each held in the ledger`,
+    });
   }
 }
 
@@ -506,7 +549,12 @@ async function checkPool(config: Config, pool: string | undefined, docs: VolumeD
     const fs = await statfs(pool);
     available = Number(fs.bavail) * Number(fs.bsize);
   } catch (err) {
-    add({ check: 'pool', severity: 'error', message: `cannot read the free space of ${pool}: ${errorMessage(err)}`, note: `the pool must be a readable directory (ls -ld ${pool})` });
+    add({
+      check: 'pool',
+      severity: 'error',
+      message: `cannot read the free space of ${pool}: ${errorMessage(err)}`,
+      note: `the pool must be a readable directory (ls -ld ${pool})`,
+    });
     return;
   }
   const stillNeeded = Math.max(0, provisioned - allocated);
@@ -551,7 +599,9 @@ function formatSeconds(seconds: number): string {
 // ---- the command --------------------------------------------------------------------------------------------
 
 export function printDoctorReport(report: DoctorReport): void {
-  process.stdout.write(`latch doctor on node ${report.node ?? '(unknown: no valid configuration)'}${report.config ? ` (configuration: ${report.config})` : ''}\n\n`);
+  process.stdout.write(
+    `latch doctor on node ${report.node ?? '(unknown: no valid configuration)'}${report.config ? ` (configuration: ${report.config})` : ''}\n\n`,
+  );
   const rows: string[][] = [];
   for (const f of report.findings) {
     rows.push([f.severity, f.check, f.message]);
@@ -580,11 +630,16 @@ export function registerDoctorCommands(program: Command): void {
       ].join('\n'),
     )
     .option('--plugin-dir <dir>', "kubelet's FlexVolume plugin directory (default: detected, as for install)")
-    .option('--stuck-after <seconds>', 'report a volume detaching for longer than this', (v: string) => {
-      const n = Number(v);
-      if (!Number.isInteger(n) || n < 0) throw new InvalidArgumentError(`--stuck-after must be a whole number of seconds, not "${v}"`);
-      return n;
-    }, DEFAULT_STUCK_AFTER_SECONDS)
+    .option(
+      '--stuck-after <seconds>',
+      'report a volume detaching for longer than this',
+      (v: string) => {
+        const n = Number(v);
+        if (!Number.isInteger(n) || n < 0) throw new InvalidArgumentError(`--stuck-after must be a whole number of seconds, not "${v}"`);
+        return n;
+      },
+      DEFAULT_STUCK_AFTER_SECONDS,
+    )
     .option('-o, --output <format>', 'table or json', parseFormat, 'table')
     .action(async (opts: { pluginDir?: string; stuckAfter: number; output: OutputFormat }) => {
       const report = await runDoctor({

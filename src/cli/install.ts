@@ -58,13 +58,14 @@ export function detectionPaths(env: NodeJS.ProcessEnv = process.env): DetectionP
 }
 
 /** --plugin-dir, else $LATCH_VOLUME_PLUGIN_DIR (set in the DaemonSet), else what kubelet on this host uses. */
-export async function choosePluginDir(
-  explicit: string | undefined,
-  env: NodeJS.ProcessEnv = process.env,
-): Promise<PluginDirChoice> {
+export async function choosePluginDir(explicit: string | undefined, env: NodeJS.ProcessEnv = process.env): Promise<PluginDirChoice> {
   if (explicit !== undefined) return { dir: checkDir(explicit, '--plugin-dir'), source: 'option', reason: 'given with --plugin-dir' };
   if (env.LATCH_VOLUME_PLUGIN_DIR) {
-    return { dir: checkDir(env.LATCH_VOLUME_PLUGIN_DIR, 'LATCH_VOLUME_PLUGIN_DIR'), source: 'env', reason: 'given in $LATCH_VOLUME_PLUGIN_DIR' };
+    return {
+      dir: checkDir(env.LATCH_VOLUME_PLUGIN_DIR, 'LATCH_VOLUME_PLUGIN_DIR'),
+      source: 'env',
+      reason: 'given in $LATCH_VOLUME_PLUGIN_DIR',
+    };
   }
   return detectPluginDir(detectionPaths(env));
 }
@@ -83,7 +84,11 @@ export async function detectPluginDir(paths: DetectionPaths): Promise<PluginDirC
     const who = `kubelet (pid ${kubelet.pid}${kubelets.length > 1 ? `, the first of ${kubelets.length}` : ''})`;
     const flag = flagValue(kubelet.argv, 'volume-plugin-dir');
     if (flag) {
-      return { dir: checkDir(flag, 'kubelet --volume-plugin-dir'), source: 'kubelet-flag', reason: `${who} runs with --volume-plugin-dir=${flag}` };
+      return {
+        dir: checkDir(flag, 'kubelet --volume-plugin-dir'),
+        source: 'kubelet-flag',
+        reason: `${who} runs with --volume-plugin-dir=${flag}`,
+      };
     }
     const configFlag = flagValue(kubelet.argv, 'config');
     if (!configFlag) {
@@ -124,7 +129,10 @@ async function findKubelets(procRoot: string): Promise<KubeletProcess[]> {
   } catch {
     return [];
   }
-  const pids = entries.filter((e) => /^[0-9]+$/.test(e)).map(Number).sort((a, b) => a - b);
+  const pids = entries
+    .filter((e) => /^[0-9]+$/.test(e))
+    .map(Number)
+    .sort((a, b) => a - b);
   const found: KubeletProcess[] = [];
   for (const pid of pids) {
     let argv: string[];
@@ -297,9 +305,7 @@ export async function fileDigest(path: string): Promise<{ sha256: string; size: 
 }
 
 export type InstalledState =
-  | { state: 'missing' }
-  | { state: 'present'; sha256: string; size: number; mode: number }
-  | { state: 'not-a-file'; kind: string };
+  { state: 'missing' } | { state: 'present'; sha256: string; size: number; mode: number } | { state: 'not-a-file'; kind: string };
 
 export async function installedState(file: string): Promise<InstalledState> {
   let info;
@@ -424,7 +430,6 @@ async function removeStaleTemps(dir: string, driver: string): Promise<void> {
   }
 }
 
-
 // ---- uninstall ----------------------------------------------------------------------------------------------
 
 export interface NodeHoldings {
@@ -525,11 +530,21 @@ export function registerInstallCommands(program: Command): void {
       const source = await runningExecutable();
       const result = await installDriver({ pluginDir: choice.dir, driverName: driver.name, source: source.path });
       if (opts.output === 'json') {
-        return printJson({ pluginDir: choice.dir, pluginDirSource: choice.source, reason: choice.reason, driver: driver.name, source: source.path, selfContained: source.selfContained, ...result });
+        return printJson({
+          pluginDir: choice.dir,
+          pluginDirSource: choice.source,
+          reason: choice.reason,
+          driver: driver.name,
+          source: source.path,
+          selfContained: source.selfContained,
+          ...result,
+        });
       }
       const lines = [`plugin dir: ${choice.dir} (${choice.reason})`];
       if (result.action === 'unchanged') {
-        lines.push(`${result.path} is already this executable (sha256 ${short(result.sha256)}); nothing changed, so kubelet does not re-probe`);
+        lines.push(
+          `${result.path} is already this executable (sha256 ${short(result.sha256)}); nothing changed, so kubelet does not re-probe`,
+        );
       } else {
         lines.push(
           `${result.action} ${result.path} from ${source.path} (${formatSize(result.size)}, sha256 ${short(result.sha256)}` +
@@ -537,9 +552,12 @@ export function registerInstallCommands(program: Command): void {
         );
       }
       if (!source.selfContained) {
-        lines.push('note: this is the Node.js bundle: kubelet runs it with the `node` on its PATH; hosts without Node.js need the self-contained build (npm run build:sea)');
+        lines.push(
+          'note: this is the Node.js bundle: kubelet runs it with the `node` on its PATH; hosts without Node.js need the self-contained build (npm run build:sea)',
+        );
       }
-      if (driver.configError) lines.push(`note: configuration not loaded (${driver.configError}); the driver will fail its calls until it is fixed`);
+      if (driver.configError)
+        lines.push(`note: configuration not loaded (${driver.configError}); the driver will fail its calls until it is fixed`);
       process.stdout.write(`${lines.join('\n')}\n`);
     });
 
@@ -554,7 +572,9 @@ export function registerInstallCommands(program: Command): void {
       const choice = await choosePluginDir(opts.pluginDir);
       if (!opts.force) {
         if (!driver.config) {
-          throw new LatchError(`cannot tell which volumes this node holds: ${driver.configError}; fix the configuration or repeat with --force`);
+          throw new LatchError(
+            `cannot tell which volumes this node holds: ${driver.configError}; fix the configuration or repeat with --force`,
+          );
         }
         const held = await nodeHoldings(driver.config);
         if (held.volumes.length > 0 || held.devices.length > 0) {

@@ -85,7 +85,8 @@ async function migrateKey(from: Store, to: Store, key: string, options: MigrateO
       return {
         key,
         action: 'refused',
-        detail: `the destination holds different content (revision ${dst.revision}), which may be newer; ` +
+        detail:
+          `the destination holds different content (revision ${dst.revision}), which may be newer; ` +
           'compare the two, then repeat with --overwrite to replace it',
       };
     }
@@ -127,9 +128,13 @@ function storeName(value: string, flag: string): StoreName {
 /** The etcd settings: the config's etcd store, overridden by the --etcd-* flags. */
 export function etcdSettings(config: Config, flags: Partial<MigrateFlags>): EtcdStoreConfig {
   const base: Partial<EtcdStoreConfig> = config.store.type === 'etcd' ? config.store : {};
-  const endpoints = flags.etcdEndpoints !== undefined
-    ? flags.etcdEndpoints.split(',').map((e) => e.trim()).filter(Boolean)
-    : base.endpoints;
+  const endpoints =
+    flags.etcdEndpoints !== undefined
+      ? flags.etcdEndpoints
+          .split(',')
+          .map((e) => e.trim())
+          .filter(Boolean)
+      : base.endpoints;
   if (!endpoints || endpoints.length === 0) {
     throw new LatchError(
       `no etcd endpoints: the configuration (${config.source}) uses the ${config.store.type} store; ` +
@@ -216,7 +221,11 @@ function printReport(report: MigrationReport, output: OutputFormat): void {
   if (output === 'json') return printJson(report);
   process.stdout.write(`${report.dryRun ? 'dry run: would migrate' : 'migrated'} ${report.from} -> ${report.to}\n`);
   const interesting = report.entries.filter((e) => e.action !== 'skipped');
-  if (interesting.length > 0) printTable(['key', 'action', 'detail'], interesting.map((e) => [e.key, e.action, e.detail ?? '']));
+  if (interesting.length > 0)
+    printTable(
+      ['key', 'action', 'detail'],
+      interesting.map((e) => [e.key, e.action, e.detail ?? '']),
+    );
   const c = report.counts;
   process.stdout.write(
     `copied ${c.copied}, overwritten ${c.overwritten}, skipped ${c.skipped} (identical), refused ${c.refused}` +

@@ -56,7 +56,13 @@ export function registerTicketCommands(program: Command): void {
       const type = opts.type as TicketType;
       const id = ticketId(type, volume, config.driverName, opts.node);
       const doc = await ledger.update(volume, (d) =>
-        d ? addTicket(d, { id, type, nodeID: opts.node, parameters: { readOnly: !!opts.readOnly }, requestedBy: { admin: true } }, ledger.now()) : d,
+        d
+          ? addTicket(
+              d,
+              { id, type, nodeID: opts.node, parameters: { readOnly: !!opts.readOnly }, requestedBy: { admin: true } },
+              ledger.now(),
+            )
+          : d,
       );
       const status = doc?.status.tickets[id];
       process.stdout.write(`ticket ${id} added: ${status?.satisfied ? 'satisfied' : 'unsatisfied'} (${status?.message})\n`);
@@ -65,7 +71,7 @@ export function registerTicketCommands(program: Command): void {
   ticket
     .command('remove <volume> <ticket>')
     .description('remove a ticket (by ID or a unique prefix of it); unknown tickets are fine')
-    .option('--force', "remove a workload ticket even though its node still holds the device")
+    .option('--force', 'remove a workload ticket even though its node still holds the device')
     .action(async (volume: string, idOrPrefix: string, opts: { force?: boolean }) => {
       const ledger = await openLedger(loadConfig());
       const current = await getVolume(ledger, volume);

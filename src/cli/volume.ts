@@ -32,13 +32,16 @@ export function registerVolumeCommands(program: Command): void {
       const doc = await ledger.update(name, (current) => {
         if (!current) return newVolume(name, size, fsType, ledger.now());
         if (current.spec.sizeBytes !== size || current.spec.fsType !== fsType) {
-          throw new LatchError(`volume ${name} already exists with size ${formatSize(current.spec.sizeBytes)} and fsType ${current.spec.fsType}`);
+          throw new LatchError(
+            `volume ${name} already exists with size ${formatSize(current.spec.sizeBytes)} and fsType ${current.spec.fsType}`,
+          );
         }
         return current;
       });
       await (await openBackend(config)).create(name, size);
       if (opts.output === 'json') printJson(doc);
-      else process.stdout.write(`volume ${name} ${existed ? 'already exists' : 'created'} (${formatSize(size)}, ${fsType} on first mount)\n`);
+      else
+        process.stdout.write(`volume ${name} ${existed ? 'already exists' : 'created'} (${formatSize(size)}, ${fsType} on first mount)\n`);
     });
 
   volume
@@ -80,7 +83,10 @@ export function registerVolumeCommands(program: Command): void {
       ];
       for (const t of Object.values(doc.spec.tickets)) {
         const s = doc.status.tickets[t.id];
-        lines.push(`  ${t.id}`, `    type ${t.type}, node ${t.nodeID}, ${t.parameters.readOnly ? 'read-only' : 'read-write'}, generation ${t.generation}`);
+        lines.push(
+          `  ${t.id}`,
+          `    type ${t.type}, node ${t.nodeID}, ${t.parameters.readOnly ? 'read-only' : 'read-write'}, generation ${t.generation}`,
+        );
         lines.push(`    ${s?.satisfied ? 'satisfied' : 'unsatisfied'} (${s?.reason ?? 'unknown'}): ${s?.message ?? ''}`);
       }
       if (Object.keys(doc.spec.tickets).length === 0) lines.push('  (none)');
@@ -109,7 +115,7 @@ export function registerVolumeCommands(program: Command): void {
     .command('expand <name>')
     .description(
       'grow a volume: its image always; its filesystem too (online) when run on the node that has it mounted. ' +
-        'Refuses to shrink or to pass maxSize or the pool\'s free space; repeating it is harmless',
+        "Refuses to shrink or to pass maxSize or the pool's free space; repeating it is harmless",
     )
     .requiredOption('--size <size>', 'the new size, as bytes or a quantity such as 2Gi')
     .action(async (name: string, opts: { size: string }) => {
@@ -153,7 +159,8 @@ function refuseIfInUse(doc: VolumeDoc): void {
   const nodes = Object.keys(doc.status.nodes);
   if (tickets > 0 || nodes.length > 0) {
     throw new LatchError(
-      `volume ${doc.name} is in use: ${tickets} ticket(s)` + (nodes.length > 0 ? `, held by ${nodes.join(', ')}` : '') +
+      `volume ${doc.name} is in use: ${tickets} ticket(s)` +
+        (nodes.length > 0 ? `, held by ${nodes.join(', ')}` : '') +
         '; detach it first (latch ticket list shows who asked for it)',
     );
   }

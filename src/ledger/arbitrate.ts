@@ -29,8 +29,12 @@ export type TicketRequest = Omit<Ticket, 'generation' | 'createdAt'>;
 export function addTicket(doc: VolumeDoc, request: TicketRequest, now: string): VolumeDoc {
   const next = structuredClone(doc);
   const existing = next.spec.tickets[request.id];
-  if (existing && existing.nodeID === request.nodeID && existing.type === request.type &&
-      existing.parameters.readOnly === request.parameters.readOnly) {
+  if (
+    existing &&
+    existing.nodeID === request.nodeID &&
+    existing.type === request.type &&
+    existing.parameters.readOnly === request.parameters.readOnly
+  ) {
     // Same request again: refresh who asked (pod info may be new), nothing else.
     existing.requestedBy = { ...existing.requestedBy, ...request.requestedBy };
     return reconcile(next, now);

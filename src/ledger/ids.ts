@@ -3,5 +3,7 @@ import { createHash } from 'node:crypto';
 import type { TicketType } from './types.js';
 
 export function ticketId(type: TicketType, pvOrVolumeName: string, driverName: string, nodeName: string): string {
-  return `${type}-${createHash('sha256').update(pvOrVolumeName + driverName + nodeName).digest('hex')}`;
+  return `${type}-${createHash('sha256')
+    .update(pvOrVolumeName + driverName + nodeName)
+    .digest('hex')}`;
 }

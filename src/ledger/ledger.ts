@@ -32,10 +32,7 @@ export class Ledger {
    * re-reading and re-applying on conflict. `change` must be pure. Returning the input (or an equal document)
    * writes nothing. Returns what is stored afterwards.
    */
-  async update(
-    name: string,
-    change: (doc: VolumeDoc | undefined) => VolumeDoc | undefined,
-  ): Promise<VolumeDoc | undefined> {
+  async update(name: string, change: (doc: VolumeDoc | undefined) => VolumeDoc | undefined): Promise<VolumeDoc | undefined> {
     const key = `volumes/${name}`;
     for (let attempt = 1; ; attempt++) {
       const found = await this.store.get(key);
@@ -95,8 +92,14 @@ export class Ledger {
 
 function checkDoc(value: unknown, name: string): VolumeDoc {
   const doc = value as VolumeDoc;
-  if (typeof doc !== 'object' || doc === null || doc.apiVersion !== 'latch/v1' || doc.name !== name ||
-      typeof doc.spec?.tickets !== 'object' || typeof doc.status?.nodes !== 'object') {
+  if (
+    typeof doc !== 'object' ||
+    doc === null ||
+    doc.apiVersion !== 'latch/v1' ||
+    doc.name !== name ||
+    typeof doc.spec?.tickets !== 'object' ||
+    typeof doc.status?.nodes !== 'object'
+  ) {
     throw new StoreError(`the ledger document of volume ${name} is not a latch/v1 volume; inspect it before repairing`);
   }
   return doc;

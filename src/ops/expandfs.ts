@@ -8,14 +8,7 @@
 import { formatSize } from '../size.js';
 import { isInUse } from '../ledger/arbitrate.js';
 import { failure, success } from '../protocol/reply.js';
-import {
-  checkCanGrowOnline,
-  checkGrowRequest,
-  filesystemMountOf,
-  growFilesystem,
-  recordSize,
-  withVolumeLock,
-} from './node-steps.js';
+import { checkCanGrowOnline, checkGrowRequest, filesystemMountOf, growFilesystem, recordSize, withVolumeLock } from './node-steps.js';
 import { openBackend, openLedger } from './services.js';
 import type { OpCall } from './types.js';
 

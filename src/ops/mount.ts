@@ -65,7 +65,9 @@ export async function run(call: OpCall) {
       }
       const doc = await ledger.update(name, (d) => (d ? addTicket(d, request, ledger.now()) : d));
       if (doc && isSatisfied(doc, id)) return success();
-      return failure(`${podDir} shows volume ${name}, but its ticket on node ${node} is not satisfied: ${doc?.status.tickets[id]?.message ?? 'no ticket'}`);
+      return failure(
+        `${podDir} shows volume ${name}, but its ticket on node ${node} is not satisfied: ${doc?.status.tickets[id]?.message ?? 'no ticket'}`,
+      );
     }
 
     // The staging mount an earlier pod made here says what the volume holds: refuse another fsType up front.
@@ -80,7 +82,11 @@ export async function run(call: OpCall) {
     const now = ledger.now();
     let refused: string | undefined;
     let doc = await ledger.update(name, (current) => {
-      const next = addTicket(current ?? newVolume(name, options.size ?? config.defaultSize, options.fsType ?? config.defaultFsType, now), request, now);
+      const next = addTicket(
+        current ?? newVolume(name, options.size ?? config.defaultSize, options.fsType ?? config.defaultFsType, now),
+        request,
+        now,
+      );
       refused = isSatisfied(next, id) ? undefined : (next.status.tickets[id]?.message ?? 'not granted');
       if (refused === undefined) return next;
       return current?.spec.tickets[id] ? removeTicket(current, id, now) : current;

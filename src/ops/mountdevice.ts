@@ -20,7 +20,9 @@ export async function run(call: OpCall) {
   const doc = await ledger.get(name);
   const entry = doc?.status.nodes[node];
   if (!doc || !entry || !isInUse(entry.phase)) {
-    return failure(`volume ${name} is not attached to node ${node} (${doc ? doc.status.state : 'unknown volume'}); waitforattach comes first`);
+    return failure(
+      `volume ${name} is not attached to node ${node} (${doc ? doc.status.state : 'unknown volume'}); waitforattach comes first`,
+    );
   }
   const device = await backend.findDevice(name);
   if (!device) return failure(`volume ${name} has no device on node ${node}; waitforattach sets it up`);

@@ -149,7 +149,9 @@ export async function ensureFilesystem(
     );
   }
   if (readOnly) {
-    throw new LatchError(`volume ${doc.name} is blank and was asked for read-only: there is nothing to mount; attach it read-write once to format it`);
+    throw new LatchError(
+      `volume ${doc.name} is blank and was asked for read-only: there is nothing to mount; attach it read-write once to format it`,
+    );
   }
   const others = Object.keys(doc.status.nodes).filter((n) => n !== node);
   if (others.length > 0) {
@@ -253,7 +255,7 @@ function missingCapMessage(name: string, mask: bigint | undefined): string {
   return (
     `growing the ext4 filesystem of volume ${name} online needs the capability CAP_SYS_RESOURCE, which this process ` +
     `lacks${shown}: the kernel refuses resize2fs without it. Run latch with CAP_SYS_RESOURCE (a privileged ` +
-    'DaemonSet, or the host\'s root outside a restricted sandbox)'
+    "DaemonSet, or the host's root outside a restricted sandbox)"
   );
 }
 
@@ -296,7 +298,8 @@ export async function growFilesystem(name: string, device: string, where: MountI
 
 /** Refuses a size request that shrinks the volume or passes maxSize; returns the image's current size. */
 export async function checkGrowRequest(config: Config, name: string, newBytes: number): Promise<number | undefined> {
-  if (!Number.isSafeInteger(newBytes) || newBytes < 1) throw new LatchError(`volume ${name}: new size ${newBytes} is not a positive byte count`);
+  if (!Number.isSafeInteger(newBytes) || newBytes < 1)
+    throw new LatchError(`volume ${name}: new size ${newBytes} is not a positive byte count`);
   if (newBytes > config.maxSize) {
     throw new LatchError(
       `volume ${name}: the new size ${formatSize(newBytes)} is above the limit of ${formatSize(config.maxSize)} (maxSize); nothing was changed`,

@@ -76,7 +76,5 @@ export async function run(call: OpCall) {
 function findPodTicket(doc: VolumeDoc, pvName: string, driverName: string, node: string, podKey: string): string | undefined {
   const id = podTicketId(pvName, driverName, node, podKey);
   if (doc.spec.tickets[id]) return id;
-  return Object.values(doc.spec.tickets).find(
-    (t) => t.type === 'workload' && t.nodeID === node && t.requestedBy.pod?.uid === podKey,
-  )?.id;
+  return Object.values(doc.spec.tickets).find((t) => t.type === 'workload' && t.nodeID === node && t.requestedBy.pod?.uid === podKey)?.id;
 }

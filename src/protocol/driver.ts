@@ -33,22 +33,23 @@ export async function runDriverCall(op: string, args: string[]): Promise<void> {
     const durationMs = Number((process.hrtime.bigint() - started) / 1_000_000n);
     // Without a usable config there is no configured log file: the reply carries the message, and nothing is
     // written anywhere the operator did not choose.
-    if (config) writeLog(
-      config,
-      {
-        callId,
-        pid: process.pid,
-        op,
-        args: redactArgs(args),
-        ...facts,
-        durationMs,
-        status: reply.status,
-        ...(reply.message !== undefined && { message: reply.message }),
-        ...(error instanceof Error && !(error instanceof LatchError) && { stack: error.stack }),
-        ...(stray.length > 0 && { strayOutput: stray.join('').slice(0, 4000) }),
-      },
-      op !== 'init',
-    );
+    if (config)
+      writeLog(
+        config,
+        {
+          callId,
+          pid: process.pid,
+          op,
+          args: redactArgs(args),
+          ...facts,
+          durationMs,
+          status: reply.status,
+          ...(reply.message !== undefined && { message: reply.message }),
+          ...(error instanceof Error && !(error instanceof LatchError) && { stack: error.stack }),
+          ...(stray.length > 0 && { strayOutput: stray.join('').slice(0, 4000) }),
+        },
+        op !== 'init',
+      );
     writeReply(reply);
     process.exit(exitCodeOf(reply));
   };
@@ -97,7 +98,10 @@ export async function runDriverCall(op: string, args: string[]): Promise<void> {
 function buildCall(op: string, argv: string[], config: Config, facts: Record<string, unknown>): OpCall {
   const spec = OPS[op]!;
   if (argv.length < spec.args.length) {
-    const missing = spec.args.slice(argv.length).map((a) => `<${a}>`).join(' ');
+    const missing = spec.args
+      .slice(argv.length)
+      .map((a) => `<${a}>`)
+      .join(' ');
     throw new LatchError(`${op}: missing argument ${missing} (usage: ${usageOf(op)})`);
   }
   if (argv.length > spec.args.length) {

@@ -19,7 +19,12 @@ export const OPS: Record<string, OpSpec> = {
   isattached: { args: ['json', 'nodeName'], attachModeOnly: true, load: () => import('../ops/isattached.js') },
   detach: { args: ['pvOrVolumeName', 'nodeName'], attachModeOnly: true, load: () => import('../ops/detach.js') },
   // The controller's attach reply carries no device (only the node can know it), so kubelet passes "".
-  waitforattach: { args: ['devicePath', 'json'], mayBeEmpty: ['devicePath'], attachModeOnly: true, load: () => import('../ops/waitforattach.js') },
+  waitforattach: {
+    args: ['devicePath', 'json'],
+    mayBeEmpty: ['devicePath'],
+    attachModeOnly: true,
+    load: () => import('../ops/waitforattach.js'),
+  },
   mountdevice: { args: ['deviceMountPath', 'devicePath', 'json'], attachModeOnly: true, load: () => import('../ops/mountdevice.js') },
   unmountdevice: { args: ['deviceMountPath'], attachModeOnly: true, load: () => import('../ops/unmountdevice.js') },
   mount: { args: ['podVolumeDir', 'json'], load: () => import('../ops/mount.js') },

@@ -6,8 +6,18 @@ import { checkPvName, checkVolumeName } from '../names.js';
 import { parseSize } from '../size.js';
 
 export const MOUNT_OPTION_ALLOWLIST = [
-  'noatime', 'nodiratime', 'relatime', 'strictatime', 'lazytime',
-  'nodev', 'nosuid', 'noexec', 'discard', 'nodiscard', 'sync', 'dirsync',
+  'noatime',
+  'nodiratime',
+  'relatime',
+  'strictatime',
+  'lazytime',
+  'nodev',
+  'nosuid',
+  'noexec',
+  'discard',
+  'nodiscard',
+  'sync',
+  'dirsync',
 ] as const;
 
 /** latch's own options, as a user writes them in flexVolume.options. */
@@ -154,72 +164,97 @@ function optionsSchema(config: Pick<Config, 'allowedFsTypes' | 'maxSize'>) {
       error: (issue) =>
         `option "${field}" is "${String(issue.input).slice(0, 32)}"; allowed filesystem types are ${config.allowedFsTypes.join(', ')}`,
     });
-  return z
-    .object({
-      'kubernetes.io/fsType': fsType('kubernetes.io/fsType').optional(),
-      'kubernetes.io/readwrite': z.enum(['ro', 'rw'], { error: (i) => `option "kubernetes.io/readwrite" must be "ro" or "rw", not "${String(i.input).slice(0, 16)}"` }).optional(),
-      'kubernetes.io/pvOrVolumeName': name('kubernetes.io/pvOrVolumeName', checkPvName).optional(),
-      'kubernetes.io/pod.name': text.optional(),
-      'kubernetes.io/pod.namespace': text.optional(),
-      'kubernetes.io/pod.uid': text.optional(),
-      'kubernetes.io/serviceAccount.name': text.optional(),
-      'kubernetes.io/mounterArgs.FsGroup': text
-        .refine((v) => v === '' || (/^[0-9]{1,10}$/.test(v) && Number(v) <= 0xffffffff), {
-          error: (i) => `option "kubernetes.io/mounterArgs.FsGroup" must be a decimal group id, not "${String(i.input).slice(0, 32)}"`,
-        })
-        .transform((v) => (v === '' ? undefined : Number(v)))
-        .optional(),
-      volume: name('volume', checkVolumeName).optional(),
-      size: text
-        .transform((value, ctx) => {
-          try {
-            const bytes = parseSize(value, 'option "size"');
-            if (bytes > config.maxSize) {
-              ctx.addIssue({ code: 'custom', message: `option "size" (${value}) is above the configured maxSize of ${config.maxSize} bytes` });
+  return (
+    z
+      .object({
+        'kubernetes.io/fsType': fsType('kubernetes.io/fsType').optional(),
+        'kubernetes.io/readwrite': z
+          .enum(['ro', 'rw'], {
+            error: (i) => `option "kubernetes.io/readwrite" must be "ro" or "rw", not "${String(i.input).slice(0, 16)}"`,
+          })
+          .optional(),
+        'kubernetes.io/pvOrVolumeName': name('kubernetes.io/pvOrVolumeName', checkPvName).optional(),
+        'kubernetes.io/pod.name': text.optional(),
+        'kubernetes.io/pod.namespace': text.optional(),
+        'kubernetes.io/pod.uid': text.optional(),
+        'kubernetes.io/serviceAccount.name': text.optional(),
+        'kubernetes.io/mounterArgs.FsGroup': text
+          .refine((v) => v === '' || (/^[0-9]{1,10}$/.test(v) && Number(v) <= 0xffffffff), {
+            error: (i) => `option "kubernetes.io/mounterArgs.FsGroup" must be a decimal group id, not "${String(i.input).slice(0, 32)}"`,
+          })
+          .transform((v) => (v === '' ? undefined : Number(v)))
+          .optional(),
+        volume: name('volume', checkVolumeName).optional(),
+        size: text
+          .transform((value, ctx) => {
+            try {
+              const bytes = parseSize(value, 'option "size"');
+              if (bytes > config.maxSize) {
+                ctx.addIssue({
+                  code: 'custom',
+                  message: `option "size" (${value}) is above the configured maxSize of ${config.maxSize} bytes`,
+                });
+                return z.NEVER;
+              }
+              return bytes;
+            } catch (err) {
+              ctx.addIssue({ code: 'custom', message: (err as Error).message });
               return z.NEVER;
             }
-            return bytes;
-          } catch (err) {
-            ctx.addIssue({ code: 'custom', message: (err as Error).message });
-            return z.NEVER;
+          })
+          .optional(),
+        fsType: fsType('fsType')
+          .transform((v) => (v === '' ? undefined : v))
+          .optional(),
+        readOnly: z
+          .enum(['true', 'false'], { error: (i) => `option "readOnly" must be "true" or "false", not "${String(i.input).slice(0, 16)}"` })
+          .optional(),
+        mountOptions: text
+          .transform((value, ctx) => {
+            const options = [
+              ...new Set(
+                value
+                  .split(',')
+                  .map((o) => o.trim())
+                  .filter((o) => o !== ''),
+              ),
+            ];
+            const bad = options.find((o) => !(MOUNT_OPTION_ALLOWLIST as readonly string[]).includes(o));
+            if (bad !== undefined) {
+              ctx.addIssue({
+                code: 'custom',
+                message: `option "mountOptions" contains "${bad.slice(0, 32)}", which is not allowed; allowed: ${MOUNT_OPTION_ALLOWLIST.join(', ')}`,
+              });
+              return z.NEVER;
+            }
+            return options;
+          })
+          .optional(),
+      })
+      // Only kubernetes.io/* keys reach here. Secrets are checked and decoded below without echoing their value.
+      .catchall(text)
+      .superRefine((o, ctx) => {
+        for (const [key, value] of Object.entries(o)) {
+          if (!key.startsWith(SECRET_PREFIX)) continue;
+          if (typeof value !== 'string' || !/^[A-Za-z0-9+/]*={0,2}$/.test(value) || value.length % 4 !== 0) {
+            ctx.addIssue({
+              code: 'custom',
+              path: [key],
+              message: `option "${key}" is not valid base64 (kubelet base64-encodes secret values)`,
+            });
           }
-        })
-        .optional(),
-      fsType: fsType('fsType').transform((v) => (v === '' ? undefined : v)).optional(),
-      readOnly: z.enum(['true', 'false'], { error: (i) => `option "readOnly" must be "true" or "false", not "${String(i.input).slice(0, 16)}"` }).optional(),
-      mountOptions: text.transform((value, ctx) => {
-        const options = [...new Set(value.split(',').map((o) => o.trim()).filter((o) => o !== ''))];
-        const bad = options.find((o) => !(MOUNT_OPTION_ALLOWLIST as readonly string[]).includes(o));
-        if (bad !== undefined) {
-          ctx.addIssue({
-            code: 'custom',
-            message: `option "mountOptions" contains "${bad.slice(0, 32)}", which is not allowed; allowed: ${MOUNT_OPTION_ALLOWLIST.join(', ')}`,
-          });
-          return z.NEVER;
         }
-        return options;
-      }).optional(),
-    })
-    // Only kubernetes.io/* keys reach here. Secrets are checked and decoded below without echoing their value.
-    .catchall(text)
-    .superRefine((o, ctx) => {
-      for (const [key, value] of Object.entries(o)) {
-        if (!key.startsWith(SECRET_PREFIX)) continue;
-        if (typeof value !== 'string' || !/^[A-Za-z0-9+/]*={0,2}$/.test(value) || value.length % 4 !== 0) {
-          ctx.addIssue({ code: 'custom', path: [key], message: `option "${key}" is not valid base64 (kubelet base64-encodes secret values)` });
+      })
+      .transform((o) => {
+        const out: Record<string, unknown> = { ...o };
+        for (const key of Object.keys(out)) {
+          if (key.startsWith(SECRET_PREFIX)) out[key] = Buffer.from(out[key] as string, 'base64').toString('utf8');
+          else if (key.startsWith(K8S) && !KNOWN_K8S_KEYS.has(key)) delete out[key];
         }
-      }
-    })
-    .transform((o) => {
-      const out: Record<string, unknown> = { ...o };
-      for (const key of Object.keys(out)) {
-        if (key.startsWith(SECRET_PREFIX)) out[key] = Buffer.from(out[key] as string, 'base64').toString('utf8');
-        else if (key.startsWith(K8S) && !KNOWN_K8S_KEYS.has(key)) delete out[key];
-      }
-      return out as typeof o & { fsType?: FsType; 'kubernetes.io/fsType'?: FsType | '' };
-    });
+        return out as typeof o & { fsType?: FsType; 'kubernetes.io/fsType'?: FsType | '' };
+      })
+  );
 }
-
 
 function describe(value: unknown): string {
   if (value === null) return 'null';

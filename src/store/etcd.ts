@@ -242,7 +242,9 @@ export class EtcdStore implements Store {
       );
       const kvs = body.kvs ?? [];
       for (const kv of kvs) {
-        const name = Buffer.from(kv.key ?? '', 'base64').subarray(start.length).toString('utf8');
+        const name = Buffer.from(kv.key ?? '', 'base64')
+          .subarray(start.length)
+          .toString('utf8');
         try {
           parseKey(`${kind}/${name}`);
         } catch {
@@ -460,7 +462,11 @@ function classifyHttpError(status: number, text: string): AttemptError {
     return new AttemptError(`${message || `HTTP ${status}`}`, true, true);
   }
   if (status === 401 || code === 16) {
-    return new AttemptError(`${message} (etcd wants authentication; latch authenticates with client certificates only: set store.tls.cert and store.tls.key)`, false, false);
+    return new AttemptError(
+      `${message} (etcd wants authentication; latch authenticates with client certificates only: set store.tls.cert and store.tls.key)`,
+      false,
+      false,
+    );
   }
   if (status === 404) {
     return new AttemptError(`HTTP 404 for the etcd v3 JSON API: is this an etcd (v3.4 or later) client URL?`, true, false);
@@ -472,12 +478,16 @@ function classifyHttpError(status: number, text: string): AttemptError {
 function tlsProblem(err: unknown): string | undefined {
   const code = (err as NodeJS.ErrnoException).code ?? '';
   if (/ALERT_BAD_CERTIFICATE|CERTIFICATE_REQUIRED|ALERT_UNKNOWN_CA|ALERT_CERTIFICATE/i.test(code)) {
-    return `TLS handshake refused by etcd (${code}): it did not accept our client certificate (or got none); ` +
-      'set store.tls.cert and store.tls.key to a certificate signed by the CA etcd trusts (--trusted-ca-file)';
+    return (
+      `TLS handshake refused by etcd (${code}): it did not accept our client certificate (or got none); ` +
+      'set store.tls.cert and store.tls.key to a certificate signed by the CA etcd trusts (--trusted-ca-file)'
+    );
   }
   if (/CERT|SELF_SIGNED|UNABLE_TO_VERIFY|UNABLE_TO_GET_ISSUER|ALTNAME|HOSTNAME/i.test(code)) {
-    return `cannot verify etcd's certificate (${code}: ${reason(err)}); set store.tls.ca to the CA that signed it, ` +
-      'and use an endpoint address its certificate names';
+    return (
+      `cannot verify etcd's certificate (${code}: ${reason(err)}); set store.tls.ca to the CA that signed it, ` +
+      'and use an endpoint address its certificate names'
+    );
   }
   if (/^ERR_SSL|^ERR_TLS/i.test(code)) return `TLS failed (${code}); check store.tls and that the endpoint speaks https`;
   return undefined;

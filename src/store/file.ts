@@ -20,10 +20,7 @@ import { ConflictError, LatchError, StoreError } from '../errors.js';
 import { parseKey, type Store, type Versioned } from './types.js';
 
 /** The few file system calls the store makes; tests pass a wrapper to count or delay them. */
-export type FileStoreFs = Pick<
-  typeof nodeFs,
-  'open' | 'readdir' | 'readFile' | 'link' | 'unlink' | 'mkdir' | 'chmod' | 'lstat'
->;
+export type FileStoreFs = Pick<typeof nodeFs, 'open' | 'readdir' | 'readFile' | 'link' | 'unlink' | 'mkdir' | 'chmod' | 'lstat'>;
 
 export interface FileStoreOptions {
   fs?: FileStoreFs;
@@ -348,8 +345,7 @@ export class FileStore implements Store {
 function parseDocument(text: string, file: string, revision: number): Doc {
   const corrupt = (why: string, cause?: unknown) =>
     new StoreError(
-      `file store: state file ${file} is corrupt (${why}); inspect it: moving it away makes the previous revision ` +
-        `current again`,
+      `file store: state file ${file} is corrupt (${why}); inspect it: moving it away makes the previous revision ` + `current again`,
       { cause },
     );
   let doc: unknown;

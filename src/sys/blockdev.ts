@@ -53,9 +53,7 @@ export async function makeFs(device: string, fsType: string): Promise<void> {
       await run('mkfs.btrfs', ['-q', dev]);
       return;
     default:
-      throw new LatchError(
-        `cannot create a ${JSON.stringify(fsType)} filesystem: supported types are ${FS_TYPES.join(', ')}`,
-      );
+      throw new LatchError(`cannot create a ${JSON.stringify(fsType)} filesystem: supported types are ${FS_TYPES.join(', ')}`);
   }
 }
 

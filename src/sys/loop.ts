@@ -28,9 +28,7 @@ export async function listLoopDevices(): Promise<LoopDevice[]> {
   } catch {
     return [];
   }
-  const loops = names
-    .filter((name) => /^loop[0-9]+$/.test(name))
-    .sort((a, b) => Number(a.slice(4)) - Number(b.slice(4)));
+  const loops = names.filter((name) => /^loop[0-9]+$/.test(name)).sort((a, b) => Number(a.slice(4)) - Number(b.slice(4)));
   const found = await Promise.all(loops.map((name) => readLoop(name)));
   return found.filter((entry): entry is LoopDevice => entry !== undefined);
 }

@@ -103,11 +103,9 @@ export async function isMountPoint(path: string): Promise<boolean> {
  */
 export async function findmnt(path: string): Promise<FindmntEntry | undefined> {
   const target = checkPath(path, 'mount point');
-  const { stdout, exitCode } = await run(
-    'findmnt',
-    ['--json', '--mountpoint', target, '--output', 'SOURCE,TARGET,FSTYPE,OPTIONS'],
-    { okExitCodes: [1] },
-  );
+  const { stdout, exitCode } = await run('findmnt', ['--json', '--mountpoint', target, '--output', 'SOURCE,TARGET,FSTYPE,OPTIONS'], {
+    okExitCodes: [1],
+  });
   if (exitCode === 1 && stdout.trim() === '') return undefined;
   let parsed: unknown;
   try {

@@ -108,7 +108,12 @@ export async function run(command: string, args: string[], options: RunOptions =
   const started = performance.now();
   if (executable === undefined) {
     throw new CommandError(`${showCommand(command, args)} could not be started: command not found (PATH=${path})`, {
-      command, args: [...args], exitCode: undefined, stderrTail: '', timedOut: false, durationMs: 0,
+      command,
+      args: [...args],
+      exitCode: undefined,
+      stderrTail: '',
+      timedOut: false,
+      durationMs: 0,
     });
   }
   // A child must not outlive the driver: kubelet SIGKILLs a driver call without telling it, and an orphaned
@@ -281,7 +286,10 @@ function showCommand(command: string, args: string[]): string {
 }
 
 function outputTail(text: string): string {
-  const lines = text.split('\n').map((l) => l.trimEnd()).filter((l) => l.length > 0);
+  const lines = text
+    .split('\n')
+    .map((l) => l.trimEnd())
+    .filter((l) => l.length > 0);
   const tail = lines.slice(-5).join('\n');
   return tail.length > 1000 ? tail.slice(-1000) : tail;
 }

@@ -16,13 +16,24 @@ const WARMUP = 3;
 const isRoot = process.getuid?.() === 0;
 const TIME = existsSync('/usr/bin/time') ? '/usr/bin/time' : undefined;
 
-interface Sample { ms: number; rssKiB?: number }
-interface Stats { median: number; min: number; max: number; rssKiB?: number }
+interface Sample {
+  ms: number;
+  rssKiB?: number;
+}
+interface Stats {
+  median: number;
+  min: number;
+  max: number;
+  rssKiB?: number;
+}
 const results: Record<string, unknown> = { machine: machine(), reps: REPS };
 
 function stats(samples: Sample[]): Stats {
   const ms = samples.map((s) => s.ms).sort((a, b) => a - b);
-  const rss = samples.map((s) => s.rssKiB).filter((r): r is number => r !== undefined).sort((a, b) => a - b);
+  const rss = samples
+    .map((s) => s.rssKiB)
+    .filter((r): r is number => r !== undefined)
+    .sort((a, b) => a - b);
   return {
     median: ms[Math.floor(ms.length / 2)]!,
     min: ms[0]!,
@@ -76,7 +87,13 @@ const ok = (stdout: string, code: number) => {
 
 function workDir(): { dir: string; env: NodeJS.ProcessEnv } {
   const dir = mkdtempSync(join(tmpdir(), 'latch-bench-'));
-  const config = { nodeName: 'node-a', stateDir: join(dir, 'state'), poolDir: join(dir, 'pool'), logFile: join(dir, 'latch.log'), defaultSize: '64Mi' };
+  const config = {
+    nodeName: 'node-a',
+    stateDir: join(dir, 'state'),
+    poolDir: join(dir, 'pool'),
+    logFile: join(dir, 'latch.log'),
+    defaultSize: '64Mi',
+  };
   writeFileSync(join(dir, 'config.json'), JSON.stringify(config));
   return { dir, env: { ...process.env, LATCH_CONFIG: join(dir, 'config.json') } };
 }
@@ -107,7 +124,14 @@ function controlPlaneCalls(): void {
     results.controlPlane = s;
     table('Per-call wall time and peak RSS (medians; ratio to bare `node -e 0`; target <= 1.10, RSS <= 60 MiB)', [
       ['call', 'median ms', 'min', 'max', 'ratio', 'peak RSS MiB'],
-      ...Object.entries(s).map(([n, v]) => [n, fmt(v.median), fmt(v.min), fmt(v.max), (v.median / base).toFixed(2), v.rssKiB ? fmt(v.rssKiB / 1024) : 'n/a']),
+      ...Object.entries(s).map(([n, v]) => [
+        n,
+        fmt(v.median),
+        fmt(v.min),
+        fmt(v.max),
+        (v.median / base).toFixed(2),
+        v.rssKiB ? fmt(v.rssKiB / 1024) : 'n/a',
+      ]),
     ]);
   } finally {
     rmSync(dir, { recursive: true, force: true });
@@ -118,18 +142,24 @@ function ledgerScaling(): Promise<void> {
   return (async () => {
     const rows: string[][] = [['call', '10 volumes ms', '10,000 volumes ms', 'ratio (target <= 1.10)']];
     const out: Record<string, unknown> = {};
-    const setups = await Promise.all([10, 10_000].map(async (count) => {
-      const { dir, env } = workDir();
-      const store = new FileStore(join(dir, 'state'));
-      const now = new Date().toISOString();
-      for (let i = 0; i < count; i++) {
-        const name = `vol-${i}`;
-        const id = ticketId('workload', name, 'latch/loop', 'node-a');
-        const doc = addTicket(newVolume(name, 64 << 20, 'ext4', now), { id, type: 'workload', nodeID: 'node-a', parameters: { readOnly: false }, requestedBy: { pvName: name } }, now);
-        await store.put(`volumes/${name}`, doc, 0);
-      }
-      return { dir, env, count };
-    }));
+    const setups = await Promise.all(
+      [10, 10_000].map(async (count) => {
+        const { dir, env } = workDir();
+        const store = new FileStore(join(dir, 'state'));
+        const now = new Date().toISOString();
+        for (let i = 0; i < count; i++) {
+          const name = `vol-${i}`;
+          const id = ticketId('workload', name, 'latch/loop', 'node-a');
+          const doc = addTicket(
+            newVolume(name, 64 << 20, 'ext4', now),
+            { id, type: 'workload', nodeID: 'node-a', parameters: { readOnly: false }, requestedBy: { pvName: name } },
+            now,
+          );
+          await store.put(`volumes/${name}`, doc, 0);
+        }
+        return { dir, env, count };
+      }),
+    );
     try {
       const json = optionsFor('vol-7');
       const cmd = drivers()['bin/latch']!;
@@ -209,7 +239,14 @@ function podLifecycle(): void {
     for (const name of Object.keys(drivers())) {
       const life = s[`${name} lifecycle`]!.median;
       overhead[name] = (life - floor) / node;
-      rows.push([`${name}: (lifecycle - floor) / node`, '', '', '', ((life - floor) / node).toFixed(2), (life / (floor + 5 * node)).toFixed(2)]);
+      rows.push([
+        `${name}: (lifecycle - floor) / node`,
+        '',
+        '',
+        '',
+        ((life - floor) / node).toFixed(2),
+        (life / (floor + 5 * node)).toFixed(2),
+      ]);
     }
     results.podLifecycle = { ...s, overheadInNodeStarts: overhead };
     table('Pod lifecycle (attach, waitforattach, mountdevice, unmountdevice, detach) on a fresh 64 MiB volume', [
@@ -275,7 +312,12 @@ function cleanUp(dir: string): void {
 
 function machine(): Record<string, string> {
   const cpu = spawnSync('sh', ['-c', "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"], { encoding: 'utf8' }).stdout.trim();
-  return { node: process.version, cpu, cores: String(spawnSync('nproc', { encoding: 'utf8' }).stdout.trim()), date: new Date().toISOString() };
+  return {
+    node: process.version,
+    cpu,
+    cores: String(spawnSync('nproc', { encoding: 'utf8' }).stdout.trim()),
+    date: new Date().toISOString(),
+  };
 }
 
 async function main(): Promise<void> {

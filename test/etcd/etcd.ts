@@ -120,20 +120,33 @@ export class EtcdMember {
     const bin = etcdBinary();
     if (!bin) throw new Error(etcdSkipReason());
     const args = [
-      '--name', this.name,
-      '--data-dir', this.dataDir,
-      '--listen-client-urls', this.clientUrl,
-      '--advertise-client-urls', this.clientUrl,
-      '--listen-peer-urls', this.peerUrl,
-      '--initial-advertise-peer-urls', this.peerUrl,
-      '--initial-cluster', this.cluster.initialCluster,
-      '--initial-cluster-state', 'new',
-      '--initial-cluster-token', this.cluster.token,
+      '--name',
+      this.name,
+      '--data-dir',
+      this.dataDir,
+      '--listen-client-urls',
+      this.clientUrl,
+      '--advertise-client-urls',
+      this.clientUrl,
+      '--listen-peer-urls',
+      this.peerUrl,
+      '--initial-advertise-peer-urls',
+      this.peerUrl,
+      '--initial-cluster',
+      this.cluster.initialCluster,
+      '--initial-cluster-state',
+      'new',
+      '--initial-cluster-token',
+      this.cluster.token,
       // Fast elections, so failover tests take seconds, not tens of seconds.
-      '--heartbeat-interval', '50',
-      '--election-timeout', '500',
-      '--logger', 'zap',
-      '--log-level', 'warn',
+      '--heartbeat-interval',
+      '50',
+      '--election-timeout',
+      '500',
+      '--logger',
+      'zap',
+      '--log-level',
+      'warn',
     ];
     const tls = this.cluster.options.clientTls;
     if (tls) {
@@ -250,7 +263,9 @@ export class EtcdCluster {
   private async create(size: number): Promise<void> {
     for (let i = 0; i < size; i++) {
       const name = `m${i}`;
-      this.members.push(new EtcdMember(this, name, await freePort(), await freePort(), join(this.dir, name), join(this.dir, `${name}.log`)));
+      this.members.push(
+        new EtcdMember(this, name, await freePort(), await freePort(), join(this.dir, name), join(this.dir, `${name}.log`)),
+      );
     }
     for (const m of this.members) m.launch();
     await Promise.all(this.members.map((m) => m.waitHealthy(this.options.startTimeoutMs ?? 20_000)));
@@ -328,7 +343,12 @@ export function openSharedEtcdForTest(location: string, timeoutMs = 5000): Store
         'test/etcd/with-etcd.ts (npm test does), or set LATCH_TEST_ETCD_ENDPOINTS',
     );
   }
-  const name = location.split('/').filter(Boolean).slice(-2).map((p) => p.replace(/[^A-Za-z0-9._-]/g, '_')).join('/');
+  const name = location
+    .split('/')
+    .filter(Boolean)
+    .slice(-2)
+    .map((p) => p.replace(/[^A-Za-z0-9._-]/g, '_'))
+    .join('/');
   return new EtcdStore({ endpoints, prefix: `/latch-test/${name}/`, timeoutMs });
 }
 
@@ -343,12 +363,42 @@ export function makeTestCertificates(dir: string): { ca: string; server: TlsFile
   };
   const p = (f: string) => join(dir, f);
   for (const ca of ['ca', 'other-ca']) {
-    run('req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', p(`${ca}.key`), '-out', p(`${ca}.pem`), '-days', '2', '-subj', `/CN=latch-test-${ca}`);
+    run(
+      'req',
+      '-x509',
+      '-newkey',
+      'rsa:2048',
+      '-nodes',
+      '-keyout',
+      p(`${ca}.key`),
+      '-out',
+      p(`${ca}.pem`),
+      '-days',
+      '2',
+      '-subj',
+      `/CN=latch-test-${ca}`,
+    );
   }
   const leaf = (name: string, ext: string) => {
     run('req', '-newkey', 'rsa:2048', '-nodes', '-keyout', p(`${name}.key`), '-out', p(`${name}.csr`), '-subj', `/CN=${name}`);
     writeFileSync(p(`${name}.ext`), ext);
-    run('x509', '-req', '-in', p(`${name}.csr`), '-CA', p('ca.pem'), '-CAkey', p('ca.key'), '-CAcreateserial', '-out', p(`${name}.pem`), '-days', '2', '-extfile', p(`${name}.ext`));
+    run(
+      'x509',
+      '-req',
+      '-in',
+      p(`${name}.csr`),
+      '-CA',
+      p('ca.pem'),
+      '-CAkey',
+      p('ca.key'),
+      '-CAcreateserial',
+      '-out',
+      p(`${name}.pem`),
+      '-days',
+      '2',
+      '-extfile',
+      p(`${name}.ext`),
+    );
   };
   leaf('server', 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n');
   leaf('client', 'extendedKeyUsage=clientAuth\n');

@@ -19,7 +19,11 @@ import type { TicketType, VolumeDoc } from '../../src/ledger/types.js';
 const T = '2026-11-22T00:00:00.000Z';
 const vol = () => newVolume('v1', 1 << 30, 'ext4', T);
 const req = (id: string, nodeID: string, type: TicketType = 'workload', readOnly = false): TicketRequest => ({
-  id, type, nodeID, parameters: { readOnly }, requestedBy: {},
+  id,
+  type,
+  nodeID,
+  parameters: { readOnly },
+  requestedBy: {},
 });
 /** Takes a node all the way to "has the device". */
 const settle = (doc: VolumeDoc, node: string): VolumeDoc => markAttached(markAttaching(doc, node, T)!, node, '/dev/loop9', T)!;
@@ -48,7 +52,10 @@ describe('arbitration', () => {
   });
 
   it('equal priority picks the smallest ID, every run, whatever the order of arrival', () => {
-    for (const order of [['workload-b', 'workload-a', 'workload-c'], ['workload-c', 'workload-b', 'workload-a']]) {
+    for (const order of [
+      ['workload-b', 'workload-a', 'workload-c'],
+      ['workload-c', 'workload-b', 'workload-a'],
+    ]) {
       let doc = settle(addTicket(vol(), req('workload-z', 'node-z'), T), 'node-z');
       for (const id of order) doc = addTicket(doc, req(id, `node-${id.slice(-1)}`), T);
       doc = markReleased(removeTicket(doc, 'workload-z', T), 'node-z', T);

@@ -90,7 +90,10 @@ describe('doctor', () => {
   test('a healthy node: every check ok, exit 0', async () => {
     const e = await environment();
     const report = await doctor(e);
-    assert.deepEqual(report.findings.filter((f) => f.severity !== 'ok'), []);
+    assert.deepEqual(
+      report.findings.filter((f) => f.severity !== 'ok'),
+      [],
+    );
     assert.equal(report.healthy, true);
     assert.equal(doctorExitCode(report), 0);
     assert.match(findings(report, 'driver')[0]!.message, /identical/);
@@ -103,11 +106,18 @@ describe('doctor', () => {
     await plant(e, 'vol-elsewhere', 'node-b', 'attached', '2030-01-01T11:00:00.000Z');
     const report = await doctor(e);
     const [attached] = findings(report, 'ledger', 'error');
-    assert.match(attached!.message, /^stale ticket: volume vol-attached is attached on node node-a in the ledger \(device \/dev\/loop99, since 2030-01-01T11:00:00.000Z; ticket\(s\) workload-[0-9a-f]{12}\.\.\.\), but no loop device/);
+    assert.match(
+      attached!.message,
+      /^stale ticket: volume vol-attached is attached on node node-a in the ledger \(device \/dev\/loop99, since 2030-01-01T11:00:00.000Z; ticket\(s\) workload-[0-9a-f]{12}\.\.\.\), but no loop device/,
+    );
     assert.equal(attached!.fix, 'latch volume release vol-attached --node node-a --node-is-down');
     const [attaching] = findings(report, 'ledger', 'warning');
     assert.match(attaching!.message, /volume vol-attaching is attaching .* run latch doctor again/);
-    assert.equal(report.findings.some((f) => f.message.includes('vol-elsewhere')), false, "another node's holds are its own doctor's business");
+    assert.equal(
+      report.findings.some((f) => f.message.includes('vol-elsewhere')),
+      false,
+      "another node's holds are its own doctor's business",
+    );
     assert.equal(doctorExitCode(report), 1);
   });
 
@@ -121,12 +131,18 @@ describe('doctor', () => {
     assert.equal(stuck.length, 2, JSON.stringify(stuck));
     const here = stuck.find((f) => f.message.includes('vol-stuck-here'))!;
     assert.equal(here.severity, 'warning');
-    assert.match(here.message, /has been detaching from node node-a for 20m \(since 2030-01-01T11:40:00.000Z\): no device of it is set up here any more/);
+    assert.match(
+      here.message,
+      /has been detaching from node node-a for 20m \(since 2030-01-01T11:40:00.000Z\): no device of it is set up here any more/,
+    );
     assert.equal(here.fix, 'latch volume release vol-stuck-here --node node-a --node-is-down');
     const there = stuck.find((f) => f.message.includes('vol-stuck-there'))!;
     assert.match(there.message, /for 3h .*node node-b has not confirmed/);
     assert.equal(there.fix, undefined, 'whether node-b is down is for a person to decide');
-    assert.match(there.note!, /run latch doctor on node-b; if node-b is down for good: latch volume release vol-stuck-there --node node-b --node-is-down/);
+    assert.match(
+      there.note!,
+      /run latch doctor on node-b; if node-b is down for good: latch volume release vol-stuck-there --node node-b --node-is-down/,
+    );
     assert.equal(doctorExitCode(report), 2, 'warnings only');
   });
 
@@ -145,10 +161,16 @@ describe('doctor', () => {
     rmSync(join(e.env.LATCH_TOOL_PATH!, 'findmnt'));
     const report = await doctor(e);
     const errors = findings(report, 'tools', 'error');
-    assert.deepEqual(errors.map((f) => f.message.split(' ')[0]), ['findmnt']);
+    assert.deepEqual(
+      errors.map((f) => f.message.split(' ')[0]),
+      ['findmnt'],
+    );
     assert.equal(errors[0]!.fix, 'apt-get install -y util-linux');
     const warnings = findings(report, 'tools', 'warning');
-    assert.deepEqual(warnings.map((f) => f.message.split(' ')[0]), ['mkfs.btrfs', 'btrfs']);
+    assert.deepEqual(
+      warnings.map((f) => f.message.split(' ')[0]),
+      ['mkfs.btrfs', 'btrfs'],
+    );
     assert.equal(warnings[0]!.fix, 'apt-get install -y btrfs-progs');
     assert.match(warnings[0]!.note!, /or remove "btrfs" from allowedFsTypes in /);
   });

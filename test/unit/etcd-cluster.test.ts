@@ -64,7 +64,11 @@ async function retrying<T>(op: () => Promise<T>, failures: string[], giveUpAt: n
 function add(ledger: Ledger, t: Planned) {
   const now = ledger.now();
   return ledger.update(t.volume, (d) =>
-    addTicket(d ?? newVolume(t.volume, 1 << 20, 'ext4', now), { id: t.id, type: 'workload', nodeID: t.node, parameters: { readOnly: false }, requestedBy: { pvName: t.volume } }, now),
+    addTicket(
+      d ?? newVolume(t.volume, 1 << 20, 'ext4', now),
+      { id: t.id, type: 'workload', nodeID: t.node, parameters: { readOnly: false }, requestedBy: { pvName: t.volume } },
+      now,
+    ),
   );
 }
 
@@ -129,7 +133,9 @@ describe('ledger on a 3-member etcd cluster', { skip, timeout: 120_000 }, () => 
       const ids = all.filter((t) => t.volume === v).map((t) => t.id);
       checkDoc((await ledger.get(v))!, ids, ids.length);
     }
-    process.stderr.write(`# storm: ${all.length} adds, leader m${killed} killed after ${all.length - doneAfterKill}; ${failures.length} retried store failures\n`);
+    process.stderr.write(
+      `# storm: ${all.length} adds, leader m${killed} killed after ${all.length - doneAfterKill}; ${failures.length} retried store failures\n`,
+    );
   });
 
   it('the killed member comes back during a storm of removals and catches up', async () => {

@@ -2,7 +2,18 @@
 // the atomic copy and its idempotence, uninstall's cleanup. (The built executable is tested in install.bats.)
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import {
+  chmodSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  statSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import {
@@ -77,7 +88,11 @@ describe('plugin dir detection', () => {
     writeFileSync(config, 'volumePluginDir: /from/config\n');
     const paths = fakeHost({ 1: ['/sbin/init'], 77: ['/usr/bin/kubelet', `--config=${config}`, '--volume-plugin-dir=/from/flag'] });
     const choice = await detectPluginDir(paths);
-    assert.deepEqual(choice, { dir: '/from/flag', source: 'kubelet-flag', reason: 'kubelet (pid 77) runs with --volume-plugin-dir=/from/flag' });
+    assert.deepEqual(choice, {
+      dir: '/from/flag',
+      source: 'kubelet-flag',
+      reason: 'kubelet (pid 77) runs with --volume-plugin-dir=/from/flag',
+    });
   });
 
   test('a relative --config is relative to kubelet working directory', async () => {
@@ -101,14 +116,25 @@ describe('plugin dir detection', () => {
   });
 
   test('processes not named kubelet are ignored; with no kubelet: the default', async () => {
-    const paths = fakeHost({ 1: ['/sbin/init', '--volume-plugin-dir=/nope'], 2: ['/usr/bin/kubelet-wrapper', '--volume-plugin-dir=/nope'] });
+    const paths = fakeHost({
+      1: ['/sbin/init', '--volume-plugin-dir=/nope'],
+      2: ['/usr/bin/kubelet-wrapper', '--volume-plugin-dir=/nope'],
+    });
     const choice = await detectPluginDir(paths);
-    assert.deepEqual(choice, { dir: paths.defaultDir, source: 'default', reason: `no kubelet process found in ${paths.procRoot}; using kubelet's default` });
+    assert.deepEqual(choice, {
+      dir: paths.defaultDir,
+      source: 'default',
+      reason: `no kubelet process found in ${paths.procRoot}; using kubelet's default`,
+    });
   });
 
   test('--plugin-dir, then $LATCH_VOLUME_PLUGIN_DIR, then detection; relative paths are refused', async () => {
     const paths = fakeHost({});
-    const env = { LATCH_PROC_ROOT: paths.procRoot, LATCH_OPENSHIFT_PLUGIN_DIR: paths.openshiftDir, LATCH_DEFAULT_PLUGIN_DIR: paths.defaultDir };
+    const env = {
+      LATCH_PROC_ROOT: paths.procRoot,
+      LATCH_OPENSHIFT_PLUGIN_DIR: paths.openshiftDir,
+      LATCH_DEFAULT_PLUGIN_DIR: paths.defaultDir,
+    };
     assert.equal((await choosePluginDir('/opt/x/', env)).dir, '/opt/x');
     assert.equal((await choosePluginDir(undefined, { ...env, LATCH_VOLUME_PLUGIN_DIR: '/env/dir' })).source, 'env');
     assert.equal((await choosePluginDir(undefined, env)).dir, paths.defaultDir);
@@ -165,7 +191,10 @@ describe('install and uninstall', () => {
   test('uninstall removes the driver and its directory, but keeps a directory holding other files', async () => {
     const pluginDir = fresh('plugins');
     await installDriver({ pluginDir, driverName: 'latch/loop', source: build('x') });
-    assert.deepEqual(await uninstallDriver({ pluginDir, driverName: 'latch/loop' }), { action: 'removed', path: join(pluginDir, 'latch~loop/loop') });
+    assert.deepEqual(await uninstallDriver({ pluginDir, driverName: 'latch/loop' }), {
+      action: 'removed',
+      path: join(pluginDir, 'latch~loop/loop'),
+    });
     assert.equal(existsSync(join(pluginDir, 'latch~loop')), false);
     assert.equal((await uninstallDriver({ pluginDir, driverName: 'latch/loop' })).action, 'absent');
 

@@ -39,7 +39,17 @@ async function populate(store: Store): Promise<void> {
     await ledger.update(name, () => newVolume(name, (i + 1) << 20, 'ext4', now));
     for (const node of ['node-1', 'node-2'].slice(0, i + 1)) {
       await ledger.update(name, (d) =>
-        addTicket(d!, { id: `workload-${name}-${node}`, type: 'workload', nodeID: node, parameters: { readOnly: false }, requestedBy: { pvName: `pv-${name}` } }, now),
+        addTicket(
+          d!,
+          {
+            id: `workload-${name}-${node}`,
+            type: 'workload',
+            nodeID: node,
+            parameters: { readOnly: false },
+            requestedBy: { pvName: `pv-${name}` },
+          },
+          now,
+        ),
       );
     }
     if (i === 1) {

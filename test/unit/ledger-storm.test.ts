@@ -90,7 +90,8 @@ async function soundDocs(kind: StoreKind, location: string, violations: string[]
       for (const t of Object.values(doc.spec.tickets)) {
         // No torn or foreign ticket: each one's ID is the deterministic one for what it records.
         const pvName = t.requestedBy.pvName ?? '';
-        if (t.id !== ticketId(t.type, pvName, DRIVER, t.nodeID)) violations.push(`${doc.name}: ticket ${t.id} does not match ${pvName} on ${t.nodeID}`);
+        if (t.id !== ticketId(t.type, pvName, DRIVER, t.nodeID))
+          violations.push(`${doc.name}: ticket ${t.id} does not match ${pvName} on ${t.nodeID}`);
       }
     }
     for (const { where, value } of kind.history?.(location) ?? []) violations.push(...checkInvariants(value).map((v) => `${where}: ${v}`));
@@ -104,154 +105,168 @@ for (const kind of storeKinds()) {
   describe(`ledger over the ${kind.name} store`, () => {
     const locations: string[] = [];
 
-    it(`storm: ${STORM_WORKERS} processes × ${STORM_OPERATIONS} operations keep every invariant and lose no ticket`, { timeout: 40_000 }, async () => {
-      const location = freshLocation(kind, 'storm');
-      locations.push(location);
-      const started = Date.now();
-      const runs = await Promise.all(
-        Array.from({ length: STORM_WORKERS }, (_, w) => runWorker('storm', kind, location, String(w), STORM_OPERATIONS)),
-      );
-      const reports = runs.map((r) => JSON.parse(r.stdout.trim().split('\n').pop()!) as Report);
-      const violations = reports.flatMap((r) => r.violations);
+    it(
+      `storm: ${STORM_WORKERS} processes × ${STORM_OPERATIONS} operations keep every invariant and lose no ticket`,
+      { timeout: 40_000 },
+      async () => {
+        const location = freshLocation(kind, 'storm');
+        locations.push(location);
+        const started = Date.now();
+        const runs = await Promise.all(
+          Array.from({ length: STORM_WORKERS }, (_, w) => runWorker('storm', kind, location, String(w), STORM_OPERATIONS)),
+        );
+        const reports = runs.map((r) => JSON.parse(r.stdout.trim().split('\n').pop()!) as Report);
+        const violations = reports.flatMap((r) => r.violations);
 
-      // Expected: every ticket a worker believes it holds, unless a releaseDeadNode removed that very generation.
-      const dead = new Set(reports.flatMap((r) => r.deadRemovals.map((d) => `${d.volume} ${d.id} ${d.generation}`)));
-      const expected = new Map<string, string>(); // ticket ID -> "volume generation"
-      for (const r of reports) {
-        for (const h of r.held) {
-          if (expected.has(h.id)) violations.push(`ticket ${h.id} believed held twice`);
-          if (!dead.has(`${h.volume} ${h.id} ${h.generation}`)) expected.set(h.id, `${h.volume} ${h.generation}`);
-        }
-      }
-      const docs = await soundDocs(kind, location, violations);
-      const actual = new Map<string, string>();
-      const owners = new Set(VOLUMES.flatMap((v) => reports.map((r) => ownPvName(v, r.worker))));
-      for (const doc of docs) {
-        for (const t of Object.values(doc.spec.tickets)) {
-          if (actual.has(t.id)) violations.push(`ticket ${t.id} is in two volumes`);
-          actual.set(t.id, `${doc.name} ${t.generation}`);
-          if (t.type !== 'workload' || !owners.has(t.requestedBy.pvName ?? '') || !t.requestedBy.pvName?.startsWith(`${doc.name}-`)) {
-            violations.push(`${doc.name}: ticket ${t.id} belongs to no worker: ${JSON.stringify(t)}`);
+        // Expected: every ticket a worker believes it holds, unless a releaseDeadNode removed that very generation.
+        const dead = new Set(reports.flatMap((r) => r.deadRemovals.map((d) => `${d.volume} ${d.id} ${d.generation}`)));
+        const expected = new Map<string, string>(); // ticket ID -> "volume generation"
+        for (const r of reports) {
+          for (const h of r.held) {
+            if (expected.has(h.id)) violations.push(`ticket ${h.id} believed held twice`);
+            if (!dead.has(`${h.volume} ${h.id} ${h.generation}`)) expected.set(h.id, `${h.volume} ${h.generation}`);
           }
         }
-      }
-      for (const [id, where] of expected) {
-        if (actual.get(id) !== where) violations.push(`lost: ticket ${id} (${where}) is ${actual.has(id) ? `at ${actual.get(id)}` : 'missing'}`);
-      }
-      for (const [id, where] of actual) if (!expected.has(id)) violations.push(`unexpected: ticket ${id} (${where}) is held by no worker`);
-
-      const sum = (f: (r: Report) => number) => reports.reduce((n, r) => n + f(r), 0);
-      const counts: Record<string, number> = {};
-      for (const r of reports) for (const [k, n] of Object.entries(r.counts)) counts[k] = (counts[k] ?? 0) + n;
-      const phases = docs.flatMap((d) => Object.values(d.status.nodes).map((e) => e.phase)).join(',');
-      console.log(
-        `ledger storm (${kind.name} store, seed ${baseSeed}): processes=${reports.length} operations=${sum((r) => r.operations)} ` +
-          `steps=${sum((r) => r.steps)} invariant checks=${sum((r) => r.checks)} writes=${sum((r) => r.writes)} ` +
-          `conflicts retried=${sum((r) => r.conflicts)} tickets at end=${actual.size} (dead-node removals ${dead.size}) ` +
-          `violations=${violations.length} in ${((Date.now() - started) / 1000).toFixed(1)}s`,
-      );
-      console.log(`ledger storm: ${JSON.stringify(counts)}; node phases at end: ${phases || 'none'}`);
-      assert.deepEqual(violations, []);
-      assert.equal(sum((r) => r.operations), STORM_WORKERS * STORM_OPERATIONS);
-      assert.ok(sum((r) => r.conflicts) > 0, 'no conflict at all: the workers did not race');
-      for (const what of ['attached', 'release', 'node-is-down', 'read-only-many-seen']) assert.ok((counts[what] ?? 0) > 0, `never: ${what}`);
-    });
-
-    it(`crash: workers SIGKILLed at random moments (${TARGET_KILLS}+ kills) leave sound documents and no wedge`, { timeout: 45_000 }, async () => {
-      const location = freshLocation(kind, 'crash');
-      locations.push(location);
-      const started = Date.now();
-      let lives = 0;
-      let kills = 0;
-      let killedBusy = 0;
-      let operations = 0;
-      const failures: string[] = [];
-      await Promise.all(
-        Array.from({ length: CRASH_LANES }, async (_, lane) => {
-          while (kills < TARGET_KILLS && failures.length === 0) {
-            lives++;
-            const seed = nextSeed();
-            // The lane's worker ID is reused by every life, as a restarted kubelet finds its tickets again.
-            const { child, out, done } = startWorker('chaos', kind, location, `c${lane}`, seed);
-            const exited = done.then(() => undefined);
-            if (Math.random() < 0.15) {
-              await Promise.race([sleep(Math.random() * 80), exited]); // mostly while it starts
-            } else {
-              const ready = new Promise<void>((r) => {
-                const poll = setInterval(() => {
-                  if (out.stdout.includes('ready')) {
-                    clearInterval(poll);
-                    r();
-                  }
-                }, 2);
-                void done.then(() => clearInterval(poll));
-              });
-              await Promise.race([ready, exited, sleep(10_000)]);
-              await Promise.race([sleep(Math.random() * 60), exited]);
-            }
-            child.kill('SIGKILL');
-            const run = await done;
-            operations += (run.stdout.match(/\./g) ?? []).length + (run.stdout.includes('ready') ? 1 : 0);
-            if (run.signal === 'SIGKILL') {
-              kills++;
-              if (run.stdout.includes('ready')) killedBusy++;
-            } else {
-              failures.push(`worker c${lane} (seed ${seed}) exited by itself: code ${run.code} ${run.stderr}`);
+        const docs = await soundDocs(kind, location, violations);
+        const actual = new Map<string, string>();
+        const owners = new Set(VOLUMES.flatMap((v) => reports.map((r) => ownPvName(v, r.worker))));
+        for (const doc of docs) {
+          for (const t of Object.values(doc.spec.tickets)) {
+            if (actual.has(t.id)) violations.push(`ticket ${t.id} is in two volumes`);
+            actual.set(t.id, `${doc.name} ${t.generation}`);
+            if (t.type !== 'workload' || !owners.has(t.requestedBy.pvName ?? '') || !t.requestedBy.pvName?.startsWith(`${doc.name}-`)) {
+              violations.push(`${doc.name}: ticket ${t.id} belongs to no worker: ${JSON.stringify(t)}`);
             }
           }
-        }),
-      );
-      assert.deepEqual(failures, []);
-
-      const violations: string[] = [];
-      const docs = await soundDocs(kind, location, violations);
-      const lanes = new Set(VOLUMES.flatMap((v) => Array.from({ length: CRASH_LANES }, (_, l) => ownPvName(v, `c${l}`))));
-      for (const doc of docs) {
-        for (const t of Object.values(doc.spec.tickets)) {
-          if (!lanes.has(t.requestedBy.pvName ?? '')) violations.push(`${doc.name}: ticket ${t.id} belongs to no worker`);
         }
-      }
-      const history = kind.history?.(location).length ?? 0;
-
-      // No wedge: the next update of every volume goes through at once, and so does the one after it.
-      const store = await kind.open(location);
-      const ledger = new Ledger(store);
-      let slowest = 0;
-      const probe = {
-        id: ticketId('admin', 'crash-probe', DRIVER, 'node-probe'),
-        type: 'admin' as const,
-        nodeID: 'node-probe',
-        parameters: { readOnly: false },
-        requestedBy: { pvName: 'crash-probe', admin: true },
-      };
-      for (const volume of VOLUMES) {
-        for (const change of [
-          (d: VolumeDoc | undefined) => (d ? addTicket(d, probe, ledger.now()) : d),
-          (d: VolumeDoc | undefined) => (d ? removeTicket(d, probe.id, ledger.now()) : d),
-        ]) {
-          const t0 = Date.now();
-          const doc = await ledger.update(volume, change);
-          const ms = Date.now() - t0;
-          slowest = Math.max(slowest, ms);
-          assert.ok(ms < 1000, `${volume}: an update after the crashes took ${ms} ms`);
-          if (doc) violations.push(...checkInvariants(doc, volume));
+        for (const [id, where] of expected) {
+          if (actual.get(id) !== where)
+            violations.push(`lost: ticket ${id} (${where}) is ${actual.has(id) ? `at ${actual.get(id)}` : 'missing'}`);
         }
-        const doc = await ledger.get(volume);
-        if (doc && !docs.some((d) => d.name === volume)) violations.push(`${volume} appeared from nowhere`);
-        if (doc?.spec.tickets[probe.id]) violations.push(`${volume}: the probe ticket was not removed`);
-      }
-      await store.close();
+        for (const [id, where] of actual)
+          if (!expected.has(id)) violations.push(`unexpected: ticket ${id} (${where}) is held by no worker`);
 
-      console.log(
-        `ledger crash (${kind.name} store, seed ${baseSeed}): worker lives=${lives} kills=${kills} (after first operation: ${killedBusy}) ` +
-          `operations completed=${operations} volumes=${docs.length} stored revisions checked=${history} ` +
-          `slowest update after=${slowest}ms violations=${violations.length} in ${((Date.now() - started) / 1000).toFixed(1)}s`,
-      );
-      assert.deepEqual(violations, []);
-      assert.ok(kills >= 100, `only ${kills} kills`);
-      assert.ok(operations > kills, `only ${operations} operations completed`);
-      assert.equal(docs.length, VOLUMES.length);
-    });
+        const sum = (f: (r: Report) => number) => reports.reduce((n, r) => n + f(r), 0);
+        const counts: Record<string, number> = {};
+        for (const r of reports) for (const [k, n] of Object.entries(r.counts)) counts[k] = (counts[k] ?? 0) + n;
+        const phases = docs.flatMap((d) => Object.values(d.status.nodes).map((e) => e.phase)).join(',');
+        console.log(
+          `ledger storm (${kind.name} store, seed ${baseSeed}): processes=${reports.length} operations=${sum((r) => r.operations)} ` +
+            `steps=${sum((r) => r.steps)} invariant checks=${sum((r) => r.checks)} writes=${sum((r) => r.writes)} ` +
+            `conflicts retried=${sum((r) => r.conflicts)} tickets at end=${actual.size} (dead-node removals ${dead.size}) ` +
+            `violations=${violations.length} in ${((Date.now() - started) / 1000).toFixed(1)}s`,
+        );
+        console.log(`ledger storm: ${JSON.stringify(counts)}; node phases at end: ${phases || 'none'}`);
+        assert.deepEqual(violations, []);
+        assert.equal(
+          sum((r) => r.operations),
+          STORM_WORKERS * STORM_OPERATIONS,
+        );
+        assert.ok(sum((r) => r.conflicts) > 0, 'no conflict at all: the workers did not race');
+        for (const what of ['attached', 'release', 'node-is-down', 'read-only-many-seen'])
+          assert.ok((counts[what] ?? 0) > 0, `never: ${what}`);
+      },
+    );
+
+    it(
+      `crash: workers SIGKILLed at random moments (${TARGET_KILLS}+ kills) leave sound documents and no wedge`,
+      { timeout: 45_000 },
+      async () => {
+        const location = freshLocation(kind, 'crash');
+        locations.push(location);
+        const started = Date.now();
+        let lives = 0;
+        let kills = 0;
+        let killedBusy = 0;
+        let operations = 0;
+        const failures: string[] = [];
+        await Promise.all(
+          Array.from({ length: CRASH_LANES }, async (_, lane) => {
+            while (kills < TARGET_KILLS && failures.length === 0) {
+              lives++;
+              const seed = nextSeed();
+              // The lane's worker ID is reused by every life, as a restarted kubelet finds its tickets again.
+              const { child, out, done } = startWorker('chaos', kind, location, `c${lane}`, seed);
+              const exited = done.then(() => undefined);
+              if (Math.random() < 0.15) {
+                await Promise.race([sleep(Math.random() * 80), exited]); // mostly while it starts
+              } else {
+                const ready = new Promise<void>((r) => {
+                  const poll = setInterval(() => {
+                    if (out.stdout.includes('ready')) {
+                      clearInterval(poll);
+                      r();
+                    }
+                  }, 2);
+                  void done.then(() => clearInterval(poll));
+                });
+                await Promise.race([ready, exited, sleep(10_000)]);
+                await Promise.race([sleep(Math.random() * 60), exited]);
+              }
+              child.kill('SIGKILL');
+              const run = await done;
+              operations += (run.stdout.match(/\./g) ?? []).length + (run.stdout.includes('ready') ? 1 : 0);
+              if (run.signal === 'SIGKILL') {
+                kills++;
+                if (run.stdout.includes('ready')) killedBusy++;
+              } else {
+                failures.push(`worker c${lane} (seed ${seed}) exited by itself: code ${run.code} ${run.stderr}`);
+              }
+            }
+          }),
+        );
+        assert.deepEqual(failures, []);
+
+        const violations: string[] = [];
+        const docs = await soundDocs(kind, location, violations);
+        const lanes = new Set(VOLUMES.flatMap((v) => Array.from({ length: CRASH_LANES }, (_, l) => ownPvName(v, `c${l}`))));
+        for (const doc of docs) {
+          for (const t of Object.values(doc.spec.tickets)) {
+            if (!lanes.has(t.requestedBy.pvName ?? '')) violations.push(`${doc.name}: ticket ${t.id} belongs to no worker`);
+          }
+        }
+        const history = kind.history?.(location).length ?? 0;
+
+        // No wedge: the next update of every volume goes through at once, and so does the one after it.
+        const store = await kind.open(location);
+        const ledger = new Ledger(store);
+        let slowest = 0;
+        const probe = {
+          id: ticketId('admin', 'crash-probe', DRIVER, 'node-probe'),
+          type: 'admin' as const,
+          nodeID: 'node-probe',
+          parameters: { readOnly: false },
+          requestedBy: { pvName: 'crash-probe', admin: true },
+        };
+        for (const volume of VOLUMES) {
+          for (const change of [
+            (d: VolumeDoc | undefined) => (d ? addTicket(d, probe, ledger.now()) : d),
+            (d: VolumeDoc | undefined) => (d ? removeTicket(d, probe.id, ledger.now()) : d),
+          ]) {
+            const t0 = Date.now();
+            const doc = await ledger.update(volume, change);
+            const ms = Date.now() - t0;
+            slowest = Math.max(slowest, ms);
+            assert.ok(ms < 1000, `${volume}: an update after the crashes took ${ms} ms`);
+            if (doc) violations.push(...checkInvariants(doc, volume));
+          }
+          const doc = await ledger.get(volume);
+          if (doc && !docs.some((d) => d.name === volume)) violations.push(`${volume} appeared from nowhere`);
+          if (doc?.spec.tickets[probe.id]) violations.push(`${volume}: the probe ticket was not removed`);
+        }
+        await store.close();
+
+        console.log(
+          `ledger crash (${kind.name} store, seed ${baseSeed}): worker lives=${lives} kills=${kills} (after first operation: ${killedBusy}) ` +
+            `operations completed=${operations} volumes=${docs.length} stored revisions checked=${history} ` +
+            `slowest update after=${slowest}ms violations=${violations.length} in ${((Date.now() - started) / 1000).toFixed(1)}s`,
+        );
+        assert.deepEqual(violations, []);
+        assert.ok(kills >= 100, `only ${kills} kills`);
+        assert.ok(operations > kills, `only ${operations} operations completed`);
+        assert.equal(docs.length, VOLUMES.length);
+      },
+    );
 
     it('restart: a new process sees exactly the state the last one wrote', { timeout: 20_000 }, async () => {
       assert.ok(locations.length > 0, 'the storm and crash tests left no store to restart on');
@@ -265,8 +280,14 @@ for (const kind of storeKinds()) {
         await store.close();
         assert.equal(here, written, `${location}: this process reads something else than the last writer wrote`);
         const docs = JSON.parse(written) as VolumeDoc[];
-        assert.deepEqual(docs.map((d) => d.name), VOLUMES);
-        assert.deepEqual(docs.flatMap((d) => checkInvariants(d, d.name)), []);
+        assert.deepEqual(
+          docs.map((d) => d.name),
+          VOLUMES,
+        );
+        assert.deepEqual(
+          docs.flatMap((d) => checkInvariants(d, d.name)),
+          [],
+        );
         // The last writer's final write to each volume is what was read.
         for (const doc of docs) assert.ok(ticketId('maintenance', `${doc.name}-touch-r`, DRIVER, 'node-a') in doc.spec.tickets);
         compared += docs.length;

@@ -32,7 +32,11 @@ function loadManifest(text = readFileSync(MANIFEST, 'utf8')): Doc[] {
   const docs = parseAllDocuments(text);
   const out: Doc[] = [];
   for (const doc of docs) {
-    assert.deepEqual(doc.errors.map((e) => e.message), [], 'YAML errors');
+    assert.deepEqual(
+      doc.errors.map((e) => e.message),
+      [],
+      'YAML errors',
+    );
     const value = doc.toJS() as Doc | null;
     if (value !== null) out.push(value);
   }
@@ -168,7 +172,10 @@ describe('install/daemonset.yaml gives latch what it needs', () => {
     assert.equal(container.command, undefined, 'the image entrypoint runs (install, then sleep)');
     assert.equal(container.args, undefined);
     const entrypoint = readFileSync(join(ROOT, 'install/entrypoint.sh'), 'utf8');
-    const code = entrypoint.split('\n').filter((l) => !l.trim().startsWith('#')).join('\n');
+    const code = entrypoint
+      .split('\n')
+      .filter((l) => !l.trim().startsWith('#'))
+      .join('\n');
     assert.doesNotMatch(code, /uninstall|\brm\b/);
   });
 

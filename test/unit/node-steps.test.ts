@@ -4,25 +4,18 @@ import { describe, it } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { resolve } from 'node:path';
 import { ticketId } from '../../src/ledger/ids.js';
-import {
-  hasCapability,
-  parseCapEff,
-  podKeyOf,
-  podTicketId,
-  stagingPath,
-  withVolumeLock,
-} from '../../src/ops/node-steps.js';
+import { hasCapability, parseCapEff, podKeyOf, podTicketId, stagingPath, withVolumeLock } from '../../src/ops/node-steps.js';
 import { LatchError } from '../../src/errors.js';
 
 describe('pod keys and pod tickets (non-attach mode)', () => {
-  it('takes the pod UID from kubelet\'s pod volume dir, else the whole path', () => {
+  it("takes the pod UID from kubelet's pod volume dir, else the whole path", () => {
     assert.equal(podKeyOf('/var/lib/kubelet/pods/1b2c-33/volumes/latch~loop/pv-1'), '1b2c-33');
     assert.equal(podKeyOf('/other/kubelet/pods/u/volumes/latch~loop/pv'), 'u');
     assert.equal(podKeyOf('/mnt/somewhere/pv-1'), '/mnt/somewhere/pv-1');
     assert.equal(podKeyOf('/var/lib/kubelet/pods/u/volumes/latch~loop/pv/extra'), '/var/lib/kubelet/pods/u/volumes/latch~loop/pv/extra');
   });
 
-  it('gives one deterministic workload ticket per pod, never equal to attach mode\'s node ticket', () => {
+  it("gives one deterministic workload ticket per pod, never equal to attach mode's node ticket", () => {
     const a = podTicketId('pv-1', 'latch/loop', 'node-a', 'uid-1');
     assert.equal(a, podTicketId('pv-1', 'latch/loop', 'node-a', 'uid-1'));
     assert.match(a, /^workload-[0-9a-f]{64}$/);
@@ -33,10 +26,7 @@ describe('pod keys and pod tickets (non-attach mode)', () => {
 
   it('keeps staging mounts node-private under stateDir', () => {
     assert.equal(stagingPath({ stateDir: '/var/lib/latch/state', nodeName: 'node-a' }, 'pv-1'), '/var/lib/latch/state/staging/node-a/pv-1');
-    assert.notEqual(
-      stagingPath({ stateDir: '/s', nodeName: 'node-a' }, 'v'),
-      stagingPath({ stateDir: '/s', nodeName: 'node-b' }, 'v'),
-    );
+    assert.notEqual(stagingPath({ stateDir: '/s', nodeName: 'node-a' }, 'v'), stagingPath({ stateDir: '/s', nodeName: 'node-b' }, 'v'));
   });
 });
 
@@ -75,14 +65,22 @@ describe('the node-local volume lock', () => {
     let release!: () => void;
     const held = withVolumeLock(config, 'x', () => new Promise<void>((r) => (release = r)));
     await sleep(20);
-    await assert.rejects(withVolumeLock(config, 'x', async () => 1, 100), (err: unknown) => {
-      assert.ok(err instanceof LatchError);
-      assert.match((err as Error).message, /another latch call .* volume x on node node-a/);
-      return true;
-    });
+    await assert.rejects(
+      withVolumeLock(config, 'x', async () => 1, 100),
+      (err: unknown) => {
+        assert.ok(err instanceof LatchError);
+        assert.match((err as Error).message, /another latch call .* volume x on node node-a/);
+        return true;
+      },
+    );
     release();
     await held;
-    await assert.rejects(withVolumeLock(config, 'x', async () => { throw new Error('boom'); }), /boom/);
+    await assert.rejects(
+      withVolumeLock(config, 'x', async () => {
+        throw new Error('boom');
+      }),
+      /boom/,
+    );
     assert.equal(await withVolumeLock(config, 'x', async () => 42, 100), 42);
   });
 
@@ -98,7 +96,10 @@ describe('the node-local volume lock', () => {
         child.stdout.on('data', (d: Buffer) => d.toString().includes('held') && resolve());
         child.once('exit', () => reject(new Error('the lock holder exited early')));
       });
-      await assert.rejects(withVolumeLock(config, 'k', async () => 1, 100), LatchError);
+      await assert.rejects(
+        withVolumeLock(config, 'k', async () => 1, 100),
+        LatchError,
+      );
       child.kill('SIGKILL');
       await new Promise((r) => child.once('exit', r));
       assert.equal(await withVolumeLock(config, 'k', async () => 'free', 2000), 'free');

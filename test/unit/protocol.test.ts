@@ -28,7 +28,14 @@ describe('options JSON', () => {
 
   it('the user volume option wins over the PV name; size, fsType, readOnly, mountOptions are read', () => {
     const o = parseOptions(
-      JSON.stringify({ 'kubernetes.io/pvOrVolumeName': 'pv-1', volume: 'data', size: '2Gi', fsType: 'xfs', readOnly: 'true', mountOptions: 'noatime, nodev' }),
+      JSON.stringify({
+        'kubernetes.io/pvOrVolumeName': 'pv-1',
+        volume: 'data',
+        size: '2Gi',
+        fsType: 'xfs',
+        readOnly: 'true',
+        mountOptions: 'noatime, nodev',
+      }),
       config,
     );
     assert.deepEqual([o.name, o.size, o.fsType, o.readOnly, o.mountOptions], ['data', 2 * 1024 ** 3, 'xfs', true, ['noatime', 'nodev']]);
@@ -108,7 +115,10 @@ describe('configuration', () => {
     [{ maxSize: 'abc' }, /field "maxSize"/],
     [{ attach: 'yes' }, /field "attach"/],
     [{ poolDir: 'relative' }, /field "poolDir": must be an absolute path/],
-    [{ logFile: '/usr/libexec/kubernetes/kubelet-plugins/volume/exec/latch~loop/log' }, /field "logFile": must not be inside the kubelet plugin directory/],
+    [
+      { logFile: '/usr/libexec/kubernetes/kubelet-plugins/volume/exec/latch~loop/log' },
+      /field "logFile": must not be inside the kubelet plugin directory/,
+    ],
     [{ sizeLimit: 1 }, /unknown field\(s\) "sizeLimit"/],
     [{ store: { type: 'redis' } }, /field "store/],
     [{ defaultSize: '2Ti', maxSize: '1Ti' }, /field "defaultSize"/],
@@ -116,7 +126,10 @@ describe('configuration', () => {
   ];
   for (const [raw, message] of bad) {
     it(`refuses ${JSON.stringify(raw)} naming the field and the file`, () => {
-      assert.throws(() => parseConfig(raw, '/etc/latch/config.json'), (err: Error) => message.test(err.message) && err.message.includes('/etc/latch/config.json'));
+      assert.throws(
+        () => parseConfig(raw, '/etc/latch/config.json'),
+        (err: Error) => message.test(err.message) && err.message.includes('/etc/latch/config.json'),
+      );
     });
   }
   it('reads $LATCH_CONFIG and names it when it is broken or missing', () => {

@@ -46,7 +46,13 @@ async function raw(key: string): Promise<{ value?: string; mod_revision?: string
 }
 
 async function rawPut(key: string, value: string): Promise<void> {
-  await etcd.request(etcd.endpoints[0]!, 'POST', '/v3/kv/put', { key: Buffer.from(key).toString('base64'), value: Buffer.from(value).toString('base64') }, 2000);
+  await etcd.request(
+    etcd.endpoints[0]!,
+    'POST',
+    '/v3/kv/put',
+    { key: Buffer.from(key).toString('base64'), value: Buffer.from(value).toString('base64') },
+    2000,
+  );
 }
 
 async function timed<T>(p: Promise<T>): Promise<{ ms: number; result?: T; error?: unknown }> {
@@ -154,9 +160,15 @@ describe('etcd store', { skip }, () => {
     it('refuses a stale revision, an existing key for 0, and says what it found', async () => {
       const s = store();
       const r1 = await s.put('volumes/a', 1, 0);
-      await assert.rejects(s.put('volumes/a', 2, 0), (e) => e instanceof ConflictError && /expected it not to exist but it is at revision/.test(e.message));
+      await assert.rejects(
+        s.put('volumes/a', 2, 0),
+        (e) => e instanceof ConflictError && /expected it not to exist but it is at revision/.test(e.message),
+      );
       const r2 = await s.put('volumes/a', 2, r1);
-      await assert.rejects(s.put('volumes/a', 3, r1), (e) => e instanceof ConflictError && new RegExp(`expected revision ${r1} but it is at revision ${r2}`).test(e.message));
+      await assert.rejects(
+        s.put('volumes/a', 3, r1),
+        (e) => e instanceof ConflictError && new RegExp(`expected revision ${r1} but it is at revision ${r2}`).test(e.message),
+      );
       await assert.rejects(s.put('volumes/missing', 3, r1), (e) => e instanceof ConflictError && /but it does not exist/.test(e.message));
       assert.deepEqual(await s.get('volumes/a'), { value: 2, revision: r2 });
     });
@@ -178,10 +190,12 @@ describe('etcd store', { skip }, () => {
       const s = store();
       const r = await s.put('volumes/race', { winner: null }, 0);
       const racers = Array.from({ length: 20 }, (_, i) =>
-        store({ prefix: s.prefix }).put('volumes/race', { winner: i }, r).then(
-          (rev) => ({ i, rev }),
-          (err: unknown) => ({ i, err }),
-        ),
+        store({ prefix: s.prefix })
+          .put('volumes/race', { winner: i }, r)
+          .then(
+            (rev) => ({ i, rev }),
+            (err: unknown) => ({ i, err }),
+          ),
       );
       const results = await Promise.all(racers);
       const winners = results.filter((x) => 'rev' in x) as Array<{ i: number; rev: number }>;
@@ -223,7 +237,11 @@ describe('etcd store', { skip }, () => {
       const now = ledger.now();
       const add = (node: string) =>
         ledger.update('vol1', (d) =>
-          addTicket(d ?? newVolume('vol1', 1 << 20, 'ext4', now), { id: `workload-${node}`, type: 'workload', nodeID: node, parameters: { readOnly: false }, requestedBy: {} }, now),
+          addTicket(
+            d ?? newVolume('vol1', 1 << 20, 'ext4', now),
+            { id: `workload-${node}`, type: 'workload', nodeID: node, parameters: { readOnly: false }, requestedBy: {} },
+            now,
+          ),
         );
       const [a, b] = await Promise.all([add('node-a'), add('node-b')]);
       const doc = (await ledger.get('vol1'))!;
@@ -271,10 +289,18 @@ describe('etcd store', { skip }, () => {
       const config = join(work, 'driver-config.json');
       writeFileSync(
         config,
-        JSON.stringify({ stateDir: join(work, 'driver-state'), logFile: join(work, 'driver.log'), store: { type: 'etcd', endpoints: [dead], timeoutMs: 500 } }),
+        JSON.stringify({
+          stateDir: join(work, 'driver-state'),
+          logFile: join(work, 'driver.log'),
+          store: { type: 'etcd', endpoints: [dead], timeoutMs: 500 },
+        }),
       );
       const json = JSON.stringify({ 'kubernetes.io/pvOrVolumeName': 'pv-1' });
-      for (const args of [['attach', json, 'node-a'], ['isattached', json, 'node-a'], ['detach', 'pv-1', 'node-a']]) {
+      for (const args of [
+        ['attach', json, 'node-a'],
+        ['isattached', json, 'node-a'],
+        ['detach', 'pv-1', 'node-a'],
+      ]) {
         const started = Date.now();
         const r = spawnSync(process.execPath, ['--import', 'tsx', join(REPO, 'src/bin.ts'), ...args], {
           cwd: REPO,
@@ -344,7 +370,9 @@ describe('etcd store', { skip }, () => {
       let calls = 0;
       const noLeader = await fake((_p, _b, _req, res) => {
         calls++;
-        res.writeHead(503, { 'content-type': 'application/json' }).end(JSON.stringify({ error: 'etcdserver: no leader', message: 'etcdserver: no leader', code: 14 }));
+        res
+          .writeHead(503, { 'content-type': 'application/json' })
+          .end(JSON.stringify({ error: 'etcdserver: no leader', message: 'etcdserver: no leader', code: 14 }));
       });
       try {
         const s = store({ endpoints: [noLeader.url, `http://127.0.0.1:${await freePort()}`], timeoutMs: 1000 });
@@ -364,7 +392,11 @@ describe('etcd store', { skip }, () => {
       });
       try {
         const s = store({ endpoints: [timingOut.url], timeoutMs: 700 });
-        assertUnavailable(await timed(s.put('volumes/a', 1, 0)), 700, /request timed out.*may or may not have been applied \(completely, never in part\)/);
+        assertUnavailable(
+          await timed(s.put('volumes/a', 1, 0)),
+          700,
+          /request timed out.*may or may not have been applied \(completely, never in part\)/,
+        );
         assertUnavailable(await timed(s.get('volumes/a')), 700, /nothing was changed/);
       } finally {
         await timingOut.close();
@@ -459,9 +491,15 @@ describe('etcd store', { skip }, () => {
 
     it('checks the TLS settings when the store is opened', () => {
       if (!certs) return;
-      assert.throws(() => new EtcdStore({ endpoints: ['https://127.0.0.1:1'], tls: { cert: certs!.client.cert } }), /tls.cert and tls.key go together/);
+      assert.throws(
+        () => new EtcdStore({ endpoints: ['https://127.0.0.1:1'], tls: { cert: certs!.client.cert } }),
+        /tls.cert and tls.key go together/,
+      );
       assert.throws(() => new EtcdStore({ endpoints: ['http://127.0.0.1:1'], tls: { ca: certs!.ca } }), /no endpoint uses https/);
-      assert.throws(() => new EtcdStore({ endpoints: ['https://127.0.0.1:1'], tls: { ca: '/nonexistent/ca.pem' } }), /cannot read store.tls.ca \/nonexistent\/ca.pem/);
+      assert.throws(
+        () => new EtcdStore({ endpoints: ['https://127.0.0.1:1'], tls: { ca: '/nonexistent/ca.pem' } }),
+        /cannot read store.tls.ca \/nonexistent\/ca.pem/,
+      );
       assert.throws(() => new EtcdStore({ endpoints: ['unix:///run/etcd.sock'] }), /must start with http:\/\/ or https:\/\//);
       assert.throws(() => new EtcdStore({ endpoints: [] }), /no endpoints/);
     });

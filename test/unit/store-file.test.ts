@@ -110,7 +110,10 @@ describe('file store: semantics', () => {
     await assert.rejects(s.delete('volumes/a', 0), ConflictError);
     assert.deepEqual(await s.get('volumes/a'), { value: 2, revision: 2 });
     // A conflict leaves no temp file behind.
-    assert.deepEqual((await fs.readdir(join(s.root, 'volumes', 'a'))).filter((f) => f.startsWith('.tmp-')), []);
+    assert.deepEqual(
+      (await fs.readdir(join(s.root, 'volumes', 'a'))).filter((f) => f.startsWith('.tmp-')),
+      [],
+    );
   });
 
   it('of racing puts with the same expected revision exactly one wins', async () => {
@@ -204,7 +207,19 @@ describe('file store: semantics', () => {
 });
 
 describe('file store: keys', () => {
-  const bad = ['volumes/../x', 'volumes/a/b', '', 'volumes/', '/volumes/a', 'Volumes/a', 'volumes/A', 'volumes/a..b', '../a', 'volumes/.a', 'a'];
+  const bad = [
+    'volumes/../x',
+    'volumes/a/b',
+    '',
+    'volumes/',
+    '/volumes/a',
+    'Volumes/a',
+    'volumes/A',
+    'volumes/a..b',
+    '../a',
+    'volumes/.a',
+    'a',
+  ];
   it('rejects invalid keys in every call and touches nothing', async () => {
     const s = new FileStore(stateDir());
     for (const key of bad) {
@@ -236,7 +251,14 @@ describe('file store: files on disk', () => {
     } finally {
       process.umask(old);
     }
-    for (const d of [join(root, '..', '..'), join(root, '..'), root, join(root, 'volumes'), join(root, 'volumes', 'a'), join(root, 'pvs', 'b')]) {
+    for (const d of [
+      join(root, '..', '..'),
+      join(root, '..'),
+      root,
+      join(root, 'volumes'),
+      join(root, 'volumes', 'a'),
+      join(root, 'pvs', 'b'),
+    ]) {
       const st = await fs.stat(d);
       assert.ok(st.isDirectory());
       assert.equal((st.mode & 0o777).toString(8), '700', d);

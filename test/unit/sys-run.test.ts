@@ -104,19 +104,16 @@ describe('run', () => {
   });
 
   it('throws CommandError naming the command, exit code and last stderr line', async () => {
-    await assert.rejects(
-      run('sh', ['-c', 'echo first >&2; echo "the real reason" >&2; exit 3']),
-      (err: unknown) => {
-        assert.ok(err instanceof CommandError);
-        assert.ok(err instanceof LatchError);
-        assert.equal(err.exitCode, 3);
-        assert.equal(err.command, 'sh');
-        assert.equal(err.timedOut, false);
-        assert.match(err.message, /^sh -c .* failed \(exit 3\): the real reason$/);
-        assert.match(err.stderrTail, /first\nthe real reason/);
-        return true;
-      },
-    );
+    await assert.rejects(run('sh', ['-c', 'echo first >&2; echo "the real reason" >&2; exit 3']), (err: unknown) => {
+      assert.ok(err instanceof CommandError);
+      assert.ok(err instanceof LatchError);
+      assert.equal(err.exitCode, 3);
+      assert.equal(err.command, 'sh');
+      assert.equal(err.timedOut, false);
+      assert.match(err.message, /^sh -c .* failed \(exit 3\): the real reason$/);
+      assert.match(err.stderrTail, /first\nthe real reason/);
+      return true;
+    });
   });
 
   it('accepts exit codes listed in okExitCodes', async () => {
@@ -198,14 +195,16 @@ describe('a child never outlives a SIGKILLed driver', () => {
     const { readdirSync, readFileSync } = await import('node:fs');
     const marker = `${300 + Math.floor(Math.random() * 1000)}.${process.pid}`; // a unique "sleep N.M"
     const sleeping = () =>
-      readdirSync('/proc').filter((p) => /^\d+$/.test(p)).some((p) => {
-        try {
-          const argv = readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0');
-          return /(^|\/)sleep$/.test(argv[0] ?? '') && argv.includes(marker); // not the parent, whose argv has it too
-        } catch {
-          return false;
-        }
-      });
+      readdirSync('/proc')
+        .filter((p) => /^\d+$/.test(p))
+        .some((p) => {
+          try {
+            const argv = readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0');
+            return /(^|\/)sleep$/.test(argv[0] ?? '') && argv.includes(marker); // not the parent, whose argv has it too
+          } catch {
+            return false;
+          }
+        });
     const parent = spawn(process.execPath, ['--import', 'tsx', 'test/fixtures/run-then-wait.ts', marker], { stdio: 'ignore' });
     try {
       for (let i = 0; i < 100 && !sleeping(); i++) await new Promise((r) => setTimeout(r, 100));
