@@ -4,11 +4,10 @@ import { hostname } from 'node:os';
 import { isAbsolute, normalize } from 'node:path';
 import type * as Zod from 'zod';
 import { ConfigError, errorMessage } from './errors.js';
+import { FS_TYPES, type FsType } from './filesystems.js';
 import { parseSize } from './size.js';
 
 export const DEFAULT_CONFIG_PATH = '/etc/latch/config.json';
-export const FS_TYPES = ['ext4', 'ext3', 'xfs', 'btrfs'] as const;
-export type FsType = (typeof FS_TYPES)[number];
 
 export interface EtcdStoreConfig {
   type: 'etcd';
@@ -64,7 +63,7 @@ function buildSchema() {
       return z.NEVER;
     }
   });
-  const fsType = z.enum(FS_TYPES);
+  const fsType = z.enum(FS_TYPES as [FsType, ...FsType[]]);
   const store = z.discriminatedUnion('type', [
     z.object({ type: z.literal('file') }).strict(),
     z

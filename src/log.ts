@@ -6,6 +6,9 @@ import { dirname } from 'node:path';
 const KEEP_ROTATED = 3;
 const MAX_FIELD = 2000;
 
+/** What a call learned (volume, node, device, ...): the fields of its log line. */
+export type CallLog = Record<string, unknown>;
+
 export interface LogTarget {
   logFile: string;
   logMaxBytes: number;

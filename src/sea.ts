@@ -5,11 +5,11 @@ import { startupSnapshot } from 'node:v8';
 import { warmConfigSchema } from './config.js';
 import { main } from './main.js';
 import { OPS } from './protocol/ops.js';
-import { warmOptionsSchema } from './protocol/options.js';
+import { warmOptionsSchema } from './contract/options.js';
 
 warmConfigSchema();
 warmOptionsSchema();
 // Evaluate the op modules too; their imports of execa and the stores stay lazy.
-void Promise.all(Object.values(OPS).map((spec) => spec.load())).then(() => {
+void Promise.all(Object.values(OPS).map((load) => load())).then(() => {
   startupSnapshot.setDeserializeMainFunction(() => main(process.argv));
 });

@@ -2,11 +2,11 @@
 import type { Command } from 'commander';
 import { loadConfig } from '../config.js';
 import { LatchError } from '../errors.js';
-import { addTicket, nodeHoldsDevice, removeTicket } from '../ledger/arbitrate.js';
+import { nodeHoldsDevice } from '../ledger/arbitrate.js';
 import { ticketId } from '../ledger/ids.js';
 import { TICKET_TYPES, type TicketType, type VolumeDoc } from '../ledger/types.js';
 import { checkNodeName } from '../names.js';
-import { openLedger } from '../ops/services.js';
+import { createContext } from '../context.js';
 import { parseFormat, printJson, printTable, type OutputFormat } from './output.js';
 import { getVolume } from './volume.js';
 
@@ -18,7 +18,7 @@ export function registerTicketCommands(program: Command): void {
     .description('list tickets (of one volume, or of all)')
     .option('-o, --output <format>', 'table or json', parseFormat, 'table')
     .action(async (volume: string | undefined, opts: { output: OutputFormat }) => {
-      const ledger = await openLedger(loadConfig());
+      const { ledger } = createContext(loadConfig());
       const docs = volume ? [await getVolume(ledger, volume)] : await ledger.list();
       const rows = docs.flatMap((d) =>
         Object.values(d.spec.tickets).map((t) => ({ volume: d.name, ...t, status: d.status.tickets[t.id] })),
@@ -51,19 +51,17 @@ export function registerTicketCommands(program: Command): void {
         throw new LatchError(`--type ${opts.type} is not a ticket type; use one of ${TICKET_TYPES.join(', ')}`);
       }
       const config = loadConfig();
-      const ledger = await openLedger(config);
+      const { ledger } = createContext(config);
       await getVolume(ledger, volume);
       const type = opts.type as TicketType;
       const id = ticketId(type, volume, config.driverName, opts.node);
-      const doc = await ledger.update(volume, (d) =>
-        d
-          ? addTicket(
-              d,
-              { id, type, nodeID: opts.node, parameters: { readOnly: !!opts.readOnly }, requestedBy: { admin: true } },
-              ledger.now(),
-            )
-          : d,
-      );
+      const doc = await ledger.addTicket(volume, {
+        id,
+        type,
+        nodeID: opts.node,
+        parameters: { readOnly: !!opts.readOnly },
+        requestedBy: { admin: true },
+      });
       const status = doc?.status.tickets[id];
       process.stdout.write(`ticket ${id} added: ${status?.satisfied ? 'satisfied' : 'unsatisfied'} (${status?.message})\n`);
     });
@@ -73,17 +71,16 @@ export function registerTicketCommands(program: Command): void {
     .description('remove a ticket (by ID or a unique prefix of it); unknown tickets are fine')
     .option('--force', 'remove a workload ticket even though its node still holds the device')
     .action(async (volume: string, idOrPrefix: string, opts: { force?: boolean }) => {
-      const ledger = await openLedger(loadConfig());
+      const { ledger } = createContext(loadConfig());
       const current = await getVolume(ledger, volume);
       const id = findTicket(current, idOrPrefix);
       if (!id) {
         process.stdout.write(`volume ${volume} has no ticket ${idOrPrefix}; nothing to do\n`);
         return;
       }
-      const doc = await ledger.update(volume, (d) => {
-        const t = d?.spec.tickets[id];
-        if (!d || !t) return d;
-        if (t.type === 'workload' && nodeHoldsDevice(d, t.nodeID) && !opts.force) {
+      const doc = await ledger.removeTicket(volume, id, (d) => {
+        const t = d.spec.tickets[id];
+        if (t && t.type === 'workload' && nodeHoldsDevice(d, t.nodeID) && !opts.force) {
           throw new LatchError(
             `ticket ${id} belongs to a workload on node ${t.nodeID}, which still holds the device ` +
               `(${d.status.nodes[t.nodeID]?.phase}). Removing it does not free the volume: it stays detaching until ` +
@@ -91,7 +88,6 @@ export function registerTicketCommands(program: Command): void {
               'and kubelet may still be using it. Repeat with --force if you are sure.',
           );
         }
-        return removeTicket(d, id, ledger.now());
       });
       process.stdout.write(`ticket ${id} removed; volume ${volume} is ${doc?.status.state}\n`);
     });

@@ -1,11 +1,12 @@
 // latch volume create|list|inspect|delete|expand|release: the admin's view of volumes, through the same ledger and backend.
 import type { Command } from 'commander';
-import { loadConfig, FS_TYPES, type FsType } from '../config.js';
+import { loadConfig } from '../config.js';
+import { FS_TYPES, type FsType } from '../filesystems.js';
 import { LatchError } from '../errors.js';
-import { newVolume, releaseDeadNode } from '../ledger/arbitrate.js';
 import type { VolumeDoc } from '../ledger/types.js';
 import { checkNodeName, checkVolumeName } from '../names.js';
-import { openBackend, openLedger } from '../ops/services.js';
+import { createContext } from '../context.js';
+import type { Ledger } from '../ledger/ledger.js';
 import { formatSize, parseSize } from '../size.js';
 import { parseFormat, printJson, printTable, type OutputFormat } from './output.js';
 
@@ -27,18 +28,9 @@ export function registerVolumeCommands(program: Command): void {
       if (!config.allowedFsTypes.includes(fsType)) {
         throw new LatchError(`--fs-type ${opts.fsType} is not allowed; allowed: ${config.allowedFsTypes.join(', ')}`);
       }
-      const ledger = await openLedger(config);
-      const existed = (await ledger.get(name)) !== undefined;
-      const doc = await ledger.update(name, (current) => {
-        if (!current) return newVolume(name, size, fsType, ledger.now());
-        if (current.spec.sizeBytes !== size || current.spec.fsType !== fsType) {
-          throw new LatchError(
-            `volume ${name} already exists with size ${formatSize(current.spec.sizeBytes)} and fsType ${current.spec.fsType}`,
-          );
-        }
-        return current;
-      });
-      await (await openBackend(config)).create(name, size);
+      const ctx = createContext(config);
+      const { doc, existed } = await ctx.ledger.createVolume(name, { sizeBytes: size, fsType });
+      await ctx.backend.create(name, size);
       if (opts.output === 'json') printJson(doc);
       else
         process.stdout.write(`volume ${name} ${existed ? 'already exists' : 'created'} (${formatSize(size)}, ${fsType} on first mount)\n`);
@@ -49,7 +41,7 @@ export function registerVolumeCommands(program: Command): void {
     .description('list volumes with their state and holders')
     .option('-o, --output <format>', 'table or json', parseFormat, 'table')
     .action(async (opts: { output: OutputFormat }) => {
-      const docs = await (await openLedger(loadConfig())).list();
+      const docs = await createContext(loadConfig()).ledger.list();
       if (opts.output === 'json') return printJson(docs);
       printTable(
         ['name', 'size', 'fs', 'state', 'nodes', 'tickets'],
@@ -70,7 +62,7 @@ export function registerVolumeCommands(program: Command): void {
     .option('-o, --output <format>', 'table or json', parseFormat, 'table')
     .action(async (name: string, opts: { output: OutputFormat }) => {
       const config = loadConfig();
-      const doc = await getVolume(await openLedger(config), name);
+      const doc = await getVolume(createContext(config).ledger, name);
       if (opts.output === 'json') return printJson(doc);
       const lines = [
         `Name:        ${doc.name}`,
@@ -98,16 +90,13 @@ export function registerVolumeCommands(program: Command): void {
     .description('delete a volume and its data; refused while it has tickets or a node holds it')
     .action(async (name: string) => {
       const config = loadConfig();
-      const ledger = await openLedger(config);
+      const { ledger, backend } = createContext(config);
       const doc = await getVolume(ledger, name);
       refuseIfInUse(doc);
       // The image goes first: a half-done delete then leaves a document without data (which latch refuses to
       // reuse if it ever held a filesystem), never an old image that a new volume of the same name would adopt.
-      await (await openBackend(config)).delete(name);
-      await ledger.update(name, (current) => {
-        if (current) refuseIfInUse(current);
-        return undefined;
-      });
+      await backend.delete(name);
+      await ledger.deleteVolume(name, refuseIfInUse);
       process.stdout.write(`volume ${name} deleted\n`);
     });
 
@@ -122,8 +111,8 @@ export function registerVolumeCommands(program: Command): void {
       const config = loadConfig();
       checkVolumeName(name);
       const size = parseSize(opts.size, '--size');
-      const { expandVolume } = await import('../ops/node-steps.js');
-      process.stdout.write(`${await expandVolume(config, name, size)}\n`);
+      const { expandVolume } = await import('../node/resize.js');
+      process.stdout.write(`${await expandVolume(createContext(config), name, size)}\n`);
     });
 
   volume
@@ -140,14 +129,14 @@ export function registerVolumeCommands(program: Command): void {
         );
       }
       const config = loadConfig();
-      const ledger = await openLedger(config);
+      const { ledger } = createContext(config);
       await getVolume(ledger, name);
-      const doc = await ledger.update(name, (d) => (d ? releaseDeadNode(d, opts.node, ledger.now()) : d));
+      const doc = await ledger.releaseDeadNode(name, opts.node);
       process.stdout.write(`volume ${name} released from node ${opts.node}; state now ${doc?.status.state}\n`);
     });
 }
 
-export async function getVolume(ledger: Awaited<ReturnType<typeof openLedger>>, name: string): Promise<VolumeDoc> {
+export async function getVolume(ledger: Ledger, name: string): Promise<VolumeDoc> {
   checkVolumeName(name);
   const doc = await ledger.get(name);
   if (!doc) throw new LatchError(`volume ${name} does not exist (latch volume list shows the volumes)`);

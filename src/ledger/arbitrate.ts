@@ -2,7 +2,7 @@
 // Rules (DESIGN.md "Ledger semantics"): priority chooses only while the volume is fully detached, ties go to
 // the smallest ID, no preemption, break before make, read-write-once unless every ticket is read-only,
 // and a node gives the volume up only when it confirms release or an admin declares it down.
-import type { FsType } from '../config.js';
+import type { FsType } from '../filesystems.js';
 import {
   TICKET_PRIORITY,
   type NodeAttachment,

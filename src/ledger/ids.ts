@@ -2,8 +2,22 @@
 import { createHash } from 'node:crypto';
 import type { TicketType } from './types.js';
 
+/** A node's ticket (attach mode): `<type>-<sha256(pvOrVolumeName + driverName + nodeName)>`. */
 export function ticketId(type: TicketType, pvOrVolumeName: string, driverName: string, nodeName: string): string {
   return `${type}-${createHash('sha256')
     .update(pvOrVolumeName + driverName + nodeName)
     .digest('hex')}`;
+}
+
+/**
+ * The workload ticket of one pod on one node (non-attach mode has one ticket per pod, so `latch ticket list` shows
+ * every pod using the volume). It adds the pod key to what a node's ticket hashes, so the two never collide.
+ */
+export function podTicketId(pvName: string, driverName: string, node: string, podKey: string): string {
+  return `workload-${createHash('sha256').update(`${pvName}${driverName}${node}\0pod\0${podKey}`).digest('hex')}`;
+}
+
+/** A ticket ID short enough for tables and messages: the type and the first 12 hex digits. */
+export function shortTicketId(id: string): string {
+  return `${id.slice(0, id.indexOf('-') + 13)}...`;
 }

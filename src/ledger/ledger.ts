@@ -1,8 +1,23 @@
-// The ledger as the ops use it: volume documents in a Store, changed only through the pure functions in
-// arbitrate.ts inside a compare-and-swap loop, so concurrent processes never lose each other's tickets.
+// The ledger as everything above it uses it: named operations on volume documents in a Store, each one a pure
+// change from arbitrate.ts applied inside a compare-and-swap loop, so concurrent processes never lose each other's
+// tickets. Nothing outside this file writes a volume document.
 import { setTimeout as sleep } from 'node:timers/promises';
-import { ConflictError, StoreError } from '../errors.js';
+import { ConflictError, LatchError, StoreError } from '../errors.js';
+import type { FsType } from '../filesystems.js';
+import { formatSize } from '../size.js';
 import type { Store } from '../store/types.js';
+import {
+  addTicket,
+  isSatisfied,
+  markAttached,
+  markAttaching,
+  markReleased,
+  newVolume,
+  releaseDeadNode,
+  removeTicket,
+  type TicketRequest,
+} from './arbitrate.js';
+import { pvKey, volumeKey } from './keys.js';
 import type { VolumeDoc } from './types.js';
 
 const MAX_ATTEMPTS = 500;
@@ -10,6 +25,12 @@ const MAX_ATTEMPTS = 500;
 export interface VolumeRef {
   volume?: string;
   pvOrVolumeName?: string;
+}
+
+/** What a volume that does not exist yet is created as, when a ticket may create it. */
+export interface NewVolumeSpec {
+  sizeBytes: number;
+  fsType: FsType;
 }
 
 export class Ledger {
@@ -23,7 +44,7 @@ export class Ledger {
   }
 
   async get(name: string): Promise<VolumeDoc | undefined> {
-    const found = await this.store.get(`volumes/${name}`);
+    const found = await this.store.get(volumeKey(name));
     return found === undefined ? undefined : checkDoc(found.value, name);
   }
 
@@ -33,7 +54,7 @@ export class Ledger {
    * writes nothing. Returns what is stored afterwards.
    */
   async update(name: string, change: (doc: VolumeDoc | undefined) => VolumeDoc | undefined): Promise<VolumeDoc | undefined> {
-    const key = `volumes/${name}`;
+    const key = volumeKey(name);
     for (let attempt = 1; ; attempt++) {
       const found = await this.store.get(key);
       const current = found === undefined ? undefined : checkDoc(found.value, name);
@@ -63,7 +84,7 @@ export class Ledger {
 
   /** detach and restarted kubelets only know the PV name: find the volume it was attached as. */
   async volumeOfPv(pvName: string): Promise<string> {
-    const alias = await this.store.get(`pvs/${pvName}`);
+    const alias = await this.store.get(pvKey(pvName));
     const volume = (alias?.value as { volume?: unknown } | undefined)?.volume;
     return typeof volume === 'string' ? volume : pvName;
   }
@@ -72,15 +93,121 @@ export class Ledger {
   async linkPv(pvName: string, volume: string): Promise<void> {
     if (pvName === volume) return;
     for (let attempt = 1; ; attempt++) {
-      const alias = await this.store.get(`pvs/${pvName}`);
+      const alias = await this.store.get(pvKey(pvName));
       if ((alias?.value as { volume?: unknown } | undefined)?.volume === volume) return;
       try {
-        await this.store.put(`pvs/${pvName}`, { volume }, alias?.revision ?? 0);
+        await this.store.put(pvKey(pvName), { volume }, alias?.revision ?? 0);
         return;
       } catch (err) {
         if (!(err instanceof ConflictError) || attempt >= MAX_ATTEMPTS) throw err;
       }
     }
+  }
+
+  // ---- tickets -------------------------------------------------------------------------------------------------
+
+  /** Adds (or refreshes) a ticket; creates the volume as `create` says when it does not exist, else changes nothing. */
+  addTicket(name: string, request: TicketRequest, create?: NewVolumeSpec): Promise<VolumeDoc | undefined> {
+    return this.update(name, (d) => {
+      const base = d ?? (create && newVolume(name, create.sizeBytes, create.fsType, this.now()));
+      return base && addTicket(base, request, this.now());
+    });
+  }
+
+  /**
+   * Adds the ticket only if it is granted at once; a refused request leaves the ledger as it was (and drops a stale
+   * ticket of the same ID). For callers that cannot take a waiting ticket back later (non-attach mount: a pod deleted
+   * meanwhile never gets an unmount). Returns the document and, when refused, why.
+   */
+  async addTicketIfGranted(
+    name: string,
+    request: TicketRequest,
+    create: NewVolumeSpec,
+  ): Promise<{ doc: VolumeDoc | undefined; refused?: string }> {
+    let refused: string | undefined;
+    const doc = await this.update(name, (current) => {
+      const next = addTicket(current ?? newVolume(name, create.sizeBytes, create.fsType, this.now()), request, this.now());
+      refused = isSatisfied(next, request.id) ? undefined : (next.status.tickets[request.id]?.message ?? 'not granted');
+      if (refused === undefined) return next;
+      return current?.spec.tickets[request.id] ? removeTicket(current, request.id, this.now()) : current;
+    });
+    return refused === undefined ? { doc } : { doc, refused };
+  }
+
+  /**
+   * Removes a ticket: the ID, or the one `pick` finds in the current document. An unknown ticket changes nothing.
+   * `check` may refuse (throw) after seeing the ticket and the document.
+   */
+  removeTicket(
+    name: string,
+    pick: string | ((doc: VolumeDoc) => string | undefined),
+    check?: (doc: VolumeDoc, id: string) => void,
+  ): Promise<VolumeDoc | undefined> {
+    return this.update(name, (d) => {
+      const id = d && (typeof pick === 'string' ? pick : pick(d));
+      if (!d || !id || !d.spec.tickets[id]) return d;
+      check?.(d, id);
+      return removeTicket(d, id, this.now());
+    });
+  }
+
+  // ---- a node's hold on the volume --------------------------------------------------------------------------------
+
+  /** The node claims the ledger's grant (granted -> attaching); a node without a grant changes nothing. */
+  claimGrant(name: string, node: string): Promise<VolumeDoc | undefined> {
+    return this.update(name, (d) => (d && markAttaching(d, node, this.now())) ?? d);
+  }
+
+  /** The node has set up `device` (attaching -> attached); refused (nothing changes) when its grant was withdrawn. */
+  recordDevice(name: string, node: string, device: string): Promise<VolumeDoc | undefined> {
+    return this.update(name, (d) => (d && markAttached(d, node, device, this.now())) ?? d);
+  }
+
+  /** The node confirms it released the device: it lets go, or stays granted while its tickets still want it. */
+  confirmRelease(name: string, node: string): Promise<VolumeDoc | undefined> {
+    return this.update(name, (d) => d && markReleased(d, node, this.now()));
+  }
+
+  /** The admin fence: the node is down; its tickets and its hold go, whatever it may still have. */
+  releaseDeadNode(name: string, node: string): Promise<VolumeDoc | undefined> {
+    return this.update(name, (d) => d && releaseDeadNode(d, node, this.now()));
+  }
+
+  // ---- what the volume is ---------------------------------------------------------------------------------------
+
+  /** Creates the volume's document; one that exists already is fine only if it has the same size and fsType. */
+  async createVolume(name: string, spec: NewVolumeSpec): Promise<{ doc: VolumeDoc; existed: boolean }> {
+    let existed = false;
+    const doc = await this.update(name, (current) => {
+      existed = current !== undefined;
+      if (!current) return newVolume(name, spec.sizeBytes, spec.fsType, this.now());
+      if (current.spec.sizeBytes !== spec.sizeBytes || current.spec.fsType !== spec.fsType) {
+        throw new LatchError(
+          `volume ${name} already exists with size ${formatSize(current.spec.sizeBytes)} and fsType ${current.spec.fsType}`,
+        );
+      }
+      return current;
+    });
+    if (!doc) throw new StoreError(`volume ${name} vanished while it was being created; try again`);
+    return { doc, existed };
+  }
+
+  /** Deletes the volume's document; `check` may refuse (throw) on seeing the current one. */
+  async deleteVolume(name: string, check: (doc: VolumeDoc) => void): Promise<void> {
+    await this.update(name, (current) => {
+      if (current) check(current);
+      return undefined;
+    });
+  }
+
+  /** Records the filesystem found or made on the volume (from then on, a blank device is never formatted). */
+  recordFilesystem(name: string, fsType: string): Promise<VolumeDoc | undefined> {
+    return this.update(name, (d) => (d && d.status.filesystem !== fsType ? { ...d, status: { ...d.status, filesystem: fsType } } : d));
+  }
+
+  /** Records a new size; never lowers it. */
+  recordSize(name: string, sizeBytes: number): Promise<VolumeDoc | undefined> {
+    return this.update(name, (d) => (d && d.spec.sizeBytes < sizeBytes ? { ...d, spec: { ...d.spec, sizeBytes } } : d));
   }
 
   async list(): Promise<VolumeDoc[]> {

@@ -1,6 +1,6 @@
 // The ledger's documents: one per volume (Longhorn's VolumeAttachment model, seeds 000 and 004).
-import type { FsType } from '../config.js';
-import type { PodInfo } from '../protocol/options.js';
+import type { FsType } from '../filesystems.js';
+import type { PodInfo } from '../contract/options.js';
 
 export const TICKET_PRIORITY = { restore: 2000, admin: 1000, workload: 900, maintenance: 800 } as const;
 export type TicketType = keyof typeof TICKET_PRIORITY;

@@ -1,19 +1,18 @@
 // detach <pvOrVolumeName> <nodeName> (controller, also its 6-minute force-detach): drop the node's ticket.
 // The node keeps its hold until it confirms release (unmountdevice) or an admin fences it.
-import { removeTicket } from '../ledger/arbitrate.js';
+import { nodeName, pvName } from '../contract/args.js';
+import { success } from '../contract/reply.js';
 import { ticketId } from '../ledger/ids.js';
-import { success } from '../protocol/reply.js';
-import { openLedger } from './services.js';
-import type { OpCall } from './types.js';
+import { defineOp } from './op.js';
 
-export async function run(call: OpCall) {
-  const pvName = call.args.pvOrVolumeName!;
-  const ledger = await openLedger(call.config);
-  const name = await ledger.volumeOfPv(pvName);
-  const id = ticketId('workload', pvName, call.config.driverName, call.args.nodeName!);
-  call.facts.volume = name;
-  const now = ledger.now();
-  const doc = await ledger.update(name, (current) => (current ? removeTicket(current, id, now) : current));
-  const holding = doc?.status.nodes[call.args.nodeName!]?.phase === 'detaching';
-  return success(holding ? { message: `volume ${name} stays fenced to node ${call.args.nodeName} until it releases the device` } : {});
-}
+export const op = defineOp({
+  args: { pvOrVolumeName: pvName, nodeName },
+  attachModeOnly: true,
+  async run(ctx, { pvOrVolumeName, nodeName: node }) {
+    const name = await ctx.ledger.volumeOfPv(pvOrVolumeName);
+    ctx.log.volume = name;
+    const doc = await ctx.ledger.removeTicket(name, ticketId('workload', pvOrVolumeName, ctx.config.driverName, node));
+    const holding = doc?.status.nodes[node]?.phase === 'detaching';
+    return success(holding ? { message: `volume ${name} stays fenced to node ${node} until it releases the device` } : {});
+  },
+});

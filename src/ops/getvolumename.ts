@@ -1,7 +1,11 @@
 // getvolumename: kubelet replaces our answer with the PV name, but it documents which name latch uses.
-import { success } from '../protocol/reply.js';
-import type { OpCall } from './types.js';
+import { volumeOptions } from '../contract/args.js';
+import { success } from '../contract/reply.js';
+import { defineOp } from './op.js';
 
-export async function run(call: OpCall) {
-  return success({ volumeName: call.options!.name });
-}
+export const op = defineOp({
+  args: { json: volumeOptions },
+  async run(_ctx, { json }) {
+    return success({ volumeName: json.name });
+  },
+});

@@ -1,17 +1,19 @@
 // init: tell kubelet and the controller what latch can do. Every capability explicit, no side effects.
-import { success } from '../protocol/reply.js';
-import type { OpCall } from './types.js';
+import { success } from '../contract/reply.js';
+import { defineOp } from './op.js';
 
-export async function run(call: OpCall) {
-  return success({
-    capabilities: {
-      attach: call.config.attach,
-      selinuxRelabel: true,
-      fsGroup: true,
-      // expandfs grows the image, the loop device and the mounted filesystem online: kubelet calls it after a PVC
-      // is expanded (in both modes).
-      requiresFSResize: true,
-      supportsMetrics: false,
-    },
-  });
-}
+export const op = defineOp({
+  args: {},
+  async run(ctx) {
+    return success({
+      capabilities: {
+        attach: ctx.config.attach,
+        selinuxRelabel: true,
+        fsGroup: true,
+        // expandfs grows the image, the device and the mounted filesystem online (in both modes).
+        requiresFSResize: true,
+        supportsMetrics: false,
+      },
+    });
+  },
+});

@@ -1,79 +1,67 @@
 // unmount <podVolumeDir>. In attach mode kubelet removes its own bind mount: Not supported.
-// In non-attach mode: find the volume from the kernel (the bind mount's source device and its backing file), or,
-// when nothing is mounted any more, from the pod dir's name (kubelet names it after the PV); remove the bind
-// mount and the pod's ticket; when no ticket of this node is left, unmount the staging path, release the device
-// and confirm it in the ledger. Nothing is kept in memory or in a file, so this works after a reboot, a kubelet
-// restart or a lost staging mount. Success when nothing of the volume is mounted at the pod dir.
+// In non-attach mode: find the volume from the kernel (the bind mount's source device), or, when nothing is mounted
+// any more, from the pod dir's name (kubelet names it after the PV); remove the bind mount and the pod's ticket;
+// when no ticket of this node is left, unmount the staging path, release the device and confirm it in the ledger.
+// Nothing is kept in memory or in a file, so this works after a reboot, a kubelet restart or a lost staging mount.
+// Success when nothing of the volume is mounted at the pod dir.
 import { basename } from 'node:path';
+import { path } from '../contract/args.js';
+import { failure, success } from '../contract/reply.js';
 import { NotSupportedError } from '../errors.js';
-import { removeTicket, ticketsOfNode } from '../ledger/arbitrate.js';
+import { ticketsOfNode } from '../ledger/arbitrate.js';
+import { podTicketId } from '../ledger/ids.js';
 import type { VolumeDoc } from '../ledger/types.js';
-import { checkPvName } from '../names.js';
-import { failure, success } from '../protocol/reply.js';
-import { mountsAt, umount } from '../sys/mounts.js';
-import { leaveNode, podKeyOf, podTicketId, withVolumeLock } from './node-steps.js';
-import { openBackend, openLedger } from './services.js';
-import type { OpCall } from './types.js';
+import { withVolumeLock } from '../node/lock.js';
+import { leaveNode, podKeyOf } from '../node/staging.js';
+import { volumeAtPath } from '../node/volume-at-path.js';
+import { defineOp } from './op.js';
 
-export async function run(call: OpCall) {
-  const { config } = call;
-  if (config.attach) throw new NotSupportedError('in attach mode kubelet removes its own bind mount');
-  const podDir = call.args.podVolumeDir!;
-  const node = config.nodeName;
-  const backend = await openBackend(config);
+/** Mounts stacked at one pod dir that unmount takes down before it gives up. */
+const MAX_STACKED = 16;
 
-  const mounted = await mountsAt(podDir);
-  let name: string | undefined;
-  if (mounted.length > 0) {
-    const source = mounted[mounted.length - 1]!.source;
-    name = await backend.volumeOfDevice(source);
-    if (!name) return failure(`${podDir} has ${source} mounted, which is not a latch volume; not touching it`);
-  } else {
-    const pvName = basename(podDir);
-    try {
-      checkPvName(pvName);
-    } catch {
-      return success(); // not a name latch could have mounted
-    }
-    name = await (await openLedger(config)).volumeOfPv(pvName);
-  }
-  const volume = name;
-  call.facts.volume = volume;
-  call.facts.node = node;
+export const op = defineOp({
+  args: { podVolumeDir: path },
+  async run(ctx, { podVolumeDir: podDir }) {
+    const { config, system, backend, ledger } = ctx;
+    if (config.attach) throw new NotSupportedError('in attach mode kubelet removes its own bind mount');
+    const node = config.nodeName;
+    const found = await volumeAtPath(ctx, podDir);
+    if (found.kind === 'none') return success(); // not a name latch could have mounted
+    if (found.kind === 'foreign') return failure(`${podDir} has ${found.top.source} mounted, which is not a latch volume; not touching it`);
+    const volume = found.volume;
+    ctx.log.volume = volume;
+    ctx.log.node = node;
 
-  return withVolumeLock(config, volume, async () => {
-    // Every mount of this volume stacked at the pod dir goes; anything else found on top stays and is reported.
-    for (let i = 0; i < 16; i++) {
-      const top = (await mountsAt(podDir)).at(-1);
-      if (!top) break;
-      if ((await backend.volumeOfDevice(top.source)) !== volume) {
-        return failure(`${podDir} still has ${top.source} mounted, which is not volume ${volume}; not touching it`);
+    return withVolumeLock(config, volume, async () => {
+      // Every mount of this volume stacked at the pod dir goes; anything else found on top stays and is reported.
+      for (let i = 0; i < MAX_STACKED; i++) {
+        const top = (await system.mountsAt(podDir)).at(-1);
+        if (!top) break;
+        if ((await backend.volumeOfDevice(top.source)) !== volume) {
+          return failure(`${podDir} still has ${top.source} mounted, which is not volume ${volume}; not touching it`);
+        }
+        await system.umount(podDir);
       }
-      await umount(podDir);
-    }
 
-    const ledger = await openLedger(config);
-    const podKey = podKeyOf(podDir);
-    const doc = await ledger.update(volume, (d) => {
-      const id = d && findPodTicket(d, basename(podDir), config.driverName, node, podKey);
-      return d && id ? removeTicket(d, id, ledger.now()) : d;
+      const podKey = podKeyOf(podDir);
+      const doc = await ledger.removeTicket(volume, (d) => podTicketOf(d, basename(podDir), config.driverName, node, podKey));
+      const others = doc ? ticketsOfNode(doc, node).length : 0;
+      if (others > 0) {
+        return success({ message: `${podDir} unmounted; volume ${volume} stays set up on node ${node} for ${others} other ticket(s)` });
+      }
+      const busy = await leaveNode(ctx, volume);
+      if (busy) {
+        return success({
+          message: `${podDir} unmounted; ${busy} is still mounted elsewhere on this host, so node ${node} keeps its hold until a later unmount finds it free`,
+        });
+      }
+      return success();
     });
-    const others = doc ? ticketsOfNode(doc, node).length : 0;
-    if (others > 0) {
-      return success({ message: `${podDir} unmounted; volume ${volume} stays set up on node ${node} for ${others} other ticket(s)` });
-    }
-    const busy = await leaveNode(config, volume);
-    if (busy) {
-      return success({
-        message: `${podDir} unmounted; ${busy} is still mounted elsewhere on this host, so node ${node} keeps its hold until a later unmount finds it free`,
-      });
-    }
-    return success();
-  });
-}
+  },
+});
 
 /** The ticket mount made for this pod: by its deterministic ID, else by this node's ticket recording the pod's UID. */
-function findPodTicket(doc: VolumeDoc, pvName: string, driverName: string, node: string, podKey: string): string | undefined {
+function podTicketOf(doc: VolumeDoc, pvName: string, driverName: string, node: string, podKey: string): string | undefined {
   const id = podTicketId(pvName, driverName, node, podKey);
   if (doc.spec.tickets[id]) return id;
   return Object.values(doc.spec.tickets).find((t) => t.type === 'workload' && t.nodeID === node && t.requestedBy.pod?.uid === podKey)?.id;

@@ -3,28 +3,26 @@
 // a Node warning, a child's output) is captured and goes to the log file instead.
 import { randomUUID } from 'node:crypto';
 import { writeSync } from 'node:fs';
-import { isAbsolute, normalize } from 'node:path';
 import { loadConfig, type Config } from '../config.js';
+import { encodeReply, exitCodeOf, failure, notSupported, type Reply } from '../contract/reply.js';
+import { createContext } from '../context.js';
 import { LatchError, NotSupportedError, errorMessage } from '../errors.js';
-import { redactArgs, writeLog } from '../log.js';
-import { checkNodeName, checkPvName } from '../names.js';
-import type { OpCall } from '../ops/types.js';
+import { redactArgs, writeLog, type CallLog } from '../log.js';
+import type { ArgKinds, ArgValues, OpDefinition } from '../ops/op.js';
 import { killAllChildren, setDefaultCommandTimeout } from '../sys/run.js';
 import { OPS, usageOf } from './ops.js';
-import { parseOptions } from './options.js';
-import { encodeReply, exitCodeOf, failure, notSupported, type Reply } from './reply.js';
 
 // kubelet kills waitforattach at 10 minutes and waits forever on the others: answer before either happens.
 const CALL_DEADLINE_MS = 9 * 60 * 1000;
 
-export async function runDriverCall(op: string, args: string[]): Promise<void> {
+export async function runDriverCall(op: string, argv: string[]): Promise<void> {
   const started = process.hrtime.bigint();
   const callId = randomUUID().slice(0, 8);
   const stray: string[] = [];
   captureStrayOutput(stray);
 
   let config: Config | undefined;
-  const facts: Record<string, unknown> = {};
+  const log: CallLog = {};
   let finished = false;
 
   const finish = (reply: Reply, error?: unknown): void => {
@@ -40,8 +38,8 @@ export async function runDriverCall(op: string, args: string[]): Promise<void> {
           callId,
           pid: process.pid,
           op,
-          args: redactArgs(args),
-          ...facts,
+          args: redactArgs(argv),
+          ...log,
           durationMs,
           status: reply.status,
           ...(reply.message !== undefined && { message: reply.message }),
@@ -68,8 +66,8 @@ export async function runDriverCall(op: string, args: string[]): Promise<void> {
   }, CALL_DEADLINE_MS);
 
   try {
-    const spec = OPS[op];
-    if (!spec) {
+    const load = OPS[op];
+    if (!load) {
       // Unknown ops (waitfordetach, getdevicemountpath, ...) are Not supported whatever the config says; the
       // config is read only to log the call where the operator chose.
       try {
@@ -81,66 +79,40 @@ export async function runDriverCall(op: string, args: string[]): Promise<void> {
       return;
     }
     config = loadConfig();
-    if (spec.attachModeOnly && !config.attach) {
+    const definition = await load();
+    if (definition.attachModeOnly && !config.attach) {
       finish(notSupported(`${op} is not used in non-attach mode (attach: false): mount and unmount do the whole job on the node`));
       return;
     }
     setDefaultCommandTimeout(config.commandTimeout * 1000);
-    const call = buildCall(op, args, config, facts);
-    const handler = await spec.load();
-    finish(await handler.run(call));
+    const args = parseArgs(op, definition, argv, config, log);
+    finish(await definition.run(createContext(config, { log }), args));
   } catch (err) {
     finish(toReply(op, err), err);
   }
 }
 
-/** Checks the argument count and every argument's form, and parses the options JSON. */
-function buildCall(op: string, argv: string[], config: Config, facts: Record<string, unknown>): OpCall {
-  const spec = OPS[op]!;
-  if (argv.length < spec.args.length) {
-    const missing = spec.args
+/** Checks the argument count, then parses every argument by its kind, in order (the first bad one is reported). */
+function parseArgs(op: string, definition: OpDefinition, argv: string[], config: Config, log: CallLog): ArgValues<ArgKinds> {
+  const kinds = Object.entries(definition.args);
+  if (argv.length < kinds.length) {
+    const missing = kinds
       .slice(argv.length)
-      .map((a) => `<${a}>`)
+      .map(([name]) => `<${name}>`)
       .join(' ');
-    throw new LatchError(`${op}: missing argument ${missing} (usage: ${usageOf(op)})`);
+    throw new LatchError(`${op}: missing argument ${missing} (usage: ${usageOf(op, definition)})`);
   }
-  if (argv.length > spec.args.length) {
-    throw new LatchError(`${op}: expected ${spec.args.length} argument(s), got ${argv.length} (usage: ${usageOf(op)})`);
+  if (argv.length > kinds.length) {
+    throw new LatchError(`${op}: expected ${kinds.length} argument(s), got ${argv.length} (usage: ${usageOf(op, definition)})`);
   }
-  const args: Record<string, string> = {};
-  spec.args.forEach((name, i) => {
-    const value = argv[i]!;
-    if (value === '' && !spec.mayBeEmpty?.includes(name)) {
-      throw new LatchError(`${op}: argument <${name}> is empty (usage: ${usageOf(op)})`);
-    }
-    args[name] = value;
+  kinds.forEach(([name, kind], i) => {
+    if (argv[i] === '' && !kind.mayBeEmpty) throw new LatchError(`${op}: argument <${name}> is empty (usage: ${usageOf(op, definition)})`);
   });
-
-  const call: OpCall = { op, args, config, facts };
-  for (const [name, value] of Object.entries(args)) {
-    if (name === 'json') {
-      call.options = parseOptions(value, config);
-      facts.volume = call.options.name;
-    } else if (name === 'nodeName') {
-      facts.node = checkNodeName(value, `${op}: argument <nodeName>`);
-    } else if (name === 'pvOrVolumeName') {
-      facts.volume = checkPvName(value, `${op}: argument <pvOrVolumeName>`);
-    } else if (name === 'newBytes' || name === 'oldBytes') {
-      if (!/^[0-9]{1,17}$/.test(value)) throw new LatchError(`${op}: argument <${name}> must be a byte count, not "${value.slice(0, 32)}"`);
-    } else if (value !== '') {
-      args[name] = checkPath(op, name, value);
-    }
-  }
-  return call;
-}
-
-/** Paths from kubelet: absolute, no NUL, no `..` segments; returned normalised. */
-function checkPath(op: string, name: string, value: string): string {
-  if (value.length > 4096 || value.includes('\0') || !isAbsolute(value) || value.split('/').includes('..')) {
-    throw new LatchError(`${op}: argument <${name}> must be an absolute path without "..", not ${JSON.stringify(value.slice(0, 80))}`);
-  }
-  const normal = normalize(value);
-  return normal.length > 1 && normal.endsWith('/') ? normal.slice(0, -1) : normal;
+  const values: Record<string, unknown> = {};
+  kinds.forEach(([name, kind], i) => {
+    values[name] = kind.parse(argv[i] ?? '', { op, name, config, log });
+  });
+  return values;
 }
 
 function toReply(op: string, err: unknown): Reply {

@@ -1,47 +1,23 @@
-// The FlexVolume call table: argument names in PROTOCOL.md's order, and the module that serves each op.
-// Modules load lazily so a call pays only for the code it runs.
-import type { OpHandler } from '../ops/types.js';
+// The FlexVolume call table: every op latch answers, and the module that defines it. Modules load lazily so a call
+// pays only for the code it runs; an op not listed here answers Not supported.
+import type { OpDefinition } from '../ops/op.js';
 
-export interface OpSpec {
-  /** Positional argument names after the op. */
-  args: readonly string[];
-  /** Arguments that may legitimately be empty strings. */
-  mayBeEmpty?: readonly string[];
-  /** Only used in attach mode: with `attach: false` in the config the op answers Not supported. */
-  attachModeOnly?: boolean;
-  load: () => Promise<{ run: OpHandler }>;
-}
-
-export const OPS: Record<string, OpSpec> = {
-  init: { args: [], load: () => import('../ops/init.js') },
-  getvolumename: { args: ['json'], load: () => import('../ops/getvolumename.js') },
-  attach: { args: ['json', 'nodeName'], attachModeOnly: true, load: () => import('../ops/attach.js') },
-  isattached: { args: ['json', 'nodeName'], attachModeOnly: true, load: () => import('../ops/isattached.js') },
-  detach: { args: ['pvOrVolumeName', 'nodeName'], attachModeOnly: true, load: () => import('../ops/detach.js') },
-  // The controller's attach reply carries no device (only the node can know it), so kubelet passes "".
-  waitforattach: {
-    args: ['devicePath', 'json'],
-    mayBeEmpty: ['devicePath'],
-    attachModeOnly: true,
-    load: () => import('../ops/waitforattach.js'),
-  },
-  mountdevice: { args: ['deviceMountPath', 'devicePath', 'json'], attachModeOnly: true, load: () => import('../ops/mountdevice.js') },
-  unmountdevice: { args: ['deviceMountPath'], attachModeOnly: true, load: () => import('../ops/unmountdevice.js') },
-  mount: { args: ['podVolumeDir', 'json'], load: () => import('../ops/mount.js') },
-  unmount: { args: ['podVolumeDir'], load: () => import('../ops/unmount.js') },
-  // kubelet passes the device its actual state of world knows: "" for a non-attachable driver.
-  expandfs: {
-    args: ['json', 'devicePath', 'podVolumeDir', 'newBytes', 'oldBytes'],
-    mayBeEmpty: ['devicePath'],
-    load: () => import('../ops/expandfs.js'),
-  },
-  expandvolume: {
-    args: ['json', 'deviceMountPath', 'newBytes', 'oldBytes'],
-    load: () => import('../ops/expandvolume.js'),
-  },
+export const OPS: Record<string, () => Promise<OpDefinition>> = {
+  init: () => import('../ops/init.js').then((m) => m.op),
+  getvolumename: () => import('../ops/getvolumename.js').then((m) => m.op),
+  attach: () => import('../ops/attach.js').then((m) => m.op),
+  isattached: () => import('../ops/isattached.js').then((m) => m.op),
+  detach: () => import('../ops/detach.js').then((m) => m.op),
+  waitforattach: () => import('../ops/waitforattach.js').then((m) => m.op),
+  mountdevice: () => import('../ops/mountdevice.js').then((m) => m.op),
+  unmountdevice: () => import('../ops/unmountdevice.js').then((m) => m.op),
+  mount: () => import('../ops/mount.js').then((m) => m.op),
+  unmount: () => import('../ops/unmount.js').then((m) => m.op),
+  expandfs: () => import('../ops/expandfs.js').then((m) => m.op),
+  expandvolume: () => import('../ops/expandvolume.js').then((m) => m.op),
 };
 
-export function usageOf(op: string): string {
-  const spec = OPS[op];
-  return spec ? [op, ...spec.args.map((a) => `<${a}>`)].join(' ') : op;
+/** The op's usage line, e.g. `detach <pvOrVolumeName> <nodeName>`. */
+export function usageOf(op: string, definition: OpDefinition): string {
+  return [op, ...Object.keys(definition.args).map((a) => `<${a}>`)].join(' ');
 }

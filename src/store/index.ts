@@ -3,7 +3,7 @@
 import type { Config } from '../config.js';
 import type { Store } from './types.js';
 
-export async function openStore(config: Config): Promise<Store> {
+export async function openStore(config: Pick<Config, 'store' | 'stateDir'>): Promise<Store> {
   switch (config.store.type) {
     case 'file': {
       const { FileStore } = await import('./file.js');
@@ -14,4 +14,20 @@ export async function openStore(config: Config): Promise<Store> {
       return new EtcdStore(config.store);
     }
   }
+}
+
+/** The configured store, opened on its first use: a call that never reads the ledger never loads or connects it. */
+export function lazyStore(config: Pick<Config, 'store' | 'stateDir'>): Store {
+  let opened: Promise<Store> | undefined;
+  const store = () => (opened ??= openStore(config));
+  return {
+    kind: config.store.type,
+    get: async (key) => (await store()).get(key),
+    put: async (key, value, expectedRevision) => (await store()).put(key, value, expectedRevision),
+    delete: async (key, expectedRevision) => (await store()).delete(key, expectedRevision),
+    list: async (kind) => (await store()).list(kind),
+    close: async () => {
+      if (opened) await (await opened).close();
+    },
+  };
 }

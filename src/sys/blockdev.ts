@@ -1,7 +1,7 @@
 // Filesystems on block devices: probe, format, grow; and device sizes from /sys.
 import { readFile, realpath } from 'node:fs/promises';
 import { basename, isAbsolute } from 'node:path';
-import { FS_TYPES } from '../config.js';
+import { FILESYSTEMS, FS_TYPES, growSpecOf, isFsType } from '../filesystems.js';
 import { LatchError } from '../errors.js';
 import { run } from './run.js';
 
@@ -40,21 +40,11 @@ export async function makeFs(device: string, fsType: string): Promise<void> {
   if (existing !== undefined) {
     throw new LatchError(`refusing to format ${dev} as ${fsType}: it already holds a ${existing} filesystem`);
   }
-  switch (fsType) {
-    case 'ext4':
-    case 'ext3':
-      // Lazy init: a large volume formats in seconds; the kernel zeroes inode tables in the background.
-      await run(`mkfs.${fsType}`, ['-F', '-q', '-E', 'lazy_itable_init=1,lazy_journal_init=1', dev]);
-      return;
-    case 'xfs':
-      await run('mkfs.xfs', ['-q', dev]);
-      return;
-    case 'btrfs':
-      await run('mkfs.btrfs', ['-q', dev]);
-      return;
-    default:
-      throw new LatchError(`cannot create a ${JSON.stringify(fsType)} filesystem: supported types are ${FS_TYPES.join(', ')}`);
+  if (!isFsType(fsType)) {
+    throw new LatchError(`cannot create a ${JSON.stringify(fsType)} filesystem: supported types are ${FS_TYPES.join(', ')}`);
   }
+  const [command, ...args] = FILESYSTEMS[fsType].mkfs;
+  await run(command, [...args, dev]);
 }
 
 /** Grows the filesystem on `device`, mounted at `mountPoint`, to fill the device (online). */
@@ -63,21 +53,9 @@ export async function growFs(device: string, mountPoint: string, fsType: string)
   if (!isAbsolute(mountPoint) || mountPoint.includes('\0')) {
     throw new LatchError(`mount point ${JSON.stringify(mountPoint.slice(0, 120))} must be an absolute path`);
   }
-  switch (fsType) {
-    case 'ext4':
-    case 'ext3':
-    case 'ext2':
-      await run('resize2fs', [dev]);
-      return;
-    case 'xfs':
-      await run('xfs_growfs', [mountPoint]);
-      return;
-    case 'btrfs':
-      await run('btrfs', ['filesystem', 'resize', 'max', mountPoint]);
-      return;
-    default:
-      throw new LatchError(`cannot grow a ${JSON.stringify(fsType)} filesystem: supported types are ext4, ext3, xfs, btrfs`);
-  }
+  const spec = growSpecOf(fsType)?.grow;
+  if (!spec) throw new LatchError(`cannot grow a ${JSON.stringify(fsType)} filesystem: latch grows ${FS_TYPES.join(', ')} and ext2`);
+  await run(spec.tool, [...spec.args, spec.target === 'device' ? dev : mountPoint]);
 }
 
 /** Size of a block device in bytes, from /sys/class/block/<name>/size (512-byte sectors). */

@@ -17,7 +17,7 @@ teardown() {
   latch_teardown
 }
 
-# Argument names after the op, as in src/protocol/ops.ts and PROTOCOL.md.
+# Argument names after the op, as the op definitions in src/ops/*.ts and PROTOCOL.md give them.
 declare -gA OP_ARGS=(
   [init]=""
   [getvolumename]="json"
@@ -36,10 +36,10 @@ ALL_OPS=(init getvolumename attach isattached detach waitforattach mountdevice u
   expandvolume)
 JSON_OPS=(getvolumename attach isattached waitforattach mountdevice mount expandfs expandvolume)
 
-# Arguments kubelet may legitimately pass as "" (mayBeEmpty in src/protocol/ops.ts): the attach reply carries no
+# Arguments kubelet may legitimately pass as "" (optionalPath in src/ops/*.ts): the attach reply carries no
 # device, and a non-attachable driver has none to give expandfs.
 MAY_BE_EMPTY=" waitforattach:devicePath expandfs:devicePath "
-# Ops kubelet and the controller only call on an attachable driver (attachModeOnly in src/protocol/ops.ts).
+# Ops kubelet and the controller only call on an attachable driver (attachModeOnly in src/ops/*.ts).
 ATTACH_MODE_OPS=(attach isattached detach waitforattach mountdevice unmountdevice)
 
 # valid_args OP -- sets ARGS to a minimal valid argv for OP (after the op), for volume $VOL on node-a.
@@ -170,7 +170,7 @@ check_empty_arguments() {
   check_extra_argument init
 }
 
-@test "the op table of these tests matches src/protocol/ops.ts" {
+@test "the op table of these tests matches the op definitions in src/ops" {
   local expected op names
   expected=$(for op in "${ALL_OPS[@]}"; do
     read -ra names <<<"${OP_ARGS[$op]}"
@@ -178,12 +178,14 @@ check_empty_arguments() {
   done | sort)
   # Read in the repository, where tsx resolves; the subshell keeps the test's working directory.
   run --separate-stderr bash -c 'cd "$1" && node --import tsx -e "$2"' _ "$LATCH_REPO_ROOT" '
-    import("./src/protocol/ops.ts").then((m) => {
+    import("./src/protocol/ops.ts").then(async (m) => {
       const OPS = m.OPS ?? m.default.OPS;
-      for (const [op, spec] of Object.entries(OPS)) {
-        console.log(`${op} ${spec.args.join(" ")}`.trimEnd());
-        for (const name of spec.mayBeEmpty ?? []) console.log(`empty ${op}:${name}`);
-        if (spec.attachModeOnly) console.log(`attach-only ${op}`);
+      for (const [op, load] of Object.entries(OPS)) {
+        const definition = await load();
+        const args = Object.entries(definition.args);
+        console.log(`${op} ${args.map(([name]) => name).join(" ")}`.trimEnd());
+        for (const [name, kind] of args) if (kind.mayBeEmpty) console.log(`empty ${op}:${name}`);
+        if (definition.attachModeOnly) console.log(`attach-only ${op}`);
       }
     })'
   assert_success

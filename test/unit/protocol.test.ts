@@ -6,8 +6,8 @@ import { describe, it } from 'node:test';
 import { loadConfig, parseConfig } from '../../src/config.js';
 import { redactArgs, writeLog } from '../../src/log.js';
 import { checkPvName, checkVolumeName } from '../../src/names.js';
-import { parseOptions } from '../../src/protocol/options.js';
-import { encodeReply, exitCodeOf, failure, notSupported, success } from '../../src/protocol/reply.js';
+import { parseOptions } from '../../src/contract/options.js';
+import { encodeReply, exitCodeOf, failure, notSupported, success } from '../../src/contract/reply.js';
 import { formatSize, parseSize } from '../../src/size.js';
 
 const config = parseConfig({}, 'test');

@@ -3,8 +3,10 @@ import { spawn } from 'node:child_process';
 import { describe, it } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { resolve } from 'node:path';
-import { ticketId } from '../../src/ledger/ids.js';
-import { hasCapability, parseCapEff, podKeyOf, podTicketId, stagingPath, withVolumeLock } from '../../src/ops/node-steps.js';
+import { podTicketId, ticketId } from '../../src/ledger/ids.js';
+import { withVolumeLock } from '../../src/node/lock.js';
+import { podKeyOf, stagingPath } from '../../src/node/staging.js';
+import { hasCapability, parseCapEff } from '../../src/sys/capabilities.js';
 import { LatchError } from '../../src/errors.js';
 
 describe('pod keys and pod tickets (non-attach mode)', () => {
@@ -86,7 +88,7 @@ describe('the node-local volume lock', () => {
 
   it('is freed by the kernel when its holder is killed with SIGKILL', async () => {
     const script = `
-      const { withVolumeLock } = require(${JSON.stringify(resolve(__dirname, '../../src/ops/node-steps.ts'))});
+      const { withVolumeLock } = require(${JSON.stringify(resolve(__dirname, '../../src/node/lock.ts'))});
       setInterval(() => {}, 1000);
       withVolumeLock(${JSON.stringify(config)}, 'k', () => { process.stdout.write('held\\n'); return new Promise(() => {}); });
     `;

@@ -1,0 +1,44 @@
+// The composition root: everything a driver call, an admin command or a node service works with, built once per
+// call from the configuration and passed down. Nothing below opens its own ledger, backend or clock; tests build
+// a context with an in-memory store, a fake backend and a fake system instead.
+import { LoopBackend } from './backend/loop.js';
+import type { Backend } from './backend/types.js';
+import type { Config } from './config.js';
+import { Ledger } from './ledger/ledger.js';
+import type { CallLog } from './log.js';
+import { lazyStore } from './store/index.js';
+import type { Store } from './store/types.js';
+import { hostSystem, type System } from './sys/system.js';
+
+/** Milliseconds since the epoch. */
+export type Clock = () => number;
+
+export interface Context {
+  readonly config: Config;
+  readonly ledger: Ledger;
+  readonly backend: Backend;
+  readonly system: System;
+  readonly clock: Clock;
+  readonly log: CallLog;
+}
+
+/** Parts a test (or a tool looking at another store) puts in place of the configured ones. */
+export interface ContextParts {
+  store?: Store;
+  backend?: Backend;
+  system?: System;
+  clock?: Clock;
+  log?: CallLog;
+}
+
+export function createContext(config: Config, parts: ContextParts = {}): Context {
+  const clock = parts.clock ?? Date.now;
+  return {
+    config,
+    ledger: new Ledger(parts.store ?? lazyStore(config), () => new Date(clock()).toISOString()),
+    backend: parts.backend ?? new LoopBackend({ poolDir: config.poolDir, maxSize: config.maxSize }),
+    system: parts.system ?? hostSystem,
+    clock,
+    log: parts.log ?? {},
+  };
+}

@@ -1,0 +1,50 @@
+// A volume's block device on this node: set up after the ledger's grant, released once nothing mounts it, and each
+// step recorded in the ledger. What is set up is always read back from the kernel (through the backend), never
+// remembered, so both steps are safe to repeat after a crash.
+import type { Context } from '../context.js';
+import { LatchError } from '../errors.js';
+import type { VolumeDoc } from '../ledger/types.js';
+
+/**
+ * After the grant: makes sure the storage exists (created only for a volume that never held a filesystem), sets up
+ * (or finds) its device and records it on the node's entry. If the grant was withdrawn meanwhile, undoes the device
+ * unless something already mounted it, and fails. Logs the device as soon as it is known.
+ */
+export async function setUpDevice(ctx: Context, name: string, doc: VolumeDoc): Promise<{ device: string; doc: VolumeDoc }> {
+  const { backend, ledger, config } = ctx;
+  const node = config.nodeName;
+  if ((await backend.size(name)) === undefined) {
+    if (doc.status.filesystem) {
+      throw new LatchError(
+        `the image of volume ${name} is missing from the pool (${config.poolDir}) although it held a ` +
+          `${doc.status.filesystem} filesystem; refusing to create an empty one in its place`,
+      );
+    }
+    await backend.create(name, doc.spec.sizeBytes);
+  }
+  const device = await backend.attach(name);
+  ctx.log.device = device;
+
+  const after = await ledger.recordDevice(name, node, device);
+  if (after?.status.nodes[node]?.phase !== 'attached') {
+    // The controller detached it while we were setting up: undo, unless something already mounted the device.
+    if (!(await ctx.system.isDeviceMounted(device))) {
+      await backend.release(name);
+      await ledger.confirmRelease(name, node);
+    }
+    throw new LatchError(`volume ${name} was detached from node ${node} while its device was being set up`);
+  }
+  return { device, doc: after };
+}
+
+/**
+ * Releases the volume's device on this node and confirms the release in the ledger, unless the device is still
+ * mounted somewhere (then nothing changes and the device is returned: the node keeps its hold).
+ */
+export async function releaseDevice(ctx: Context, name: string): Promise<string | undefined> {
+  const device = await ctx.backend.findDevice(name);
+  if (device && (await ctx.system.isDeviceMounted(device))) return device;
+  await ctx.backend.release(name);
+  await ctx.ledger.confirmRelease(name, ctx.config.nodeName);
+  return undefined;
+}

@@ -1,0 +1,22 @@
+// What a FlexVolume op is: its positional arguments, named and typed by kind (in PROTOCOL.md's order), whether it
+// only exists in attach mode, and the function that serves it with the call's context and the parsed arguments.
+import type { ArgKind } from '../contract/args.js';
+import type { Reply } from '../contract/reply.js';
+import type { Context } from '../context.js';
+
+export type ArgKinds = Record<string, ArgKind<unknown>>;
+
+/** The parsed values of an op's arguments, by name. */
+export type ArgValues<A extends ArgKinds> = { [K in keyof A]: A[K] extends ArgKind<infer T> ? T : never };
+
+export interface OpDefinition<A extends ArgKinds = ArgKinds> {
+  /** Positional arguments after the op, in order. */
+  readonly args: A;
+  /** Only used in attach mode: with `attach: false` in the config the op answers Not supported. */
+  readonly attachModeOnly?: boolean;
+  run(ctx: Context, args: ArgValues<A>): Promise<Reply>;
+}
+
+export function defineOp<A extends ArgKinds>(definition: OpDefinition<A>): OpDefinition<A> {
+  return definition;
+}

@@ -1,0 +1,48 @@
+// What the node services need of this host's kernel, as one interface: the mount table, mount and unmount,
+// filesystems on devices, and the process's capabilities. `hostSystem` is the real one; unit tests pass a fake, so
+// every op's decisions run without root.
+import { growFs, makeFs, probeFsType } from './blockdev.js';
+import { effectiveCapabilities } from './capabilities.js';
+import {
+  bindMount,
+  findmnt,
+  isDeviceMounted,
+  mount,
+  mountsAt,
+  readMountInfo,
+  umount,
+  type FindmntEntry,
+  type MountInfo,
+  type MountOptions,
+} from './mounts.js';
+
+export interface System {
+  readMountInfo(): Promise<MountInfo[]>;
+  /** The mounts stacked exactly at `path`, bottom first (from `table` when given). */
+  mountsAt(path: string, table?: MountInfo[]): Promise<MountInfo[]>;
+  /** What findmnt(8) shows at `path`: a second opinion after mounting. */
+  findmnt(path: string): Promise<FindmntEntry | undefined>;
+  mount(device: string, path: string, options: MountOptions): Promise<void>;
+  bindMount(source: string, target: string, readOnly: boolean): Promise<void>;
+  /** Unmounts the topmost mount at `path`; false when nothing was mounted there. */
+  umount(path: string): Promise<boolean>;
+  isDeviceMounted(device: string): Promise<boolean>;
+  probeFsType(device: string): Promise<string | undefined>;
+  makeFs(device: string, fsType: string): Promise<void>;
+  growFs(device: string, mountPoint: string, fsType: string): Promise<void>;
+  effectiveCapabilities(): Promise<bigint | undefined>;
+}
+
+export const hostSystem: System = {
+  readMountInfo,
+  mountsAt,
+  findmnt,
+  mount,
+  bindMount,
+  umount: (path) => umount(path),
+  isDeviceMounted,
+  probeFsType,
+  makeFs,
+  growFs,
+  effectiveCapabilities,
+};
