@@ -151,7 +151,8 @@ export function parseConfig(raw: unknown, source: string): Config {
   schema ??= buildSchema();
   const result = schema.safeParse(raw);
   if (!result.success) {
-    const issue = result.error.issues[0]!;
+    const issue = result.error.issues[0];
+    if (!issue) throw new ConfigError(`invalid configuration in ${source}`);
     const field = issue.path.length > 0 ? issue.path.join('.') : '(top level)';
     const detail = issue.code === 'unrecognized_keys' ? `unknown field(s) ${issue.keys.map((k) => `"${k}"`).join(', ')}` : issue.message;
     throw new ConfigError(`invalid configuration in ${source}: field "${field}": ${detail}`);

@@ -83,7 +83,8 @@ export function parseOptions(json: string, config: Pick<Config, 'allowedFsTypes'
 
   const result = cachedOptionsSchema(config).safeParse(raw);
   if (!result.success) {
-    const issue = result.error.issues[0]!;
+    const issue = result.error.issues[0];
+    if (!issue) throw new LatchError('the options argument is not valid');
     const field = String(issue.path[0] ?? '');
     if (issue.code === 'invalid_type') {
       const what = field.startsWith(SECRET_PREFIX) ? 'a base64 string' : 'a string (FlexVolume options are strings)';
@@ -99,11 +100,10 @@ export function parseOptions(json: string, config: Pick<Config, 'allowedFsTypes'
   }
   const volume = o.volume;
   const pvOrVolumeName = o['kubernetes.io/pvOrVolumeName'];
-  if (volume === undefined && pvOrVolumeName === undefined) {
-    throw new LatchError('the options name no volume: set "volume", or pass "kubernetes.io/pvOrVolumeName"');
-  }
   // The PV name is the volume's name unless "volume" says otherwise; as a volume name it must fit a file name.
-  const name = volume ?? checkVolumeName(pvOrVolumeName!, 'option "kubernetes.io/pvOrVolumeName"');
+  const name =
+    volume ?? (pvOrVolumeName === undefined ? undefined : checkVolumeName(pvOrVolumeName, 'option "kubernetes.io/pvOrVolumeName"'));
+  if (name === undefined) throw new LatchError('the options name no volume: set "volume", or pass "kubernetes.io/pvOrVolumeName"');
   const k8sFsType = o['kubernetes.io/fsType'];
   const fsType = o.fsType ?? (k8sFsType === '' ? undefined : k8sFsType);
 

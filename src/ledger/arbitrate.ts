@@ -158,15 +158,22 @@ export function reconcile(doc: VolumeDoc, now: string): VolumeDoc {
         nodes[node] = { phase: 'granted', readOnly: ticketsOfNode(next, node).every((t) => t.parameters.readOnly), since: now };
       }
     }
-  } else if (everyTicketReadOnly && holders.every((n) => nodes[n]!.readOnly && nodes[n]!.phase !== 'detaching')) {
+  } else if (everyTicketReadOnly && Object.values(nodes).every((e) => e.readOnly && e.phase !== 'detaching')) {
     // Read-only-many: more nodes may join while every holder and every ticket is read-only.
     for (const ticket of tickets) {
       nodes[ticket.nodeID] ??= { phase: 'granted', readOnly: true, since: now };
     }
-  } else if (holders.length === 1) {
+  } else {
     // A read-write ticket on a node that was granted read-only but has not touched the device yet: upgrade it.
-    const only = nodes[holders[0]!]!;
-    if (only.phase === 'granted' && only.readOnly && ticketsOfNode(next, holders[0]!).some((t) => !t.parameters.readOnly)) {
+    const [onlyNode, ...more] = holders;
+    const only = onlyNode === undefined ? undefined : nodes[onlyNode];
+    if (
+      more.length === 0 &&
+      onlyNode !== undefined &&
+      only?.phase === 'granted' &&
+      only.readOnly &&
+      ticketsOfNode(next, onlyNode).some((t) => !t.parameters.readOnly)
+    ) {
       only.readOnly = false;
     }
   }
