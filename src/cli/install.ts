@@ -32,7 +32,7 @@ export async function install(options: InstallOptions, io: CommandIO): Promise<v
   const source = await runningExecutable();
   const result = await installDriver({ pluginDir: choice.dir, driverName: driver.name, source: source.path });
   if (options.output === 'json') {
-    return io.out(
+    io.out(
       formatJson({
         pluginDir: choice.dir,
         pluginDirSource: choice.source,
@@ -43,6 +43,7 @@ export async function install(options: InstallOptions, io: CommandIO): Promise<v
         ...result,
       }),
     );
+    return;
   }
   const lines = [`plugin dir: ${choice.dir} (${choice.reason})`];
   if (result.action === 'unchanged') {

@@ -25,8 +25,12 @@ export function configOf(io: CommandIO): Config {
 export function processIO(): CommandIO & { err(text: string): void; close(): Promise<void> } {
   const opened: Context[] = [];
   return {
-    out: (text) => process.stdout.write(text),
-    err: (text) => process.stderr.write(text),
+    out: (text) => {
+      process.stdout.write(text);
+    },
+    err: (text) => {
+      process.stderr.write(text);
+    },
     env: process.env,
     context: (config) => {
       const ctx = createContext(config);

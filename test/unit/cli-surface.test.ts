@@ -40,11 +40,15 @@ function captured(context: (config: Config) => Context = createContext): Capture
     stderr: '',
     closed: 0,
     env: { LATCH_CONFIG: config },
+    // Like process.stdout.write, the sinks return true: a command that returns what out() returned would then
+    // hand its caller `true` for an exit code.
     out: (text) => {
       io.stdout += text;
+      return true;
     },
     err: (text) => {
       io.stderr += text;
+      return true;
     },
     context,
     close: async () => {
@@ -97,6 +101,16 @@ describe('the command surface', () => {
     };
     walk(SRC);
     assert.deepEqual(users.sort(), ['cli/main.ts', 'cli/surface.ts']);
+  });
+
+  test('a command that prints JSON exits 0 with exactly its JSON', async () => {
+    for (const argv of [
+      ['volume', 'list', '-o', 'json'],
+      ['ticket', 'list', '--output', 'json'],
+    ]) {
+      const r = await cli(argv);
+      assert.deepEqual([r.code, JSON.parse(r.stdout), r.stderr], [0, [], ''], argv.join(' '));
+    }
   });
 
   test('--help lists every command; version prints the version', async () => {

@@ -9,7 +9,10 @@ export async function ticketList(options: { volume?: string; output: OutputForma
   const { ledger } = io.context(configOf(io));
   const docs = options.volume ? [await getVolume(ledger, options.volume)] : await ledger.list();
   const rows = docs.flatMap((d) => Object.values(d.spec.tickets).map((t) => ({ volume: d.name, ...t, status: d.status.tickets[t.id] })));
-  if (options.output === 'json') return io.out(formatJson(rows));
+  if (options.output === 'json') {
+    io.out(formatJson(rows));
+    return;
+  }
   io.out(
     formatTable(
       ['volume', 'ticket', 'type', 'node', 'mode', 'satisfied', 'requested by', 'condition'],

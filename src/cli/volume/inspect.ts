@@ -6,7 +6,10 @@ import { describeNodes, getVolume } from './volume-doc.js';
 
 export async function volumeInspect(options: { name: string; output: OutputFormat }, io: CommandIO): Promise<void> {
   const doc = await getVolume(io.context(configOf(io)).ledger, options.name);
-  if (options.output === 'json') return io.out(formatJson(doc));
+  if (options.output === 'json') {
+    io.out(formatJson(doc));
+    return;
+  }
   const lines = [
     `Name:        ${doc.name}`,
     `Size:        ${formatSize(doc.spec.sizeBytes)}`,

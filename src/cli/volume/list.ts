@@ -6,7 +6,10 @@ import { describeNodes } from './volume-doc.js';
 
 export async function volumeList(options: { output: OutputFormat }, io: CommandIO): Promise<void> {
   const docs = await io.context(configOf(io)).ledger.list();
-  if (options.output === 'json') return io.out(formatJson(docs));
+  if (options.output === 'json') {
+    io.out(formatJson(docs));
+    return;
+  }
   io.out(
     formatTable(
       ['name', 'size', 'fs', 'state', 'nodes', 'tickets'],
