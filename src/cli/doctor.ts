@@ -16,7 +16,7 @@ export interface DoctorCommandOptions {
 export async function doctor(options: DoctorCommandOptions, io: CommandIO): Promise<number> {
   const report = await runDoctor({
     env: io.env,
-    context: io.context,
+    context: (config) => io.context(config),
     ...(options.pluginDir !== undefined && { pluginDir: options.pluginDir }),
     stuckAfterSeconds: options.stuckAfter,
   });

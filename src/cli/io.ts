@@ -1,6 +1,6 @@
 // What an admin command works with besides its options: where it prints, the environment it reads its
-// configuration from, and how it gets a context. Commands take it as an argument, so a test calls a command with
-// its own sink, environment and in-memory store instead of running the executable.
+// configuration from, and how it gets a context. A command is `(options, io) => Promise<exit code | void>` and
+// throws a LatchError for a user's mistake; taking its I/O as an argument, it is tested by calling it.
 import { loadConfig, type Config } from '../config.js';
 import { createContext, type Context } from '../context.js';
 
@@ -13,16 +13,19 @@ export interface CommandIO {
   context(config: Config): Context;
 }
 
-/** A command: typed options in, an exit code out (nothing means 0). A user's mistake is thrown as a LatchError. */
-export type AdminCommand<Options> = (options: Options, io: CommandIO) => Promise<number | void>;
-
 /** The configuration from the command's environment. */
 export function configOf(io: CommandIO): Config {
   return loadConfig(io.env);
 }
 
-/** The real process: stdout, process.env, and contexts whose stores are closed once the command is done. */
-export function processIO(): CommandIO & { err(text: string): void; close(): Promise<void> } {
+/** What the CLI's runner has besides: where usage and errors go (stderr), and what to close when it is done. */
+export interface CliIO extends CommandIO {
+  err(text: string): void;
+  close?(): Promise<void>;
+}
+
+/** The real process: stdout, stderr, process.env, and contexts whose stores are closed once the command is done. */
+export function processIO(): CliIO {
   const opened: Context[] = [];
   return {
     out: (text) => {

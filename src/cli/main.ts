@@ -2,11 +2,11 @@
 // an exit code. A user's mistake (a LatchError, a bad option) is said plainly; anything else is an internal error.
 import { CommanderError } from 'commander';
 import { LatchError, errorMessage } from '../errors.js';
-import { processIO } from './io.js';
-import { buildProgram, type CliIO } from './surface.js';
+import { processIO, type CliIO } from './io.js';
+import { buildProgram } from './surface.js';
 
 /** Runs one admin command line (argv without node and the script); returns the exit code. */
-export async function runCli(argv: string[], io: CliIO & { close?(): Promise<void> } = processIO()): Promise<number> {
+export async function runCli(argv: string[], io: CliIO = processIO()): Promise<number> {
   let code = 0;
   const program = buildProgram(io, (c) => {
     code = c;

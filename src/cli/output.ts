@@ -19,8 +19,3 @@ export function formatTable(columns: string[], rows: string[][]): string {
   const line = (cells: string[]) => cells.map((c, i) => (i === cells.length - 1 ? c : c.padEnd(widths[i] ?? 0))).join('  ');
   return `${[line(columns.map((c) => c.toUpperCase())), ...rows.map(line)].join('\n')}\n`;
 }
-
-/** Lines of text, each ending in a newline. */
-export function lines(...text: string[]): string {
-  return `${text.join('\n')}\n`;
-}

@@ -2,6 +2,7 @@
 // calls the command's function with typed options; it is told never to exit or print by itself, so that exit codes
 // and output stay ours (a FlexVolume driver must not let a library write to stdout).
 import { Command, InvalidArgumentError } from 'commander';
+import { DEFAULT_DRIVER_NAME } from '../config.js';
 import { LatchError } from '../errors.js';
 import { FS_TYPES } from '../filesystems.js';
 import { DEFAULT_PLUGIN_DIR, OPENSHIFT_PLUGIN_DIR } from '../host/plugin-dir.js';
@@ -12,7 +13,7 @@ import { demo } from './demo.js';
 import { doctor, parseSeconds } from './doctor.js';
 import { DEFAULT_STUCK_AFTER_SECONDS } from './doctor/detaching.js';
 import { install } from './install.js';
-import type { CommandIO } from './io.js';
+import type { CliIO, CommandIO } from './io.js';
 import { ledgerMigrate, parseStoreName } from './ledger/migrate.js';
 import { parseFormat } from './output.js';
 import { parseTicketType, ticketAdd } from './ticket/add.js';
@@ -26,11 +27,6 @@ import { volumeExpand } from './volume/expand.js';
 import { volumeInspect } from './volume/inspect.js';
 import { volumeList } from './volume/list.js';
 import { volumeRelease } from './volume/release.js';
-
-/** Where the CLI prints its own errors and usage (stderr), besides what every command has. */
-export interface CliIO extends CommandIO {
-  err(text: string): void;
-}
 
 /** The program; `exit` receives the exit code a command returned. */
 export function buildProgram(io: CliIO, exit: (code: number) => void): Command {
@@ -76,7 +72,7 @@ export function buildProgram(io: CliIO, exit: (code: number) => void): Command {
           ].join('\n'),
         )
         .option('--plugin-dir <dir>', "kubelet's FlexVolume plugin directory (default: detected)")
-        .option('--driver <vendor/driver>', 'driver name (default: driverName from the config, else latch/loop)')
+        .option(...DRIVER)
         .option(...OUTPUT)
         .action(async (opts) => done(await install(opts, io))),
 
@@ -84,7 +80,7 @@ export function buildProgram(io: CliIO, exit: (code: number) => void): Command {
       c
         .description("remove the driver from kubelet's plugin dir; refused while this node holds volumes, unless --force")
         .option('--plugin-dir <dir>', "kubelet's FlexVolume plugin directory (default: detected)")
-        .option('--driver <vendor/driver>', 'driver name (default: driverName from the config, else latch/loop)')
+        .option(...DRIVER)
         .option('--force', 'remove it even though this node still holds volumes (kubelet can then no longer unmount them)')
         .action(async (opts) => done(await uninstall(opts, io))),
 
@@ -203,6 +199,9 @@ function declareLedger(ledger: Command, io: CommandIO, done: Done): void {
     .option(...OUTPUT)
     .action(async (opts) => done(await ledgerMigrate(opts, io)));
 }
+
+/** --driver, as install and uninstall take it. */
+const DRIVER = ['--driver <vendor/driver>', `driver name (default: driverName from the config, else ${DEFAULT_DRIVER_NAME})`] as const;
 
 /** -o/--output, as every command that prints data takes it. */
 const OUTPUT = ['-o, --output <format>', 'table or json', valueOf(parseFormat), 'table'] as const;

@@ -20,7 +20,7 @@ export function driverPath(pluginDir: string, driverName: string): { dir: string
 }
 
 /** Whether this process is the self-contained build (a Node single-executable application). */
-export function isSingleExecutable(): boolean {
+function isSingleExecutable(): boolean {
   // Not import(): a single-executable application's main script cannot import() at all (Node 20), so that would
   // always say "no" exactly where the answer matters.
   try {

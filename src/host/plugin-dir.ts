@@ -17,7 +17,7 @@ export interface DetectionPaths {
   defaultDir: string;
 }
 
-export type PluginDirSource = 'option' | 'env' | 'kubelet-flag' | 'kubelet-config' | 'openshift' | 'default';
+type PluginDirSource = 'option' | 'env' | 'kubelet-flag' | 'kubelet-config' | 'openshift' | 'default';
 
 export interface PluginDirChoice {
   dir: string;
@@ -26,7 +26,7 @@ export interface PluginDirChoice {
   reason: string;
 }
 
-export function detectionPaths(env: NodeJS.ProcessEnv = process.env): DetectionPaths {
+function detectionPaths(env: NodeJS.ProcessEnv = process.env): DetectionPaths {
   const pick = (value: string | undefined, fallback: string) => (value && value.length > 0 ? value : fallback);
   return {
     procRoot: pick(env.LATCH_PROC_ROOT, '/proc'),

@@ -8,9 +8,9 @@ import { ConflictError } from '../errors.js';
 import type { Store } from '../store/types.js';
 import { LEDGER_KINDS } from './keys.js';
 
-export type MigrationAction = 'copied' | 'overwritten' | 'skipped' | 'refused';
+type MigrationAction = 'copied' | 'overwritten' | 'skipped' | 'refused';
 
-export interface MigrationEntry {
+interface MigrationEntry {
   key: string;
   action: MigrationAction;
   detail?: string;

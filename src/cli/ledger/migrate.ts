@@ -14,7 +14,7 @@ import { formatJson, formatTable, type OutputFormat } from '../output.js';
 export type StoreName = 'file' | 'etcd';
 
 /** The etcd settings given as flags; each one replaces the configuration's. */
-export interface EtcdFlags {
+interface EtcdFlags {
   etcdEndpoints?: string;
   etcdPrefix?: string;
   etcdCa?: string;
