@@ -4,11 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# command -> Debian package that provides it
+# command -> Debian package that provides it: every tool latch runs (src/filesystems.ts and doctor's list; a unit
+# test, test/unit/filesystems.test.ts, checks this table against them), then what the tests use.
 declare -A PACKAGES=(
-  [losetup]=mount [findmnt]=util-linux [blkid]=util-linux [mkfs.ext4]=e2fsprogs [resize2fs]=e2fsprogs
-  [mkfs.xfs]=xfsprogs [xfs_growfs]=xfsprogs [mkfs.btrfs]=btrfs-progs [jq]=jq [inotifywait]=inotify-tools
-  [etcd]=etcd-server
+  [losetup]=mount [mount]=mount [umount]=mount [findmnt]=util-linux [blkid]=util-linux [setpriv]=util-linux
+  [mkfs.ext4]=e2fsprogs [mkfs.ext3]=e2fsprogs [resize2fs]=e2fsprogs [mkfs.xfs]=xfsprogs [xfs_growfs]=xfsprogs
+  [mkfs.btrfs]=btrfs-progs [btrfs]=btrfs-progs
+  [jq]=jq [inotifywait]=inotify-tools [etcd]=etcd-server
 )
 missing=()
 for cmd in "${!PACKAGES[@]}"; do

@@ -8,6 +8,9 @@ import { FS_TYPES, type FsType } from './filesystems.js';
 import { parseSize } from './size.js';
 
 export const DEFAULT_CONFIG_PATH = '/etc/latch/config.json';
+export const DEFAULT_DRIVER_NAME = 'latch/loop';
+/** vendor/driver: kubelet makes the plugin directory `vendor~driver` of it. */
+export const DRIVER_NAME_PATTERN = /^[a-z0-9][a-z0-9.-]*\/[a-z0-9][a-z0-9.-]*$/;
 
 export interface EtcdStoreConfig {
   type: 'etcd';
@@ -80,8 +83,8 @@ function buildSchema() {
     .object({
       driverName: z
         .string()
-        .regex(/^[a-z0-9][a-z0-9.-]*\/[a-z0-9][a-z0-9.-]*$/, 'must look like vendor/driver, e.g. latch/loop')
-        .default('latch/loop'),
+        .regex(DRIVER_NAME_PATTERN, `must look like vendor/driver, e.g. ${DEFAULT_DRIVER_NAME}`)
+        .default(DEFAULT_DRIVER_NAME),
       nodeName: z
         .string()
         .regex(/^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$/, 'must be a lower-case host name as kubelet reports it')

@@ -1,14 +1,15 @@
 // One executable, two audiences: kubelet and the controller call FlexVolume ops (one JSON reply, exit 0/1);
-// people call the admin commands. The first argument decides which.
+// people call the admin commands. The first argument decides which; the CLI is loaded only for people.
+import { isAdminCall } from './cli/command-names.js';
 import { runDriverCall } from './protocol/driver.js';
-
-const ADMIN_COMMANDS = new Set(['volume', 'ticket', 'doctor', 'install', 'uninstall', 'demo', 'version', 'ledger', 'help']);
 
 export function main(argv: string[]): void {
   const first = argv[2];
-  if (first === undefined || first.startsWith('-') || ADMIN_COMMANDS.has(first)) {
-    void import('./cli/main.js').then((cli) => cli.runCli(argv.slice(2)));
-  } else {
+  if (first !== undefined && !isAdminCall(first)) {
     void runDriverCall(first, argv.slice(3));
+    return;
   }
+  void import('./cli/main.js').then(async (cli) => {
+    process.exitCode = await cli.runCli(argv.slice(2));
+  });
 }

@@ -54,6 +54,18 @@ export function formatSize(bytes: number): string {
   return `${value}${units[unit]}`;
 }
 
+/** Bytes for people, to three significant digits: 79.4Gi rather than 83253956Ki (for measured sizes, not chosen ones). */
+export function formatApproxSize(bytes: number): string {
+  const units = ['', 'Ki', 'Mi', 'Gi', 'Ti', 'Pi', 'Ei'];
+  let value = bytes;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit++;
+  }
+  return unit === 0 ? `${bytes} bytes` : `${value >= 100 ? value.toFixed(0) : value.toFixed(1)}${units[unit]}`;
+}
+
 function truncate(text: string): string {
   return text.length > 40 ? `${text.slice(0, 40)}...` : text;
 }

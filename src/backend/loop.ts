@@ -24,6 +24,17 @@ export interface LoopBackendOptions {
 
 const IMAGE_SUFFIX = '.img';
 
+/** The file name of a volume's image in the pool: `<volume>.img`. */
+export function imageFileName(volume: string): string {
+  return `${checkVolumeName(volume)}${IMAGE_SUFFIX}`;
+}
+
+/** The volume an image file (a name or a path) is named after, or undefined when it is not named `<something>.img`. */
+export function volumeOfImageFile(file: string): string | undefined {
+  const name = basename(file);
+  return name.endsWith(IMAGE_SUFFIX) ? name.slice(0, -IMAGE_SUFFIX.length) : undefined;
+}
+
 export class LoopBackend implements Backend {
   readonly poolDir: string;
   readonly maxSize: number;
@@ -39,7 +50,7 @@ export class LoopBackend implements Backend {
 
   /** Where the volume's image lives (whether or not it exists). */
   imagePath(volume: string): string {
-    return join(this.poolDir, `${checkVolumeName(volume)}${IMAGE_SUFFIX}`);
+    return join(this.poolDir, imageFileName(volume));
   }
 
   async create(volume: string, sizeBytes: number): Promise<void> {
@@ -65,7 +76,7 @@ export class LoopBackend implements Backend {
 
     // The image is made full-size under a private name and then linked into place: link() never replaces an
     // existing file, so a concurrent create can neither clobber an image nor see a half-made one.
-    const temp = join(this.poolDir, `.${volume}${IMAGE_SUFFIX}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
+    const temp = join(this.poolDir, `.${imageFileName(volume)}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
     const handle = await open(temp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o600);
     try {
       try {
@@ -217,7 +228,7 @@ export class LoopBackend implements Backend {
   private async devicesOf(volume: string, options: { includeDeleted: boolean }): Promise<LoopDevice[]> {
     const pool = await this.realPoolDir();
     if (pool === undefined) return [];
-    const image = join(pool, `${checkVolumeName(volume)}${IMAGE_SUFFIX}`);
+    const image = join(pool, imageFileName(volume));
     const devices = await listLoopDevices();
     return devices
       .filter((d) => d.backingFile === image && (options.includeDeleted || !d.deleted))
@@ -226,9 +237,8 @@ export class LoopBackend implements Backend {
 
   private volumeOfBackingFile(file: string, pool: string | undefined): string | undefined {
     if (pool === undefined || dirname(file) !== pool) return undefined;
-    const name = basename(file);
-    if (!name.endsWith(IMAGE_SUFFIX)) return undefined;
-    const volume = name.slice(0, -IMAGE_SUFFIX.length);
+    const volume = volumeOfImageFile(file);
+    if (volume === undefined) return undefined;
     try {
       return checkVolumeName(volume);
     } catch {

@@ -4,11 +4,13 @@
 import { existsSync } from 'node:fs';
 import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import { DEFAULT_DRIVER_NAME } from '../config.js';
 import { LatchError } from '../errors.js';
 import { listLoopDevices, detachLoop } from '../sys/loop.js';
 import { readMountInfo, umount } from '../sys/mounts.js';
 import { run } from '../sys/run.js';
-import { runningExecutable } from './install.js';
+import { runningExecutable } from '../host/driver-file.js';
+import type { CommandIO } from './io.js';
 
 interface Step {
   who: string;
@@ -19,10 +21,11 @@ interface Step {
   note?: string;
 }
 
-export async function runDemo(): Promise<boolean> {
+/** Exit status 0 when every call answered as expected and nothing was left behind, else 1. */
+export async function demo(_options: object, io: CommandIO): Promise<number> {
   if (process.getuid?.() !== 0) throw new LatchError('latch demo needs root: it sets up loop devices and mounts filesystems');
   const work = await mkdtemp('/tmp/latch-demo-');
-  const say = (text: string) => process.stdout.write(`${text}\n`);
+  const say = (text: string) => io.out(`${text}\n`);
   let ok = true;
   try {
     const configFor = async (node: string) => {
@@ -48,7 +51,7 @@ export async function runDemo(): Promise<boolean> {
       'kubernetes.io/readwrite': 'rw',
       size: '256Mi',
     });
-    const globalMount = join(work, 'kubelet/plugins/kubernetes.io/flexvolume/latch/loop/mounts', pv);
+    const globalMount = join(work, `kubelet/plugins/kubernetes.io/flexvolume/${DEFAULT_DRIVER_NAME}/mounts`, pv);
 
     say(`latch demo: a pod with volume ${pv} starts on node-a, stops, and the volume moves to node-b.`);
     say(`Everything lives in ${work}; two configs share its ledger and pool, as two nodes sharing storage would.\n`);
@@ -150,7 +153,7 @@ export async function runDemo(): Promise<boolean> {
   say(leftovers.length === 0 ? '\nLeft nothing behind: no loop device, no mount, no file.' : `\nLEFT BEHIND: ${leftovers.join(', ')}`);
   ok &&= leftovers.length === 0;
   say(ok ? 'Demo finished: every call answered as kubelet and the controller expect.' : 'Demo FAILED: see the marked lines above.');
-  return ok;
+  return ok ? 0 : 1;
 }
 
 /** Runs this same executable (bundle or single-executable build) with its own config. */

@@ -1,61 +1,25 @@
-// The admin CLI: commander, told never to exit or print by itself so that exit codes and output stay ours.
-import { Command, CommanderError } from 'commander';
+// The admin CLI's one try/catch: parses argv through the surface, runs the command, and turns what happened into
+// an exit code. A user's mistake (a LatchError, a bad option) is said plainly; anything else is an internal error.
+import { CommanderError } from 'commander';
 import { LatchError, errorMessage } from '../errors.js';
-import { VERSION } from '../version.js';
-import { registerDoctorCommands } from './doctor.js';
-import { registerInstallCommands } from './install.js';
-import { registerLedgerCommands } from './ledger.js';
-import { registerTicketCommands } from './ticket.js';
-import { registerVolumeCommands } from './volume.js';
+import { processIO, type CliIO } from './io.js';
+import { buildProgram } from './surface.js';
 
-export function buildProgram(): Command {
-  const program = new Command('latch')
-    .description(
-      'latch: a FlexVolume driver with an attachment ledger.\n' +
-        'kubelet and kube-controller-manager call it with a FlexVolume op (init, attach, mountdevice, ...);\n' +
-        'people use the commands below.',
-    )
-    .version(VERSION, '-V, --version')
-    .exitOverride()
-    .configureOutput({
-      writeOut: (text) => process.stdout.write(text),
-      writeErr: (text) => process.stderr.write(text),
-    });
-
-  program
-    .command('version')
-    .description('print the latch version')
-    .action(() => {
-      process.stdout.write(`${VERSION}\n`);
-    });
-
-  program
-    .command('demo')
-    .description('as root: play a pod start, stop and move between two nodes on a throwaway pool, and clean up')
-    .action(async () => {
-      const { runDemo } = await import('./demo.js');
-      process.exitCode = (await runDemo()) ? 0 : 1;
-    });
-
-  registerVolumeCommands(program);
-  registerTicketCommands(program);
-  registerLedgerCommands(program);
-  registerInstallCommands(program);
-  registerDoctorCommands(program);
-  return program;
-}
-
-export async function runCli(argv: string[]): Promise<void> {
-  const program = buildProgram();
+/** Runs one admin command line (argv without node and the script); returns the exit code. */
+export async function runCli(argv: string[], io: CliIO = processIO()): Promise<number> {
+  let code = 0;
+  const program = buildProgram(io, (c) => {
+    code = c;
+  });
   try {
     await program.parseAsync(argv, { from: 'user' });
+    return code;
   } catch (err) {
-    if (err instanceof CommanderError) {
-      // Help and version are "errors" to commander; their text has already been written.
-      process.exitCode = err.exitCode;
-      return;
-    }
-    process.stderr.write(`latch: ${err instanceof LatchError ? err.message : `internal error: ${errorMessage(err)}`}\n`);
-    process.exitCode = 1;
+    // Help, version and usage errors are "errors" to commander; their text has already been written.
+    if (err instanceof CommanderError) return err.exitCode;
+    io.err(`latch: ${err instanceof LatchError ? err.message : `internal error: ${errorMessage(err)}`}\n`);
+    return 1;
+  } finally {
+    await io.close?.();
   }
 }

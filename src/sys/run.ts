@@ -2,7 +2,8 @@
 // group, captured stdout/stderr (the driver's stdout carries only its JSON reply) and a deadline after which the
 // whole group is killed: kubelet gives most FlexVolume calls no timeout, so a hung mkfs would hang a volume forever.
 import { constants, existsSync, readdirSync, readFileSync } from 'node:fs';
-import { access } from 'node:fs/promises';
+import { access, stat } from 'node:fs/promises';
+import { join } from 'node:path';
 import { LatchError } from '../errors.js';
 
 export interface RunOptions {
@@ -61,6 +62,7 @@ export class CommandError extends LatchError {
 const INITIAL_TIMEOUT_MS = 120_000;
 const KILL_GRACE_MS = 2_000;
 const MAX_BUFFER = 16 * 1024 * 1024;
+// kubelet's PATH often lacks the sbin directories where losetup, mkfs and friends live.
 const EXTRA_PATH = ['/usr/local/sbin', '/usr/sbin', '/sbin'];
 const FALLBACK_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
 
@@ -103,8 +105,9 @@ export async function run(command: string, args: string[], options: RunOptions =
   }
   const okExitCodes = options.okExitCodes ?? [];
 
-  const path = extendedPath(process.env.PATH);
-  const executable = await findExecutable(command, path);
+  const searchPath = extendedPath(process.env.PATH);
+  const path = searchPath.join(':');
+  const executable = await findExecutable(command, searchPath);
   const started = performance.now();
   if (executable === undefined) {
     throw new CommandError(`${showCommand(command, args)} could not be started: command not found (PATH=${path})`, {
@@ -188,7 +191,7 @@ export async function run(command: string, args: string[], options: RunOptions =
       throw new CommandError(`${shown} was killed by ${result.signal}${lastLineSuffix(tail)}`, details, { cause: result });
     }
     const code = (result as { code?: string }).code;
-    const why = code === 'ENOENT' ? `command not found (PATH=${extendedPath(process.env.PATH)})` : (code ?? 'unknown error');
+    const why = code === 'ENOENT' ? `command not found (PATH=${path})` : (code ?? 'unknown error');
     throw new CommandError(`${shown} could not be started: ${why}`, details, { cause: result });
   }
   if (result.isMaxBuffer) {
@@ -220,25 +223,45 @@ function setprivPath(): string | undefined {
   return setprivFound ?? undefined;
 }
 
-/** The absolute path `command` resolves to on `path`, or undefined when there is none. */
-async function findExecutable(command: string, path: string): Promise<string | undefined> {
-  const candidates = command.includes('/') ? [command] : path.split(':').map((dir) => `${dir}/${command}`);
-  for (const candidate of candidates) {
-    try {
-      await access(candidate, constants.X_OK);
-      return candidate;
-    } catch {
-      /* not here */
-    }
+/** The directories children are looked up in: PATH (or a fallback when it is empty) plus the sbin directories. */
+function extendedPath(current: string | undefined): string[] {
+  const parts = (current || FALLBACK_PATH).split(':').filter((p) => p.length > 0);
+  for (const dir of EXTRA_PATH) if (!parts.includes(dir)) parts.push(dir);
+  return parts;
+}
+
+/**
+ * Where the tools latch runs are found: the directories run() searches, or exactly $LATCH_TOOL_PATH when it is set
+ * (tests, and doctor's view of a host with tools elsewhere).
+ */
+export function toolSearchPath(env: NodeJS.ProcessEnv = process.env): string[] {
+  if (env.LATCH_TOOL_PATH !== undefined) return env.LATCH_TOOL_PATH.split(':').filter((p) => p.length > 0);
+  return extendedPath(env.PATH);
+}
+
+/** The full path of an executable file named `tool` in the first of `searchPath` that has one, or undefined. */
+export async function findTool(tool: string, searchPath: readonly string[]): Promise<string | undefined> {
+  for (const dir of searchPath) {
+    const candidate = join(dir, tool);
+    if (await isExecutableFile(candidate)) return candidate;
   }
   return undefined;
 }
 
-function extendedPath(current: string | undefined): string {
-  if (!current) return FALLBACK_PATH;
-  const parts = current.split(':').filter((p) => p.length > 0);
-  for (const dir of EXTRA_PATH) if (!parts.includes(dir)) parts.push(dir);
-  return parts.join(':');
+/** What `command` runs: itself when it is a path, else the first match on the search path; undefined when none. */
+async function findExecutable(command: string, searchPath: readonly string[]): Promise<string | undefined> {
+  if (command.includes('/')) return (await isExecutableFile(command)) ? command : undefined;
+  return findTool(command, searchPath);
+}
+
+async function isExecutableFile(path: string): Promise<boolean> {
+  try {
+    if (!(await stat(path)).isFile()) return false;
+    await access(path, constants.X_OK);
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 function signalGroup(pgid: number, signal: NodeJS.Signals): void {

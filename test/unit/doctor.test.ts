@@ -6,13 +6,15 @@ import { after, before, describe, test } from 'node:test';
 import { mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { doctorExitCode, findTool, runDoctor, sh, toolSearchPath, type DoctorReport, type Finding } from '../../src/cli/doctor.js';
+import { doctorExitCode, sh, type DoctorReport, type Finding } from '../../src/cli/doctor/report.js';
+import { runDoctor } from '../../src/cli/doctor/run.js';
 import { parseConfig } from '../../src/config.js';
 import { addTicket, newVolume } from '../../src/ledger/arbitrate.js';
 import { ticketId } from '../../src/ledger/ids.js';
 import { Ledger } from '../../src/ledger/ledger.js';
 import type { NodePhase, VolumeDoc } from '../../src/ledger/types.js';
 import { openStore } from '../../src/store/index.js';
+import { findTool, toolSearchPath } from '../../src/sys/run.js';
 
 const NOW = Date.parse('2030-01-01T12:00:00Z');
 let base: string;

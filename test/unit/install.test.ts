@@ -16,16 +16,10 @@ import {
 } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import {
-  detectPluginDir,
-  choosePluginDir,
-  driverPath,
-  flagValue,
-  installDriver,
-  kubeletConfigPluginDir,
-  uninstallDriver,
-  type DetectionPaths,
-} from '../../src/cli/install.js';
+import { installDriver } from '../../src/cli/install.js';
+import { uninstallDriver } from '../../src/cli/uninstall.js';
+import { driverPath } from '../../src/host/driver-file.js';
+import { detectPluginDir, choosePluginDir, flagValue, kubeletConfigPluginDir, type DetectionPaths } from '../../src/host/plugin-dir.js';
 
 let base: string;
 let n = 0;

@@ -6,7 +6,7 @@ import { spawnSync } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { migrateLedger, type MigrationReport } from '../../src/cli/ledger.js';
+import { migrateLedger, type MigrationReport } from '../../src/ledger/migrate.js';
 import { addTicket, markAttached, markAttaching, newVolume } from '../../src/ledger/arbitrate.js';
 import { Ledger } from '../../src/ledger/ledger.js';
 import { EtcdStore } from '../../src/store/etcd.js';

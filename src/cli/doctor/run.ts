@@ -1,0 +1,55 @@
+// latch doctor's runner: checks this node the way someone debugging a pod stuck in ContainerCreating would, one
+// concern per check, in the order the findings should be read (the configuration first: the rest depends on it).
+import type { Config } from '../../config.js';
+import { createContext, type Context } from '../../context.js';
+import { checkConfig } from './config.js';
+import { checkDetaching, DEFAULT_STUCK_AFTER_SECONDS } from './detaching.js';
+import { agreement, checkLedgerAgainstKernel, readInventory } from './ledger.js';
+import { checkLoopSupport } from './loop.js';
+import { checkPlugin } from './plugin.js';
+import { checkPool } from './pool.js';
+import { doctorReport, type DoctorReport, type Finding } from './report.js';
+import { checkTools } from './tools.js';
+
+export interface DoctorOptions {
+  env?: NodeJS.ProcessEnv;
+  /** --plugin-dir; otherwise $LATCH_VOLUME_PLUGIN_DIR or detection, as for install. */
+  pluginDir?: string;
+  /** A volume detaching from a node for longer than this is reported. */
+  stuckAfterSeconds?: number;
+  /** The executable the installed driver is compared with (default: the one running). */
+  self?: string;
+  /** Now, in milliseconds (default: the context's clock). */
+  now?: () => number;
+  /** The context of a configuration (default: createContext); one per configuration doctor looks at. */
+  context?: (config: Config) => Context;
+}
+
+export async function runDoctor(options: DoctorOptions = {}): Promise<DoctorReport> {
+  const env = options.env ?? process.env;
+  const findings: Finding[] = [];
+  const add = (f: Finding) => findings.push(f);
+
+  const config = checkConfig(env, add);
+  await checkTools(config, env, add);
+  await checkLoopSupport(add);
+  await checkPlugin(config, options, env, add);
+  if (config) {
+    const ctx = (options.context ?? createContext)(config);
+    const held = await readInventory(ctx, config, add);
+    if (held) {
+      await checkPool(config, held, add);
+      const stuckAfter = options.stuckAfterSeconds ?? DEFAULT_STUCK_AFTER_SECONDS;
+      const problems = checkLedgerAgainstKernel(held, add) + checkDetaching(held, stuckAfter, options.now ?? ctx.clock, add);
+      if (problems === 0) add(agreement(held));
+    }
+  } else {
+    add({
+      check: 'ledger',
+      severity: 'warning',
+      message: 'ledger and kernel not compared: the configuration did not load',
+      note: 'fix the configuration first (see above)',
+    });
+  }
+  return doctorReport(findings, config && { node: config.nodeName, config: config.source });
+}

@@ -1,0 +1,222 @@
+// Every admin command and option, in one place, and the only file that knows commander. commander parses argv and
+// calls the command's function with typed options; it is told never to exit or print by itself, so that exit codes
+// and output stay ours (a FlexVolume driver must not let a library write to stdout).
+import { Command, InvalidArgumentError } from 'commander';
+import { DEFAULT_DRIVER_NAME } from '../config.js';
+import { LatchError } from '../errors.js';
+import { FS_TYPES } from '../filesystems.js';
+import { DEFAULT_PLUGIN_DIR, OPENSHIFT_PLUGIN_DIR } from '../host/plugin-dir.js';
+import { TICKET_TYPES } from '../ledger/types.js';
+import { VERSION } from '../version.js';
+import { ADMIN_COMMANDS, type AdminCommandName } from './command-names.js';
+import { demo } from './demo.js';
+import { doctor, parseSeconds } from './doctor.js';
+import { DEFAULT_STUCK_AFTER_SECONDS } from './doctor/detaching.js';
+import { install } from './install.js';
+import type { CliIO, CommandIO } from './io.js';
+import { ledgerMigrate, parseStoreName } from './ledger/migrate.js';
+import { parseFormat } from './output.js';
+import { parseTicketType, ticketAdd } from './ticket/add.js';
+import { ticketList } from './ticket/list.js';
+import { ticketRemove } from './ticket/remove.js';
+import { uninstall } from './uninstall.js';
+import { version } from './version.js';
+import { volumeCreate } from './volume/create.js';
+import { volumeDelete } from './volume/delete.js';
+import { volumeExpand } from './volume/expand.js';
+import { volumeInspect } from './volume/inspect.js';
+import { volumeList } from './volume/list.js';
+import { volumeRelease } from './volume/release.js';
+
+/** The program; `exit` receives the exit code a command returned. */
+export function buildProgram(io: CliIO, exit: (code: number) => void): Command {
+  const program = new Command('latch')
+    .description(
+      'latch: a FlexVolume driver with an attachment ledger.\n' +
+        'kubelet and kube-controller-manager call it with a FlexVolume op (init, attach, mountdevice, ...);\n' +
+        'people use the commands below.',
+    )
+    .version(VERSION, '-V, --version')
+    .exitOverride()
+    .configureOutput({ writeOut: (text) => io.out(text), writeErr: (text) => io.err(text) });
+  const done = (code: number | void) => exit(code ?? 0);
+
+  // Typed by the list main.ts reads: a command missing here, or one not in the list, does not compile.
+  const declare: Record<AdminCommandName, (command: Command) => void> = {
+    version: (c) => c.description('print the latch version').action(async () => done(await version({}, io))),
+
+    demo: (c) =>
+      c
+        .description('as root: play a pod start, stop and move between two nodes on a throwaway pool, and clean up')
+        .action(async () => done(await demo({}, io))),
+
+    volume: (c) => declareVolume(c.description('create, list, inspect, delete and release volumes'), io, done),
+
+    ticket: (c) => declareTicket(c.description('list, add and remove attachment tickets'), io, done),
+
+    ledger: (c) => declareLedger(c.description('move the ledger between stores'), io, done),
+
+    install: (c) =>
+      c
+        .description('install this executable as the FlexVolume driver <plugin dir>/<vendor~driver>/<driver>, atomically')
+        .addHelpText(
+          'after',
+          [
+            '',
+            'The plugin dir: --plugin-dir, else $LATCH_VOLUME_PLUGIN_DIR, else what kubelet on this host uses:',
+            '  1. its --volume-plugin-dir flag (from the command line of the running kubelet)',
+            '  2. volumePluginDir in its --config file',
+            `  3. ${OPENSHIFT_PLUGIN_DIR}, if it exists (OpenShift 4)`,
+            `  4. ${DEFAULT_PLUGIN_DIR} (kubelet's default)`,
+            'Installing the same build again changes nothing, so kubelet does not re-probe.',
+          ].join('\n'),
+        )
+        .option('--plugin-dir <dir>', "kubelet's FlexVolume plugin directory (default: detected)")
+        .option(...DRIVER)
+        .option(...OUTPUT)
+        .action(async (opts) => done(await install(opts, io))),
+
+    uninstall: (c) =>
+      c
+        .description("remove the driver from kubelet's plugin dir; refused while this node holds volumes, unless --force")
+        .option('--plugin-dir <dir>', "kubelet's FlexVolume plugin directory (default: detected)")
+        .option(...DRIVER)
+        .option('--force', 'remove it even though this node still holds volumes (kubelet can then no longer unmount them)')
+        .action(async (opts) => done(await uninstall(opts, io))),
+
+    doctor: (c) =>
+      c
+        .description('check this node and say, for each finding, which command fixes it')
+        .addHelpText(
+          'after',
+          [
+            '',
+            'Checks: the tools latch runs, loop device support, the configuration, the plugin dir and the installed',
+            'driver, the pool space against the provisioned sizes, and the ledger against the kernel (holds without a',
+            'device, loop devices and mounts the ledger does not know, volumes stuck detaching).',
+            'Exit status: 0 healthy, 1 with errors (something is broken now), 2 with warnings only.',
+          ].join('\n'),
+        )
+        .option('--plugin-dir <dir>', "kubelet's FlexVolume plugin directory (default: detected, as for install)")
+        .option(
+          '--stuck-after <seconds>',
+          'report a volume detaching for longer than this',
+          valueOf(parseSeconds),
+          DEFAULT_STUCK_AFTER_SECONDS,
+        )
+        .option(...OUTPUT)
+        .action(async (opts) => done(await doctor(opts, io))),
+  };
+  for (const name of ADMIN_COMMANDS) declare[name](program.command(name));
+  return program;
+}
+
+type Done = (code: number | void) => void;
+
+function declareVolume(volume: Command, io: CommandIO, done: Done): void {
+  volume
+    .command('create <name>')
+    .description('create a volume: its ledger document and its image in the pool')
+    .requiredOption('--size <size>', 'size, as bytes or a quantity such as 1Gi or 500M')
+    .option('--fs-type <type>', `filesystem made on first mount (${FS_TYPES.join(', ')})`)
+    .option(...OUTPUT)
+    .action(async (name: string, opts) => done(await volumeCreate({ name, ...opts }, io)));
+
+  volume
+    .command('list')
+    .description('list volumes with their state and holders')
+    .option(...OUTPUT)
+    .action(async (opts) => done(await volumeList(opts, io)));
+
+  volume
+    .command('inspect <name>')
+    .description("show a volume's ledger document: tickets, holders, conditions")
+    .option(...OUTPUT)
+    .action(async (name: string, opts) => done(await volumeInspect({ name, ...opts }, io)));
+
+  volume
+    .command('delete <name>')
+    .description('delete a volume and its data; refused while it has tickets or a node holds it')
+    .action(async (name: string) => done(await volumeDelete({ name }, io)));
+
+  volume
+    .command('expand <name>')
+    .description(
+      'grow a volume: its image always; its filesystem too (online) when run on the node that has it mounted. ' +
+        "Refuses to shrink or to pass maxSize or the pool's free space; repeating it is harmless",
+    )
+    .requiredOption('--size <size>', 'the new size, as bytes or a quantity such as 2Gi')
+    .action(async (name: string, opts) => done(await volumeExpand({ name, ...opts }, io)));
+
+  volume
+    .command('release <name>')
+    .description('the admin fence: declare a node down so the volume can attach elsewhere')
+    .requiredOption('--node <node>', 'the node that is down')
+    .option('--node-is-down', 'confirm the node is really down (powered off, or fenced): its device may still be set up')
+    .action(async (name: string, opts) => done(await volumeRelease({ name, ...opts }, io)));
+}
+
+function declareTicket(ticket: Command, io: CommandIO, done: Done): void {
+  ticket
+    .command('list [volume]')
+    .description('list tickets (of one volume, or of all)')
+    .option(...OUTPUT)
+    .action(async (volume: string | undefined, opts) => done(await ticketList({ ...(volume !== undefined && { volume }), ...opts }, io)));
+
+  ticket
+    .command('add <volume>')
+    .description('add a ticket asking for the volume on a node')
+    .requiredOption('--node <node>', 'the node that should have the volume')
+    .option('--type <type>', `ticket type (${TICKET_TYPES.join(', ')})`, valueOf(parseTicketType), 'admin')
+    .option('--read-only', 'ask for read-only access')
+    .action(async (volume: string, opts) => done(await ticketAdd({ volume, ...opts }, io)));
+
+  ticket
+    .command('remove <volume> <ticket>')
+    .description('remove a ticket (by ID or a unique prefix of it); unknown tickets are fine')
+    .option('--force', 'remove a workload ticket even though its node still holds the device')
+    .action(async (volume: string, id: string, opts) => done(await ticketRemove({ volume, ticket: id, ...opts }, io)));
+}
+
+function declareLedger(ledger: Command, io: CommandIO, done: Done): void {
+  ledger
+    .command('migrate')
+    .description(
+      'copy every volume document and PV alias from one store to the other; idempotent; refuses to replace a ' +
+        'destination document that differs unless --overwrite; never changes the source. Exit 1 if any was refused.',
+    )
+    .requiredOption('--from <store>', 'file or etcd', valueOf(parseStoreName('--from')))
+    .requiredOption('--to <store>', 'etcd or file', valueOf(parseStoreName('--to')))
+    .option('--state-dir <dir>', "the file store's directory (default: stateDir from the configuration)")
+    .option('--etcd-endpoints <urls>', 'comma-separated etcd client URLs (default: store.endpoints from the configuration)')
+    .option('--etcd-prefix <prefix>', 'key prefix in etcd (default: store.prefix from the configuration, else /latch/)')
+    .option('--etcd-ca <file>', 'PEM CA that signed the etcd members (default: store.tls.ca)')
+    .option('--etcd-cert <file>', 'PEM client certificate (default: store.tls.cert)')
+    .option('--etcd-key <file>', 'PEM client key (default: store.tls.key)')
+    .option('--etcd-timeout-ms <ms>', 'deadline of each etcd request (default: store.timeoutMs, else 5000)')
+    .option('--overwrite', 'replace destination documents whose content differs')
+    .option('--dry-run', 'report what would be done, write nothing')
+    .option(...OUTPUT)
+    .action(async (opts) => done(await ledgerMigrate(opts, io)));
+}
+
+/** --driver, as install and uninstall take it. */
+const DRIVER = ['--driver <vendor/driver>', `driver name (default: driverName from the config, else ${DEFAULT_DRIVER_NAME})`] as const;
+
+/** -o/--output, as every command that prints data takes it. */
+const OUTPUT = ['-o, --output <format>', 'table or json', valueOf(parseFormat), 'table'] as const;
+
+/**
+ * An option value parser for commander: the LatchError of a bad value becomes commander's "argument is invalid",
+ * which it reports as a usage error (exit 1) rather than as an internal error.
+ */
+function valueOf<T>(parse: (value: string) => T): (value: string) => T {
+  return (value) => {
+    try {
+      return parse(value);
+    } catch (err) {
+      if (err instanceof LatchError) throw new InvalidArgumentError(err.message);
+      throw err;
+    }
+  };
+}

@@ -1,0 +1,32 @@
+// latch volume inspect: a volume's ledger document: tickets, holders, conditions.
+import { formatSize } from '../../size.js';
+import { configOf, type CommandIO } from '../io.js';
+import { formatJson, type OutputFormat } from '../output.js';
+import { describeNodes, getVolume } from './volume-doc.js';
+
+export async function volumeInspect(options: { name: string; output: OutputFormat }, io: CommandIO): Promise<void> {
+  const doc = await getVolume(io.context(configOf(io)).ledger, options.name);
+  if (options.output === 'json') {
+    io.out(formatJson(doc));
+    return;
+  }
+  const lines = [
+    `Name:        ${doc.name}`,
+    `Size:        ${formatSize(doc.spec.sizeBytes)}`,
+    `Filesystem:  ${doc.status.filesystem ?? `none yet (${doc.spec.fsType} on first mount)`}`,
+    `State:       ${doc.status.state}`,
+    `Nodes:       ${describeNodes(doc) || '-'}`,
+    `Created:     ${doc.createdAt}`,
+    'Tickets:',
+  ];
+  for (const t of Object.values(doc.spec.tickets)) {
+    const s = doc.status.tickets[t.id];
+    lines.push(
+      `  ${t.id}`,
+      `    type ${t.type}, node ${t.nodeID}, ${t.parameters.readOnly ? 'read-only' : 'read-write'}, generation ${t.generation}`,
+    );
+    lines.push(`    ${s?.satisfied ? 'satisfied' : 'unsatisfied'} (${s?.reason ?? 'unknown'}): ${s?.message ?? ''}`);
+  }
+  if (Object.keys(doc.spec.tickets).length === 0) lines.push('  (none)');
+  io.out(`${lines.join('\n')}\n`);
+}

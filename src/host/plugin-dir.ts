@@ -1,0 +1,230 @@
+// Where kubelet looks for FlexVolume drivers on this host: --plugin-dir, $LATCH_VOLUME_PLUGIN_DIR, else kubelet's own
+// setting read from its command line and config file, else the OpenShift 4 or the kubelet default directory.
+import { readdir, readFile, readlink, stat } from 'node:fs/promises';
+import { basename, isAbsolute, join, normalize, resolve } from 'node:path';
+import { LatchError, errorMessage } from '../errors.js';
+
+export const DEFAULT_PLUGIN_DIR = '/usr/libexec/kubernetes/kubelet-plugins/volume/exec';
+export const OPENSHIFT_PLUGIN_DIR = '/etc/kubernetes/kubelet-plugins/volume/exec';
+
+/** Where detection looks; each can be redirected for tests (and for unusual hosts). */
+export interface DetectionPaths {
+  /** $LATCH_PROC_ROOT, default /proc: where kubelet's command line is read from. */
+  procRoot: string;
+  /** $LATCH_OPENSHIFT_PLUGIN_DIR, default /etc/kubernetes/kubelet-plugins/volume/exec. */
+  openshiftDir: string;
+  /** $LATCH_DEFAULT_PLUGIN_DIR, default /usr/libexec/kubernetes/kubelet-plugins/volume/exec. */
+  defaultDir: string;
+}
+
+type PluginDirSource = 'option' | 'env' | 'kubelet-flag' | 'kubelet-config' | 'openshift' | 'default';
+
+export interface PluginDirChoice {
+  dir: string;
+  source: PluginDirSource;
+  /** Why this directory, in words. */
+  reason: string;
+}
+
+function detectionPaths(env: NodeJS.ProcessEnv = process.env): DetectionPaths {
+  const pick = (value: string | undefined, fallback: string) => (value && value.length > 0 ? value : fallback);
+  return {
+    procRoot: pick(env.LATCH_PROC_ROOT, '/proc'),
+    openshiftDir: pick(env.LATCH_OPENSHIFT_PLUGIN_DIR, OPENSHIFT_PLUGIN_DIR),
+    defaultDir: pick(env.LATCH_DEFAULT_PLUGIN_DIR, DEFAULT_PLUGIN_DIR),
+  };
+}
+
+/** --plugin-dir, else $LATCH_VOLUME_PLUGIN_DIR (set in the DaemonSet), else what kubelet on this host uses. */
+export async function choosePluginDir(explicit: string | undefined, env: NodeJS.ProcessEnv = process.env): Promise<PluginDirChoice> {
+  if (explicit !== undefined) return { dir: checkDir(explicit, '--plugin-dir'), source: 'option', reason: 'given with --plugin-dir' };
+  if (env.LATCH_VOLUME_PLUGIN_DIR) {
+    return {
+      dir: checkDir(env.LATCH_VOLUME_PLUGIN_DIR, 'LATCH_VOLUME_PLUGIN_DIR'),
+      source: 'env',
+      reason: 'given in $LATCH_VOLUME_PLUGIN_DIR',
+    };
+  }
+  return detectPluginDir(detectionPaths(env));
+}
+
+/**
+ * kubelet's plugin dir, in kubelet's own order of precedence: its --volume-plugin-dir flag, then volumePluginDir in
+ * its --config file, then (no kubelet setting) the OpenShift 4 directory if it exists, else kubelet's default.
+ */
+export async function detectPluginDir(paths: DetectionPaths): Promise<PluginDirChoice> {
+  const kubelets = await findKubelets(paths.procRoot);
+  let why: string;
+  const kubelet = kubelets[0];
+  if (!kubelet) {
+    why = `no kubelet process found in ${paths.procRoot}`;
+  } else {
+    const who = `kubelet (pid ${kubelet.pid}${kubelets.length > 1 ? `, the first of ${kubelets.length}` : ''})`;
+    const flag = flagValue(kubelet.argv, 'volume-plugin-dir');
+    if (flag) {
+      return {
+        dir: checkDir(flag, 'kubelet --volume-plugin-dir'),
+        source: 'kubelet-flag',
+        reason: `${who} runs with --volume-plugin-dir=${flag}`,
+      };
+    }
+    const configFlag = flagValue(kubelet.argv, 'config');
+    if (!configFlag) {
+      why = `${who} has neither --volume-plugin-dir nor --config`;
+    } else {
+      const found = await readKubeletConfig(paths.procRoot, kubelet.pid, configFlag);
+      if (found.error) {
+        why = `${who} has no --volume-plugin-dir and its config file ${found.path} cannot be read (${found.error})`;
+      } else {
+        const fromConfig = kubeletConfigPluginDir(found.text ?? '');
+        if (fromConfig) {
+          return {
+            dir: checkDir(fromConfig, `volumePluginDir in ${found.path}`),
+            source: 'kubelet-config',
+            reason: `volumePluginDir in ${found.path}, the config file of ${who}`,
+          };
+        }
+        why = `${who} has no --volume-plugin-dir and its config file ${found.path} sets no volumePluginDir`;
+      }
+    }
+  }
+  if (await isDirectory(paths.openshiftDir)) {
+    return { dir: normalize(paths.openshiftDir), source: 'openshift', reason: `${why}; ${paths.openshiftDir} exists (OpenShift 4)` };
+  }
+  return { dir: normalize(paths.defaultDir), source: 'default', reason: `${why}; using kubelet's default` };
+}
+
+interface KubeletProcess {
+  pid: number;
+  argv: string[];
+}
+
+/** Processes named kubelet (by comm or argv[0]), lowest pid first. */
+async function findKubelets(procRoot: string): Promise<KubeletProcess[]> {
+  let entries: string[];
+  try {
+    entries = await readdir(procRoot);
+  } catch {
+    return [];
+  }
+  const pids = entries
+    .filter((e) => /^[0-9]+$/.test(e))
+    .map(Number)
+    .sort((a, b) => a - b);
+  const found: KubeletProcess[] = [];
+  for (const pid of pids) {
+    let argv: string[];
+    try {
+      argv = (await readFile(join(procRoot, String(pid), 'cmdline'), 'utf8')).split('\0');
+    } catch {
+      continue; // gone meanwhile, or a kernel thread we may not read
+    }
+    if (argv[argv.length - 1] === '') argv.pop();
+    let comm = '';
+    try {
+      comm = (await readFile(join(procRoot, String(pid), 'comm'), 'utf8')).trim();
+    } catch {
+      // Name from argv[0] alone.
+    }
+    if (comm === 'kubelet' || (argv[0] !== undefined && basename(argv[0]) === 'kubelet')) found.push({ pid, argv });
+  }
+  return found;
+}
+
+/** The value of a Go flag in an argv: -name=value, --name=value, -name value or --name value (the last one wins). */
+export function flagValue(argv: readonly string[], name: string): string | undefined {
+  let value: string | undefined;
+  for (let i = 1; i < argv.length; i++) {
+    const arg = argv[i];
+    if (arg === '--') break;
+    for (const prefix of [`--${name}`, `-${name}`]) {
+      if (arg === prefix && i + 1 < argv.length) value = argv[i + 1];
+      else if (arg?.startsWith(`${prefix}=`)) value = arg.slice(prefix.length + 1);
+    }
+  }
+  return value === '' ? undefined : value;
+}
+
+/**
+ * Reads kubelet's config file as kubelet sees it: a relative path is relative to kubelet's working directory, and
+ * the file is read through /proc/<pid>/root first, so that detection also works from a container sharing the
+ * host's pid namespace.
+ */
+async function readKubeletConfig(
+  procRoot: string,
+  pid: number,
+  configPath: string,
+): Promise<{ path: string; text?: string; error?: string }> {
+  let path = configPath;
+  if (!isAbsolute(path)) {
+    try {
+      path = resolve(await readlink(join(procRoot, String(pid), 'cwd')), path);
+    } catch {
+      path = resolve('/', path);
+    }
+  }
+  const candidates = [join(procRoot, String(pid), 'root', path), path];
+  let error = '';
+  for (const candidate of candidates) {
+    try {
+      return { path, text: await readFile(candidate, 'utf8') };
+    } catch (err) {
+      error ||= errorMessage(err);
+    }
+  }
+  return { path, error };
+}
+
+/**
+ * volumePluginDir from a KubeletConfiguration file, JSON or YAML. It is a top-level scalar, so a line scan is
+ * enough for YAML: no YAML parser in the driver, which every kubelet call loads.
+ */
+export function kubeletConfigPluginDir(text: string): string | undefined {
+  const trimmed = text.trim();
+  if (trimmed.startsWith('{')) {
+    try {
+      const value = (JSON.parse(trimmed) as Record<string, unknown>).volumePluginDir;
+      return typeof value === 'string' && value !== '' ? value : undefined;
+    } catch {
+      // Not JSON after all: YAML flow style is not used for kubelet configs; fall through to the line scan.
+    }
+  }
+  let value: string | undefined;
+  for (const line of text.split(/\r?\n/)) {
+    const match = /^(?:"volumePluginDir"|'volumePluginDir'|volumePluginDir)\s*:\s*(.*)$/.exec(line);
+    if (match) value = yamlScalar(match[1] ?? '');
+  }
+  return value === '' ? undefined : value;
+}
+
+function yamlScalar(raw: string): string {
+  const text = raw.trim();
+  if (text.startsWith('"')) {
+    const end = text.indexOf('"', 1);
+    try {
+      return JSON.parse(text.slice(0, end + 1)) as string;
+    } catch {
+      return text.slice(1, end < 0 ? undefined : end);
+    }
+  }
+  if (text.startsWith("'")) {
+    const quoted = /^'((?:[^']|'')*)'/.exec(text)?.[1];
+    return quoted === undefined ? text.slice(1) : quoted.replace(/''/g, "'");
+  }
+  // Plain scalar: a comment starts at " #".
+  const comment = text.search(/\s#/);
+  return (comment < 0 ? text : text.slice(0, comment)).trim();
+}
+
+function checkDir(dir: string, what: string): string {
+  if (!isAbsolute(dir) || dir.includes('\0')) throw new LatchError(`${what} ${JSON.stringify(dir)} must be an absolute path`);
+  return normalize(dir).replace(/(.)\/+$/, '$1');
+}
+
+async function isDirectory(path: string): Promise<boolean> {
+  try {
+    return (await stat(path)).isDirectory();
+  } catch {
+    return false;
+  }
+}
