@@ -1,6 +1,6 @@
-// latch demo: the README's main job. Plays, against the real executable, what the controller and kubelet do when a
-// pod using a latch volume starts on node-a and stops, shows node-b refused while node-a holds the volume, then
-// moves the volume (and its data) to node-b, and leaves nothing behind.
+// latch demo, the main job of the README's quick start: plays, against the real executable, what the controller and
+// kubelet do when a pod using a latch volume starts on node-a and stops, shows node-b refused while node-a holds the
+// volume, then moves the volume (and its data) to node-b, and leaves nothing behind.
 import { existsSync } from 'node:fs';
 import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';

@@ -3,7 +3,7 @@
 // kubelet watches the plugin dir and re-creates a driver's plugin (re-running init) on any change of a name that
 // does not start with '.', and unregisters it when the file disappears. So the driver is written under a dot-name in
 // its own directory, fsynced, made executable and renamed over the old one: kubelet only ever sees a complete file,
-// never a missing one, and nothing else is ever written below the plugin dir (PROTOCOL.md "Discovery and install").
+// never a missing one, and nothing else is ever written below the plugin dir (docs/protocol.md, "Discovery and install").
 import { createHash, randomBytes } from 'node:crypto';
 import { constants } from 'node:fs';
 import { lstat, mkdir, open, readdir, rename, unlink } from 'node:fs/promises';

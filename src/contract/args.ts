@@ -1,4 +1,4 @@
-// The kinds of positional argument FlexVolume ops take (PROTOCOL.md "The calls"). Each kind checks its own form and
+// The kinds of positional argument FlexVolume ops take (docs/protocol.md, "The calls"). Each kind checks its own form and
 // parses it, so an op receives typed values: options as VolumeOptions, byte counts as numbers, paths normalised.
 import { isAbsolute, normalize } from 'node:path';
 import type { Config } from '../config.js';

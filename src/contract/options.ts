@@ -1,5 +1,5 @@
 // The options JSON kubelet and the controller pass: Go's json.Marshal of a map[string]string,
-// the kubernetes.io/* keys plus the user's flexVolume.options (see PROTOCOL.md "The options JSON").
+// the kubernetes.io/* keys plus the user's flexVolume.options (docs/protocol.md, "The options JSON").
 import { parseConfig, zod, type Config } from '../config.js';
 import type { FsType } from '../filesystems.js';
 import { LatchError } from '../errors.js';

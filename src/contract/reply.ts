@@ -1,4 +1,4 @@
-// The one JSON object a driver call prints, and its exit code (PROTOCOL.md "Output").
+// The one JSON object a driver call prints, and its exit code (docs/protocol.md, "Output").
 
 export type Status = 'Success' | 'Failure' | 'Not supported';
 

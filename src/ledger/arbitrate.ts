@@ -1,7 +1,5 @@
 // Pure arbitration: (volume document, request) -> new document. No I/O, no clock except the `now` passed in.
-// Rules (DESIGN.md "Ledger semantics"): priority chooses only while the volume is fully detached, ties go to
-// the smallest ID, no preemption, break before make, read-write-once unless every ticket is read-only,
-// and a node gives the volume up only when it confirms release or an admin declares it down.
+// The rules it implements: docs/ledger.md, "Arbitration rules" and "Node phases".
 import type { FsType } from '../filesystems.js';
 import {
   TICKET_PRIORITY,

@@ -1,4 +1,4 @@
-// The ledger's documents: one per volume (Longhorn's VolumeAttachment model, seeds 000 and 004).
+// The ledger's documents: one per volume (Longhorn's VolumeAttachment model; docs/ledger.md).
 import type { FsType } from '../filesystems.js';
 import type { PodInfo } from '../contract/options.js';
 

@@ -1,8 +1,5 @@
-// expandfs <json> <devicePath> <podVolumeDir> <newBytes> <oldBytes> (node; kubelet calls it after a PVC was expanded,
-// because init says requiresFSResize: true). Grows the volume's storage, refreshes its device's capacity and grows
-// the mounted filesystem online. Idempotent: the same size again is Success (and finishes a grow a previous call left
-// half done). Refuses, with nothing changed, to shrink, to pass maxSize or the pool's free space, and to grow a
-// filesystem the kernel would refuse to grow. devicePath is informational only ("" in non-attach mode).
+// expandfs <json> <devicePath> <podVolumeDir> <newBytes> <oldBytes> (node): grow storage, device and the mounted
+// filesystem online; idempotent, and refused with nothing changed when it cannot finish (docs/operations.md, "Resizing").
 import { byteCount, optionalPath, path, volumeOptions } from '../contract/args.js';
 import { failure, success } from '../contract/reply.js';
 import { isInUse } from '../ledger/arbitrate.js';

@@ -1,8 +1,5 @@
-// mount <podVolumeDir> <json>. In attach mode kubelet bind-mounts the device mount itself: Not supported.
-// In non-attach mode (attach: false) this one call does on the node what attach, waitforattach and mountdevice do
-// in attach mode, through the same ledger and node services: the pod's workload ticket (refused, naming the holder,
-// while another node holds a read-write-once volume), the device, the filesystem (made only when blank), a
-// node-private staging mount that every pod on this node shares, and a bind mount into the pod dir, read-only when asked.
+// mount <podVolumeDir> <json>: Not supported in attach mode; in non-attach mode the whole of attach, waitforattach
+// and mountdevice on the node, plus a bind mount into the pod dir (docs/protocol.md, "Non-attach mode").
 import { path, volumeOptions } from '../contract/args.js';
 import { failure, success } from '../contract/reply.js';
 import { LatchError, NotSupportedError, errorMessage } from '../errors.js';

@@ -1,4 +1,4 @@
-// What a FlexVolume op is: its positional arguments, named and typed by kind (in PROTOCOL.md's order), whether it
+// What a FlexVolume op is: its positional arguments, named and typed by kind (in the order of docs/protocol.md, "The calls"), whether it
 // only exists in attach mode, and the function that serves it with the call's context and the parsed arguments.
 import type { ArgKind } from '../contract/args.js';
 import type { Reply } from '../contract/reply.js';

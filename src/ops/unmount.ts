@@ -1,9 +1,5 @@
-// unmount <podVolumeDir>. In attach mode kubelet removes its own bind mount: Not supported.
-// In non-attach mode: find the volume from the kernel (the bind mount's source device), or, when nothing is mounted
-// any more, from the pod dir's name (kubelet names it after the PV); remove the bind mount and the pod's ticket;
-// when no ticket of this node is left, unmount the staging path, release the device and confirm it in the ledger.
-// Nothing is kept in memory or in a file, so this works after a reboot, a kubelet restart or a lost staging mount.
-// Success when nothing of the volume is mounted at the pod dir.
+// unmount <podVolumeDir>: Not supported in attach mode; in non-attach mode the reverse of mount, found from the
+// kernel or the pod dir's name alone (docs/protocol.md, "What each op does").
 import { basename } from 'node:path';
 import { path } from '../contract/args.js';
 import { failure, success } from '../contract/reply.js';

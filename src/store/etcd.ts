@@ -1,21 +1,5 @@
-// The `etcd` store: the ledger in an etcd v3 cluster, so the controller and every node share one truth.
-//
-// It speaks etcd's JSON gateway (POST /v3/kv/range, /v3/kv/txn; keys and values base64) with node:http(s) only,
-// so a driver call loads no client library. One key per store key, `<prefix><kind>/<name>`, holding the value as
-// JSON. The Store revision is the key's mod_revision (etcd's cluster-wide revision of its last change), which only
-// grows and is never reused, also across delete and re-create.
-//
-// Compare-and-swap: put and delete are one transaction that compares mod_revision (or create_revision == 0 for
-// "must not exist") and otherwise reads the key back, so a write is applied completely or not at all.
-//
-// Every operation has one deadline (timeoutMs) across all its attempts. An attempt that cannot connect, times out,
-// or meets a member without quorum ("no leader", sent early thanks to the `hasleader` metadata) moves on to the
-// next endpoint, round after round with a short back-off, until the deadline; then the operation fails with a
-// StoreError saying etcd is unreachable or has lost quorum. A write whose answer was lost (connection reset,
-// timeout after sending) may still have been applied: retrying it is safe because the retry compares the same
-// revision, so at most one of the two can apply; if the retry then finds the key holding exactly the value we wrote
-// (or, for a delete, the key gone), the state the caller asked for holds and the write counts as done. Reads are
-// linearizable (never a stale member's view).
+// The `etcd` store: the ledger in an etcd v3 cluster over its JSON gateway, so the controller and every node share
+// one truth. Revisions, compare-and-swap, deadlines and retries: docs/ledger.md, "The etcd store".
 import { readFileSync } from 'node:fs';
 import * as http from 'node:http';
 import * as https from 'node:https';

@@ -1,17 +1,5 @@
 // The embedded `file` store: one directory per key, one file per revision, compare-and-swap by exclusive link.
-//
-//   <stateDir>/<kind>/<name>/<revision>.json   {"revision":N,"deleted":false,"value":...}
-//
-// A writer puts the new document in a private `.tmp-*` file, fsyncs it, and links it to `<current+1>.json`; link
-// fails with EEXIST when another writer made that revision first, so every revision has exactly one writer, across
-// processes, and there is no lock for a SIGKILLed process to leave behind. A reader takes the highest revision file,
-// which is complete the moment it exists. Older revision files are collected, keeping the newest two.
-//
-// Collecting old revisions frees their names, and a writer that stalled between reading "current is N" and linking
-// N+1 must never be able to re-create an N+1 that was collected (it would report success for a write nobody sees).
-// So a writer creates its temp file *before* it reads the current revision, and the collector leaves revision files
-// alone while another writer's temp file is younger than STALE_TEMP_MS; an older one it deletes first, which makes
-// that writer's link fail (ENOENT) instead of succeeding on a stale view.
+// Layout, the writer's steps and why garbage collection cannot resurrect a revision: docs/ledger.md, "The file store".
 import type { Dirent } from 'node:fs';
 import * as nodeFs from 'node:fs/promises';
 import { join, resolve } from 'node:path';

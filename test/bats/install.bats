@@ -1,5 +1,5 @@
 #!/usr/bin/env bats
-# latch install / uninstall / doctor, and the self-contained build (PROTOCOL.md "Discovery and install").
+# latch install / uninstall / doctor, and the self-contained build (docs/protocol.md, "Discovery and install").
 # Installs go to temporary plugin dirs; plugin-dir detection reads a fake /proc (LATCH_PROC_ROOT) and stand-in
 # fallback dirs, so nothing here can touch the host's kubelet.
 

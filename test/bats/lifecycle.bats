@@ -1,6 +1,6 @@
 #!/usr/bin/env bats
 # Issue 4: the attach-mode lifecycle against bin/latch with real loop devices, filesystems and mounts, as kubelet
-# and the controller call it (PROTOCOL.md "Sequences"), for two simulated nodes sharing one ledger and one pool.
+# and the controller call it (docs/protocol.md, "Sequences"), for two simulated nodes sharing one ledger and one pool.
 # Every reply goes through latch_call (one JSON object, empty stderr, exit code matching the status), and the
 # kernel state (loop devices, mounts) and the ledger are checked after the steps that change them.
 # SIGKILL tests kill the driver at random delays, and once while a child it runs (losetup, mkfs.ext4, umount) is

@@ -1,5 +1,5 @@
 #!/usr/bin/env bats
-# The FlexVolume call contract (PROTOCOL.md), for every op in the table and for ops that are not in it.
+# The FlexVolume call contract (docs/protocol.md), for every op in the table and for ops that are not in it.
 # Every driver call goes through latch_call, which asserts on each path: nothing on stderr, exactly one JSON
 # object on stdout, a known status, exit 0 for Success/Not supported and 1 for Failure.
 # Ops that are still being written may answer Success or Failure to valid input; these tests only demand that
@@ -17,7 +17,7 @@ teardown() {
   latch_teardown
 }
 
-# Argument names after the op, as the op definitions in src/ops/*.ts and PROTOCOL.md give them.
+# Argument names after the op, as the op definitions in src/ops/*.ts and docs/protocol.md give them.
 declare -gA OP_ARGS=(
   [init]=""
   [getvolumename]="json"

@@ -21,7 +21,7 @@ export function checkConfig(env: NodeJS.ProcessEnv, add: AddFinding): Config | u
       severity: 'error',
       message: errorMessage(err),
       fix: `\${EDITOR:-vi} ${sh(env.LATCH_CONFIG || DEFAULT_CONFIG_PATH)}`,
-      note: 'see the README, "Configuration"; then run latch doctor again',
+      note: 'see docs/operations.md, "Configuration"; then run latch doctor again',
     });
     return undefined;
   }
