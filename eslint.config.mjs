@@ -2,15 +2,16 @@
 // Layout is prettier's (npm run format), layering dependency-cruiser's (.dependency-cruiser.cjs), unused exports,
 // files and dependencies knip's (knip.json). `npm run lint` runs all four; `npm run lint:fix` fixes what it can.
 import js from '@eslint/js';
+import { defineConfig } from 'eslint/config';
 import tseslint from 'typescript-eslint';
 
-export default tseslint.config(
+export default defineConfig(
   { ignores: ['bin/**', 'node_modules/**', 'test/bench/results/**'] },
   { linterOptions: { reportUnusedDisableDirectives: 'error' } },
 
   {
     files: ['src/**/*.ts', 'test/**/*.ts'],
-    extends: [js.configs.recommended, ...tseslint.configs.recommendedTypeChecked],
+    extends: [js.configs.recommended, tseslint.configs.recommendedTypeChecked],
     languageOptions: {
       parserOptions: { projectService: true, tsconfigRootDir: import.meta.dirname },
     },
@@ -19,7 +20,8 @@ export default tseslint.config(
       '@typescript-eslint/no-non-null-assertion': 'error',
       // The code's style: `import type { Y }` from a module used only for types, `import { x, type Y }` when mixed.
       '@typescript-eslint/consistent-type-imports': ['error', { prefer: 'type-imports', fixStyle: 'inline-type-imports' }],
-      // `import { type A, type B } from 'm'` still loads m at run time; `import type` does not (per-call imports stay lazy).
+      // All-type imports are written `import type { A, B }`, not `import { type A, type B }`: the first word says
+      // whether the line loads a module at run time.
       '@typescript-eslint/no-import-type-side-effects': 'error',
       // A promise nobody awaits loses its error and may outlive the reply. `void p` says "on purpose".
       '@typescript-eslint/no-floating-promises': 'error',
