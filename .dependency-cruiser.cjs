@@ -1,13 +1,20 @@
-// The layering of src/ (issue 12), checked by `npm run lint` (depcruise --config .dependency-cruiser.cjs src):
+// The layering of src/ (issue 12), checked by `npm run lint` (depcruise --config .dependency-cruiser.cjs src).
+// Top to bottom; a layer imports its own folder and what its line names, never anything above it:
 //
-//   main ─┬─ protocol → ops ─┐
-//         └─ cli ────────────┼→ node → context → ledger | backend → store | sys
-//            cli → host ─────┘          (host, like context, sits on ledger, backend, store, sys)
+//   bin.ts, sea.ts      main.ts (sea.ts also protocol/ and base, to warm what a call needs)
+//   main.ts             protocol/ (a FlexVolume call) or cli/ (an admin command)
+//   protocol/           ops/ and below
+//   ops/                node/ and below
+//   cli/                beside ops/: host/, node/ and below; never ops/ or protocol/
+//   node/               context.ts and below
+//   context.ts, host/   ledger/, backend/, store/, sys/
+//   ledger/, backend/   store/, sys/ (siblings: not each other)
+//   store/              contract/, base
+//   sys/                base only
+//   contract/           base only
+//   base modules        each other (config, errors, names, size, log, version, filesystems)
 //
-// contract/ and the base modules (config, errors, names, size, log, version, filesystems) are usable by every
-// layer; base modules import only each other, contract only base. Nothing imports upward, siblings (ledger and
-// backend, store and sys) do not import each other, and cli never reaches into ops or protocol. Each layer below
-// is a list of what it MAY import; anything else is an error. Type-only imports count like any other
+// Every layer may use contract/ and the base modules except where said. Type-only imports count like any other
 // (tsPreCompilationDeps), and so do lazy import()s.
 const { existsSync } = require('node:fs');
 const { join } = require('node:path');
@@ -47,7 +54,7 @@ const COMMANDER_HOME = existsSync(join(__dirname, 'src/cli/surface.ts')) ? '^src
 /** @type {import('dependency-cruiser').IConfiguration} */
 module.exports = {
   forbidden: [
-    layer('base', BASE, [BASE], 'Base modules (config, errors, names, size, log, version, filesystems) import only each other.'),
+    layer('base', BASE, [], 'Base modules (config, errors, names, size, log, version, filesystems) import only each other.'),
     layer('contract', CONTRACT, [BASE], 'contract/ (the FlexVolume call contract) imports only base modules.'),
     layer('sys', SYS, [BASE], 'sys/ wraps the kernel and tools; it imports nothing of latch but base modules.'),
     layer('store', STORE, [CONTRACT, BASE], 'store/ is the bottom layer beside sys/: only contract/ and base modules.'),
