@@ -3,8 +3,8 @@ import { LatchError } from './errors.js';
 
 // Kubernetes names (PVs, nodes) may have 253 characters. A volume's name also names its image file
 // (`<name>.img`, at most 255 bytes), so it may have 250: a longer PV needs the `volume` option.
-export const MAX_KUBERNETES_NAME = 253;
-export const MAX_VOLUME_NAME = 250;
+const MAX_KUBERNETES_NAME = 253;
+const MAX_VOLUME_NAME = 250;
 // Lower-case DNS-subdomain-like names: what PV names and inline volume names already are.
 const VOLUME_NAME = /^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$/;
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# npm test: build, type-check, unit tests (node:test), then the bats suites against the built bin/latch.
+# npm test: build, type-check, lint (format, eslint, layering, unused code), unit tests (node:test), then the bats
+# suites against the built bin/latch.
 # Root-only tests skip themselves with a message when not root; CI runs as root so they run there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +12,8 @@ npm run --silent build:sea
 export LATCH_REQUIRE_SEA=1 # install.bats fails instead of skipping its bin/latch-sea tests
 echo "== type check"
 tsc --noEmit -p .
+echo "== lint"
+npm run --silent lint
 echo "== unit tests"
 # One shared etcd member for the ledger suite's etcd run (its worker processes must all reach the same one);
 # with-etcd.ts stops it afterwards, even on failure. Tests that need their own etcd (a cluster, restarts) start

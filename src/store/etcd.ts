@@ -29,7 +29,9 @@ const KIND = /^[a-z]+$/;
 const MAX_RESPONSE_BYTES = 64 * 1024 * 1024;
 /** An attempt gets at least this long (or what is left of the deadline) even when other endpoints wait untried. */
 const MIN_ATTEMPT_MS = 1000;
-const BACKOFF_MS = [50, 100, 200, 400];
+/** Pauses between rounds over the endpoints: doubling, then the longest repeated. */
+const BACKOFF_MS = [50, 100, 200];
+const MAX_BACKOFF_MS = 400;
 
 interface KeyValue {
   key?: string;
@@ -86,8 +88,9 @@ function b64(text: string | Buffer): string {
 function prefixEnd(prefix: Buffer): Buffer {
   const end = Buffer.from(prefix);
   for (let i = end.length - 1; i >= 0; i--) {
-    if (end[i]! < 0xff) {
-      end[i]! += 1;
+    const byte = end.readUInt8(i);
+    if (byte < 0xff) {
+      end[i] = byte + 1;
       return end.subarray(0, i + 1);
     }
   }
@@ -236,9 +239,10 @@ export class EtcdStore implements Store {
         }
         names.push(name);
       }
-      if (kvs.length === 0 || !body.more) break;
+      const last = kvs.at(-1);
+      if (last === undefined || !body.more) break;
       // The next page starts just after the last key of this one.
-      from = Buffer.concat([Buffer.from(kvs[kvs.length - 1]!.key ?? '', 'base64'), Buffer.from([0])]);
+      from = Buffer.concat([Buffer.from(last.key ?? '', 'base64'), Buffer.from([0])]);
     }
     return names.sort();
   }
@@ -287,9 +291,10 @@ export class EtcdStore implements Store {
     let ambiguous = false;
     for (let round = 0; ; round++) {
       const first = this.preferred;
-      for (let i = 0; i < n; i++) {
+      // The endpoints in the order tried this round: the one that last answered first.
+      const rotation = [...this.endpoints.slice(first), ...this.endpoints.slice(0, first)];
+      for (const [i, endpoint] of rotation.entries()) {
         const index = (first + i) % n;
-        const endpoint = this.endpoints[index]!;
         const remaining = deadline - Date.now();
         if (remaining <= 0) break;
         const untried = n - i;
@@ -313,7 +318,7 @@ export class EtcdStore implements Store {
       }
       const remaining = deadline - Date.now();
       if (remaining <= 0) break;
-      await sleep(Math.min(remaining, BACKOFF_MS[Math.min(round, BACKOFF_MS.length - 1)]!));
+      await sleep(Math.min(remaining, BACKOFF_MS[round] ?? MAX_BACKOFF_MS));
       if (deadline - Date.now() <= 0) break;
     }
     const details = [...lastError].map(([e, m]) => `${e}: ${m}`).join('; ');

@@ -32,7 +32,9 @@ const KEY = /^([a-z]+)\/([a-z0-9]([a-z0-9._-]*[a-z0-9])?)$/;
 
 /** Splits and checks a key; every store calls this first so no key can escape its directory or prefix. */
 export function parseKey(key: string): { kind: string; name: string } {
-  const m = KEY.exec(key);
-  if (!m || m[2]!.includes('..') || m[2]!.length > 253) throw new Error(`invalid store key ${JSON.stringify(key)}`);
-  return { kind: m[1]!, name: m[2]! };
+  const [, kind, name] = KEY.exec(key) ?? [];
+  if (kind === undefined || name === undefined || name.includes('..') || name.length > 253) {
+    throw new Error(`invalid store key ${JSON.stringify(key)}`);
+  }
+  return { kind, name };
 }

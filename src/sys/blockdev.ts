@@ -73,7 +73,7 @@ export async function blockDeviceSize(device: string): Promise<number> {
 }
 
 /** The kernel name (e.g. "loop3") of a device path, following /dev symlinks. */
-export async function blockDeviceName(device: string): Promise<string> {
+async function blockDeviceName(device: string): Promise<string> {
   const dev = checkDevicePath(device);
   let real = dev;
   try {

@@ -54,19 +54,25 @@ export function parseMountInfo(text: string): MountInfo[] {
     const fields = line.split(' ');
     const separator = fields.indexOf('-', 6);
     if (fields.length < 10 || separator < 0 || fields.length < separator + 3) continue;
+    const [, , majorMinor, root, mountPoint, options] = fields;
+    const fsType = fields[separator + 1];
+    const source = fields[separator + 2];
+    // Always there after the length checks above; checked again so that the type checker knows it too.
+    if (majorMinor === undefined || root === undefined || mountPoint === undefined || options === undefined) continue;
+    if (fsType === undefined || source === undefined) continue;
     const id = Number(fields[0]);
     const parentId = Number(fields[1]);
     if (!Number.isInteger(id) || !Number.isInteger(parentId)) continue;
     entries.push({
       id,
       parentId,
-      majorMinor: fields[2]!,
-      root: unescapeMountField(fields[3]!),
-      mountPoint: unescapeMountField(fields[4]!),
-      options: splitOptions(fields[5]!),
+      majorMinor,
+      root: unescapeMountField(root),
+      mountPoint: unescapeMountField(mountPoint),
+      options: splitOptions(options),
       optionalFields: fields.slice(6, separator),
-      fsType: unescapeMountField(fields[separator + 1]!),
-      source: unescapeMountField(fields[separator + 2]!),
+      fsType: unescapeMountField(fsType),
+      source: unescapeMountField(source),
       superOptions: splitOptions(unescapeMountField(fields.slice(separator + 3).join(' '))),
     });
   }
@@ -116,11 +122,13 @@ export async function findmnt(path: string): Promise<FindmntEntry | undefined> {
   const list = (parsed as { filesystems?: unknown }).filesystems;
   if (!Array.isArray(list) || list.length === 0) return undefined;
   const top = list[list.length - 1] as Record<string, unknown>;
-  const options = typeof top.options === 'string' ? top.options : '';
+  // findmnt prints each column as a string, or null when it has no value.
+  const text = (value: unknown) => (typeof value === 'string' ? value : '');
+  const options = text(top.options);
   return {
-    source: String(top.source ?? ''),
-    target: String(top.target ?? ''),
-    fsType: String(top.fstype ?? ''),
+    source: text(top.source),
+    target: text(top.target),
+    fsType: text(top.fstype),
     options: options === '' ? [] : options.split(','),
   };
 }

@@ -34,19 +34,22 @@ function stats(samples: Sample[]): Stats {
     .map((s) => s.rssKiB)
     .filter((r): r is number => r !== undefined)
     .sort((a, b) => a - b);
+  const [median, min, max] = [ms[Math.floor(ms.length / 2)], ms[0], ms.at(-1)];
+  if (median === undefined || min === undefined || max === undefined) throw new Error('no samples to summarize');
   return {
-    median: ms[Math.floor(ms.length / 2)]!,
-    min: ms[0]!,
-    max: ms[ms.length - 1]!,
+    median,
+    min,
+    max,
     ...(rss.length > 0 && { rssKiB: rss[Math.floor(rss.length / 2)] }),
   };
 }
 
 /** Runs one command, timing it; with /usr/bin/time also its peak RSS. Throws if `check` rejects its output. */
 function runOnce(argv: string[], env: NodeJS.ProcessEnv, check?: (stdout: string, code: number) => boolean): Sample {
-  const full = TIME ? [TIME, '-f', '%M', ...argv] : argv;
+  const [file, ...args] = TIME ? [TIME, '-f', '%M', ...argv] : argv;
+  if (file === undefined) throw new Error('runOnce: no command');
   const started = process.hrtime.bigint();
-  const r = spawnSync(full[0]!, full.slice(1), { env, encoding: 'utf8' });
+  const r = spawnSync(file, args, { env, encoding: 'utf8' });
   const ms = Number(process.hrtime.bigint() - started) / 1e6;
   const stderrLines = r.stderr.trim().split('\n');
   const rssKiB = TIME ? Number(stderrLines[stderrLines.length - 1]) : undefined;
@@ -72,7 +75,7 @@ function measure(candidates: Record<string, () => Sample>): Record<string, Stats
 function table(title: string, rows: string[][]): void {
   const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));
   console.log(`\n${title}`);
-  for (const r of rows) console.log(`  ${r.map((c, i) => c.padEnd(widths[i]!)).join('  ')}`);
+  for (const r of rows) console.log(`  ${r.map((c, i) => c.padEnd(widths[i] ?? 0)).join('  ')}`);
 }
 
 const fmt = (n: number) => n.toFixed(1);
@@ -101,8 +104,10 @@ function workDir(): { dir: string; env: NodeJS.ProcessEnv } {
 const optionsFor = (pv: string) =>
   JSON.stringify({ 'kubernetes.io/fsType': '', 'kubernetes.io/pvOrVolumeName': pv, 'kubernetes.io/readwrite': 'rw' });
 
+const LATCH_BIN = join(ROOT, 'bin/latch');
+
 function drivers(): Record<string, string[]> {
-  const found: Record<string, string[]> = { 'bin/latch': [join(ROOT, 'bin/latch')] };
+  const found: Record<string, string[]> = { 'bin/latch': [LATCH_BIN] };
   if (existsSync(join(ROOT, 'bin/latch-sea'))) found['bin/latch-sea'] = [join(ROOT, 'bin/latch-sea')];
   return found;
 }
@@ -162,11 +167,10 @@ function ledgerScaling(): Promise<void> {
     );
     try {
       const json = optionsFor('vol-7');
-      const cmd = drivers()['bin/latch']!;
       const candidates: Record<string, () => Sample> = {};
       for (const { env, count } of setups) {
-        candidates[`isattached@${count}`] = () => runOnce([...cmd, 'isattached', json, 'node-a'], env, ok);
-        candidates[`attach@${count}`] = () => runOnce([...cmd, 'attach', json, 'node-a'], env, ok);
+        candidates[`isattached@${count}`] = () => runOnce([LATCH_BIN, 'isattached', json, 'node-a'], env, ok);
+        candidates[`attach@${count}`] = () => runOnce([LATCH_BIN, 'attach', json, 'node-a'], env, ok);
       }
       const s = measure(candidates);
       out.stats = s;
@@ -211,7 +215,9 @@ function lifecycle(cmd: string[], env: NodeJS.ProcessEnv, dir: string, pv: strin
   mkdirSync(global, { recursive: true });
   const started = process.hrtime.bigint();
   runOnce([...cmd, 'attach', json, 'node-a'], env, ok);
-  const wait = spawnSync(cmd[0]!, [...cmd.slice(1), 'waitforattach', '', json], { env, encoding: 'utf8' });
+  const [file, ...args] = cmd;
+  if (file === undefined) throw new Error('lifecycle: no command');
+  const wait = spawnSync(file, [...args, 'waitforattach', '', json], { env, encoding: 'utf8' });
   const device = (JSON.parse(wait.stdout) as { device?: string }).device;
   if (!device) throw new Error(`waitforattach failed: ${wait.stdout}`);
   runOnce([...cmd, 'mountdevice', global, device, json], env, ok);
@@ -260,10 +266,9 @@ function podLifecycle(): void {
 
 async function concurrentLifecycles(count: number): Promise<void> {
   const { dir, env } = workDir();
-  const cmd = drivers()['bin/latch']!;
   const call = (args: string[]) =>
     new Promise<{ stdout: string; code: number }>((resolve) => {
-      const child = spawn(cmd[0]!, [...cmd.slice(1), ...args], { env });
+      const child = spawn(LATCH_BIN, args, { env });
       let stdout = '';
       child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
       child.on('close', (code) => resolve({ stdout, code: code ?? -1 }));

@@ -11,8 +11,8 @@ import { EtcdCluster, etcdSkipReason } from './etcd.js';
 
 async function main(): Promise<number> {
   const dash = process.argv.indexOf('--');
-  const command = dash >= 0 ? process.argv.slice(dash + 1) : process.argv.slice(2);
-  if (command.length === 0) {
+  const [file, ...args] = dash >= 0 ? process.argv.slice(dash + 1) : process.argv.slice(2);
+  if (file === undefined) {
     process.stderr.write('usage: node --import tsx test/etcd/with-etcd.ts -- <command> [args...]\n');
     return 2;
   }
@@ -27,11 +27,11 @@ async function main(): Promise<number> {
     process.stderr.write(`with-etcd: etcd at ${env.LATCH_TEST_ETCD_ENDPOINTS}\n`);
   }
   try {
-    const child = spawn(command[0]!, command.slice(1), { stdio: 'inherit', env });
+    const child = spawn(file, args, { stdio: 'inherit', env });
     for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.on(signal, () => child.kill(signal));
     return await new Promise<number>((resolve) => {
       child.on('error', (err) => {
-        process.stderr.write(`with-etcd: cannot run ${command[0]}: ${err.message}\n`);
+        process.stderr.write(`with-etcd: cannot run ${file}: ${err.message}\n`);
         resolve(127);
       });
       child.on('exit', (code, signal) => resolve(code ?? 128 + (signal ? constants.signals[signal] : 0)));

@@ -26,7 +26,13 @@ const req = (id: string, nodeID: string, type: TicketType = 'workload', readOnly
   requestedBy: {},
 });
 /** Takes a node all the way to "has the device". */
-const settle = (doc: VolumeDoc, node: string): VolumeDoc => markAttached(markAttaching(doc, node, T)!, node, '/dev/loop9', T)!;
+const settle = (doc: VolumeDoc, node: string): VolumeDoc => {
+  const attaching = markAttaching(doc, node, T);
+  assert.ok(attaching, `${node} may attach`);
+  const attached = markAttached(attaching, node, '/dev/loop9', T);
+  assert.ok(attached, `${node} has the device`);
+  return attached;
+};
 
 describe('arbitration', () => {
   it('a single ticket attaches', () => {
@@ -68,7 +74,7 @@ describe('arbitration', () => {
     doc = addTicket(doc, req('workload-b', 'node-b'), T);
     assert.equal(isSatisfied(doc, 'workload-b'), false);
     assert.equal(doc.status.tickets['workload-b']?.reason, 'AttachedElsewhere');
-    assert.match(doc.status.tickets['workload-b']!.message, /attached to node node-a \(ticket workload-a\)/);
+    assert.match(doc.status.tickets['workload-b'].message, /attached to node node-a \(ticket workload-a\)/);
     assert.equal(doc.status.nodes['node-b'], undefined);
   });
 
@@ -98,7 +104,8 @@ describe('arbitration', () => {
 
   it('a deleted and re-created ticket does not inherit satisfied', () => {
     let doc = settle(addTicket(vol(), req('workload-a', 'node-a'), T), 'node-a');
-    const oldStatus = doc.status.tickets['workload-a']!;
+    const oldStatus = doc.status.tickets['workload-a'];
+    assert.ok(oldStatus);
     doc = removeTicket(doc, 'workload-a', T);
     doc = addTicket(doc, req('workload-b', 'node-b'), T);
     doc = addTicket(doc, req('workload-a', 'node-a'), T);
@@ -121,7 +128,7 @@ describe('arbitration', () => {
     assert.equal(doc.status.state, 'detaching');
     assert.equal(isSatisfied(doc, 'workload-b'), false);
     assert.equal(doc.status.tickets['workload-b']?.reason, 'Detaching');
-    assert.match(doc.status.tickets['workload-b']!.message, /--node node-a --node-is-down/);
+    assert.match(doc.status.tickets['workload-b'].message, /--node node-a --node-is-down/);
     doc = markReleased(doc, 'node-a', T);
     assert.equal(isSatisfied(doc, 'workload-b'), true);
     assert.deepEqual(Object.keys(doc.status.nodes), ['node-b']);

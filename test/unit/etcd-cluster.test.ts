@@ -41,11 +41,11 @@ interface Planned {
 }
 
 function plan(worker: number): Planned[] {
-  return Array.from({ length: TICKETS_PER_WORKER }, (_, j) => ({
-    volume: VOLUMES[(worker + j) % VOLUMES.length]!,
-    id: `workload-w${worker}-t${String(j).padStart(2, '0')}`,
-    node: `node-${worker}`,
-  }));
+  return Array.from({ length: TICKETS_PER_WORKER }, (_, j) => {
+    const volume = VOLUMES[(worker + j) % VOLUMES.length];
+    assert.ok(volume);
+    return { volume, id: `workload-w${worker}-t${String(j).padStart(2, '0')}`, node: `node-${worker}` };
+  });
 }
 
 /** Retries an operation as kubelet and the controller do: on a store failure, again a little later. */
@@ -77,7 +77,8 @@ function remove(ledger: Ledger, t: Planned) {
 }
 
 /** Ticket IDs present, and the checks that prove each ticket was applied exactly once. */
-function checkDoc(doc: VolumeDoc, expectedIds: string[], createdTotal: number): void {
+function checkDoc(doc: VolumeDoc | undefined, expectedIds: string[], createdTotal: number): void {
+  assert.ok(doc, 'a volume the test wrote is not in the ledger');
   const ids = Object.keys(doc.spec.tickets).sort();
   assert.deepEqual(ids, [...expectedIds].sort(), `tickets of ${doc.name}`);
   // Every add of a new ticket takes the next generation: N tickets ever created, generations exactly 1..N.
@@ -131,7 +132,7 @@ describe('ledger on a 3-member etcd cluster', { skip, timeout: 120_000 }, () => 
     const ledger = new Ledger(storeFor(killed + 1));
     for (const v of VOLUMES) {
       const ids = all.filter((t) => t.volume === v).map((t) => t.id);
-      checkDoc((await ledger.get(v))!, ids, ids.length);
+      checkDoc(await ledger.get(v), ids, ids.length);
     }
     process.stderr.write(
       `# storm: ${all.length} adds, leader m${killed} killed after ${all.length - doneAfterKill}; ${failures.length} retried store failures\n`,
@@ -158,11 +159,11 @@ describe('ledger on a 3-member etcd cluster', { skip, timeout: 120_000 }, () => 
     );
     await restart;
     // Every member, the restarted one included, serves the same documents (reads are linearizable).
-    for (let m = 0; m < 3; m++) {
-      const ledger = new Ledger(new EtcdStore({ endpoints: [etcd.endpoints[m]!], prefix: '/storm/', timeoutMs: STORE_TIMEOUT }));
+    for (const endpoint of etcd.endpoints) {
+      const ledger = new Ledger(new EtcdStore({ endpoints: [endpoint], prefix: '/storm/', timeoutMs: STORE_TIMEOUT }));
       for (const v of VOLUMES) {
         const ids = kept.filter((t) => t.volume === v).map((t) => t.id);
-        checkDoc((await ledger.get(v))!, ids, all.filter((t) => t.volume === v).length);
+        checkDoc(await ledger.get(v), ids, all.filter((t) => t.volume === v).length);
       }
       await ledger.store.close();
     }
@@ -171,7 +172,11 @@ describe('ledger on a 3-member etcd cluster', { skip, timeout: 120_000 }, () => 
   it('two members down: every call fails cleanly within its deadline, saying etcd lost quorum; restored: calls work again', async () => {
     const before = new Map<string, VolumeDoc>();
     const reader = new Ledger(storeFor(0));
-    for (const v of VOLUMES) before.set(v, (await reader.get(v))!);
+    for (const v of VOLUMES) {
+      const doc = await reader.get(v);
+      assert.ok(doc, `${v} is in the ledger`);
+      before.set(v, doc);
+    }
 
     const survivor = 2;
     await Promise.all([etcd.members[0]!.kill('SIGKILL'), etcd.members[1]!.kill('SIGKILL')]);
@@ -180,7 +185,9 @@ describe('ledger on a 3-member etcd cluster', { skip, timeout: 120_000 }, () => 
     const attempted: Planned[] = [];
     try {
       for (const [i, ledger] of ledgers.entries()) {
-        const t: Planned = { volume: VOLUMES[i]!, id: `workload-outage-${i}`, node: 'node-outage' };
+        const volume = VOLUMES[i];
+        assert.ok(volume);
+        const t: Planned = { volume, id: `workload-outage-${i}`, node: 'node-outage' };
         attempted.push(t);
         const calls: Array<[string, () => Promise<unknown>]> = [
           ['update', () => add(ledger, t)],
@@ -208,16 +215,18 @@ describe('ledger on a 3-member etcd cluster', { skip, timeout: 120_000 }, () => 
 
     // The same stores, no repair: reads and writes work again.
     for (const [i, ledger] of ledgers.entries()) {
-      const t = attempted[i]!;
-      const prior = before.get(t.volume)!;
-      const now = (await ledger.get(t.volume))!;
+      const t = attempted[i];
+      assert.ok(t);
+      const prior = before.get(t.volume);
+      const now = await ledger.get(t.volume);
+      assert.ok(prior && now, `${t.volume} is in the ledger`);
       // Nothing half written: either the attempted add is absent, or it is wholly there as one more ticket (a write
       // a member had accepted before it noticed the lost quorum may still be committed once quorum is back).
       const added = now.spec.tickets[t.id] !== undefined;
       checkDoc(now, [...Object.keys(prior.spec.tickets), ...(added ? [t.id] : [])], prior.spec.generationCounter + (added ? 1 : 0));
       const doc = await add(ledger, t);
       assert.ok(doc?.spec.tickets[t.id]);
-      checkDoc(doc!, [...Object.keys(prior.spec.tickets), t.id], prior.spec.generationCounter + 1);
+      checkDoc(doc, [...Object.keys(prior.spec.tickets), t.id], prior.spec.generationCounter + 1);
     }
   });
 });

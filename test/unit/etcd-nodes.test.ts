@@ -54,9 +54,11 @@ interface Reply {
 
 /** One driver call as `node` (its config), like kubelet's exec. */
 function driver(node: string, args: string[]): Promise<Reply> {
+  const config = configs.get(node);
+  assert.ok(config, `a config for ${node}`);
   return new Promise((resolvePromise, reject) => {
     const child = spawn(process.execPath, [latchJs, ...args], {
-      env: { ...process.env, LATCH_CONFIG: configs.get(node)!, PATH: `${process.env.PATH}:/usr/sbin:/sbin` },
+      env: { ...process.env, LATCH_CONFIG: config, PATH: `${process.env.PATH}:/usr/sbin:/sbin` },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     let stdout = '';
@@ -166,8 +168,8 @@ describe('three nodes, one etcd ledger, concurrent pod lifecycles', { skip, time
         const readStart = Date.now();
         const docs = await Promise.all(VOLUMES.map((v) => ledger.get(v)));
         snapshots++;
-        for (const [i, doc] of docs.entries()) {
-          const volume = VOLUMES[i]!;
+        for (const [i, volume] of VOLUMES.entries()) {
+          const doc = docs[i];
           if (doc && Object.keys(doc.status.nodes).length > 1) {
             violations.push(`${volume} held by ${JSON.stringify(doc.status.nodes)} at once`);
           }
@@ -185,7 +187,8 @@ describe('three nodes, one etcd ledger, concurrent pod lifecycles', { skip, time
 
     const lifecycle = async (node: string, n: number) => {
       for (let k = 0; k < CYCLES_PER_NODE; k++) {
-        const volume = VOLUMES[(n + k) % VOLUMES.length]!;
+        const volume = VOLUMES[(n + k) % VOLUMES.length];
+        assert.ok(volume);
         const json = JSON.stringify({
           'kubernetes.io/pvOrVolumeName': volume,
           'kubernetes.io/fsType': 'ext4',
@@ -211,8 +214,9 @@ describe('three nodes, one etcd ledger, concurrent pod lifecycles', { skip, time
         // kubelet on the node.
         const { device } = await ok(node, ['waitforattach', '', json]);
         const from = Date.now();
-        assert.match(device ?? '', /^\/dev\/loop\d+$/);
-        await ok(node, ['mountdevice', global, device!, json]);
+        assert.ok(device, `waitforattach on ${node} names the device`);
+        assert.match(device, /^\/dev\/loop\d+$/);
+        await ok(node, ['mountdevice', global, device, json]);
         const log = join(global, 'cycles.log');
         const before = existsSync(log) ? (await readFile(log, 'utf8')).split('\n').filter(Boolean) : [];
         assert.deepEqual(before, lines.get(volume), `${volume} on ${node}: the log holds other lines than the cycles wrote`);
@@ -247,7 +251,8 @@ describe('three nodes, one etcd ledger, concurrent pod lifecycles', { skip, time
     // At the end: detached, no ticket, no holder; every cycle's line on the volume it wrote to.
     const ledger = new Ledger(new EtcdStore({ endpoints: etcd.endpoints, prefix: '/nodes/' }));
     for (const volume of VOLUMES) {
-      const doc = (await ledger.get(volume))!;
+      const doc = await ledger.get(volume);
+      assert.ok(doc, `${volume} is in the ledger`);
       assert.deepEqual(doc.spec.tickets, {}, `${volume}: tickets left`);
       assert.deepEqual(doc.status.nodes, {}, `${volume}: holders left`);
       assert.equal(doc.status.state, 'detached');

@@ -115,7 +115,7 @@ for (const kind of storeKinds()) {
         const runs = await Promise.all(
           Array.from({ length: STORM_WORKERS }, (_, w) => runWorker('storm', kind, location, String(w), STORM_OPERATIONS)),
         );
-        const reports = runs.map((r) => JSON.parse(r.stdout.trim().split('\n').pop()!) as Report);
+        const reports = runs.map((r) => JSON.parse(r.stdout.trim().split('\n').pop() ?? '') as Report);
         const violations = reports.flatMap((r) => r.violations);
 
         // Expected: every ticket a worker believes it holds, unless a releaseDeadNode removed that very generation.

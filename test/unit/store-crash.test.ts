@@ -111,7 +111,7 @@ it('survives writers SIGKILLed at random moments', { timeout: 60_000 }, async ()
     lines.pop(); // the part after the last newline: empty, or a line cut short by the kill
     for (const line of lines) {
       const [op, key, revText, counterText] = line.split(' ');
-      if (op === 'bad') {
+      if (op === 'bad' || key === undefined) {
         violations.push(`${writer}: ${line}`);
         continue;
       }
@@ -123,9 +123,9 @@ it('survives writers SIGKILLed at random moments', { timeout: 60_000 }, async ()
       if (op === 'put' && key !== CYCLE_KEY && Number(counterText) !== revision) {
         violations.push(`${writer}: ${key} revision ${revision} committed counter ${counterText}`);
       }
-      if ((lastRevision.get(key!) ?? 0) >= revision) violations.push(`${writer}: ${key} went back to revision ${revision}`);
-      lastRevision.set(key!, revision);
-      highestLogged.set(key!, Math.max(highestLogged.get(key!) ?? 0, revision));
+      if ((lastRevision.get(key) ?? 0) >= revision) violations.push(`${writer}: ${key} went back to revision ${revision}`);
+      lastRevision.set(key, revision);
+      highestLogged.set(key, Math.max(highestLogged.get(key) ?? 0, revision));
     }
   }
 

@@ -36,9 +36,16 @@ function store(options: Partial<EtcdStoreOptions> = {}): EtcdStore {
   return s;
 }
 
+/** The member the raw requests go to. */
+function gateway(): string {
+  const [endpoint] = etcd.endpoints;
+  assert.ok(endpoint, 'the cluster has a member');
+  return endpoint;
+}
+
 /** Raw range of one key through the gateway: what etcd really holds. */
 async function raw(key: string): Promise<{ value?: string; mod_revision?: string } | undefined> {
-  const body = (await etcd.request(etcd.endpoints[0]!, 'POST', '/v3/kv/range', { key: Buffer.from(key).toString('base64') }, 2000)) as {
+  const body = (await etcd.request(gateway(), 'POST', '/v3/kv/range', { key: Buffer.from(key).toString('base64') }, 2000)) as {
     kvs?: Array<{ value?: string; mod_revision?: string }>;
   };
   const kv = body.kvs?.[0];
@@ -47,7 +54,7 @@ async function raw(key: string): Promise<{ value?: string; mod_revision?: string
 
 async function rawPut(key: string, value: string): Promise<void> {
   await etcd.request(
-    etcd.endpoints[0]!,
+    gateway(),
     'POST',
     '/v3/kv/put',
     { key: Buffer.from(key).toString('base64'), value: Buffer.from(value).toString('base64') },
@@ -244,7 +251,8 @@ describe('etcd store', { skip }, () => {
           ),
         );
       const [a, b] = await Promise.all([add('node-a'), add('node-b')]);
-      const doc = (await ledger.get('vol1'))!;
+      const doc = await ledger.get('vol1');
+      assert.ok(doc);
       assert.equal(Object.keys(doc.spec.tickets).length, 2);
       // Read-write-once: exactly one of the two is granted.
       assert.equal([isSatisfied(doc, 'workload-node-a'), isSatisfied(doc, 'workload-node-b')].filter(Boolean).length, 1);
@@ -413,7 +421,7 @@ describe('etcd store', { skip }, () => {
         const s = store({ endpoints: [refusing.url], timeoutMs: 3000 });
         const t = await timed(s.put('volumes/a', 1, 0));
         assert.ok(t.error instanceof StoreError && !(t.error instanceof EtcdUnavailableError), String(t.error));
-        assert.match((t.error as Error).message, /request is too large/);
+        assert.match(t.error.message, /request is too large/);
         assert.ok(t.ms < 500);
         assert.equal(calls, 1);
       } finally {
@@ -444,7 +452,8 @@ describe('etcd store', { skip }, () => {
         await direct.put('volumes/a', { v: 'theirs' }, r2);
         drop = 1;
         await assert.rejects(s.put('volumes/a', { v: 3 }, r2), ConflictError);
-        const theirs = (await direct.get('volumes/a'))!;
+        const theirs = await direct.get('volumes/a');
+        assert.ok(theirs);
         assert.deepEqual(theirs.value, { v: 'theirs' });
         drop = 1;
         await s.delete('volumes/a', theirs.revision);
@@ -469,7 +478,7 @@ describe('etcd store', { skip }, () => {
     it('talks https with a CA and a client certificate, and refuses a wrong CA or no certificate clearly', async (t) => {
       if (!certs || !secure) return t.skip('openssl is not installed');
       const endpoints = secure.endpoints;
-      assert.match(endpoints[0]!, /^https:/);
+      assert.match(endpoints[0] ?? '', /^https:/);
       const s = store({ endpoints, tls: certs.client });
       const r = await s.put('volumes/a', { tls: true }, 0);
       assert.deepEqual(await s.get('volumes/a'), { value: { tls: true }, revision: r });
@@ -478,14 +487,14 @@ describe('etcd store', { skip }, () => {
       const wrongCa = store({ endpoints, tls: { ...certs.client, ca: certs.otherCa } });
       const w = await timed(wrongCa.get('volumes/a'));
       assert.ok(w.error instanceof StoreError, String(w.error));
-      assert.match((w.error as Error).message, /cannot verify etcd's certificate.*store\.tls\.ca/);
+      assert.match(w.error.message, /cannot verify etcd's certificate.*store\.tls\.ca/);
       assert.ok(w.ms < 1000, `${w.ms} ms`);
 
       // No client certificate: etcd refuses the handshake; the call fails and says why.
       const anonymous = store({ endpoints, tls: { ca: certs.ca }, timeoutMs: 3000 });
       const a = await timed(anonymous.get('volumes/a'));
       assert.ok(a.error instanceof StoreError, String(a.error));
-      assert.match((a.error as Error).message, /did not accept our client certificate/);
+      assert.match(a.error.message, /did not accept our client certificate/);
       assert.ok(a.ms < 1000, `${a.ms} ms`);
     });
 

@@ -130,7 +130,7 @@ describe('real mounts', { skip: notRoot }, () => {
       mounted.push(bind);
       const bound = await findmnt(bind);
       assert.equal(bound?.source, device);
-      assert.ok(bound?.options.includes('ro'), `read-only bind: ${bound?.options}`);
+      assert.ok(bound?.options.includes('ro'), `read-only bind: ${bound?.options.join(',')}`);
       assert.throws(() => writeFileSync(join(bind, 'x'), 'x'), /EROFS/);
       writeFileSync(join(target, 'x'), 'x'); // the original stays writable
 

@@ -180,7 +180,7 @@ describe('run', () => {
     const [r1, r2] = await outcomes;
     for (const r of [r1, r2]) {
       assert.equal(r?.status, 'rejected');
-      const reason = (r as PromiseRejectedResult).reason;
+      const reason: unknown = r.reason;
       assert.ok(reason instanceof CommandError);
       assert.match(reason.message, /killed by SIGKILL/);
     }
