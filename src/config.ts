@@ -19,7 +19,7 @@ export interface EtcdStoreConfig {
   timeoutMs: number;
   tls?: { ca?: string; cert?: string; key?: string };
 }
-export type StoreConfig = { type: 'file' } | EtcdStoreConfig;
+type StoreConfig = { type: 'file' } | EtcdStoreConfig;
 
 export interface Config {
   /** Where the configuration came from: a file path, or "built-in defaults". */
@@ -171,6 +171,6 @@ export function parseConfig(raw: unknown, source: string): Config {
 }
 
 /** kubelet names a node after its host name, lower-cased. */
-export function defaultNodeName(): string {
+function defaultNodeName(): string {
   return hostname().toLowerCase();
 }

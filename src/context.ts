@@ -11,7 +11,7 @@ import type { Store } from './store/types.js';
 import { hostSystem, type System } from './sys/system.js';
 
 /** Milliseconds since the epoch. */
-export type Clock = () => number;
+type Clock = () => number;
 
 export interface Context {
   readonly config: Config;

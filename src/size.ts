@@ -25,7 +25,7 @@ export function parseSize(input: string | number, what = 'size'): number {
   if (!match) {
     throw new LatchError(`${what} "${truncate(text)}" is not a size: use bytes or a quantity such as 1Gi, 500Mi or 10G`);
   }
-  const bytes = Number(match[1]) * MULTIPLIERS[match[2] ?? '']!;
+  const bytes = Number(match[1]) * (MULTIPLIERS[match[2] ?? ''] ?? Number.NaN);
   if (!Number.isSafeInteger(Math.floor(bytes)) || bytes < 1) {
     throw new LatchError(`${what} "${text}" is out of range: it must be at least 1 byte and below 8 PiB`);
   }

@@ -125,7 +125,8 @@ export class LoopBackend implements Backend {
     if (!(await statImage(path))) throw new LatchError(`volume ${volume} has no image in the pool (${path})`);
 
     const existing = await this.liveDevices(volume);
-    if (existing.length === 1) return existing[0]!.device;
+    const [only, ...others] = existing;
+    if (only && others.length === 0) return only.device;
     if (existing.length === 0) await setupLoop(path);
     // Several callers may have raced past the check above (or a killed call left a second device). Every caller
     // keeps the same device (the mounted one, else the lowest-numbered) and detaches the others that are not

@@ -1,9 +1,8 @@
 // The admin CLI's one try/catch: parses argv through the surface, runs the command, and turns what happened into
 // an exit code. A user's mistake (a LatchError, a bad option) is said plainly; anything else is an internal error.
-import { CommanderError } from 'commander';
 import { LatchError, errorMessage } from '../errors.js';
 import { processIO, type CliIO } from './io.js';
-import { buildProgram } from './surface.js';
+import { buildProgram, commanderExitCode } from './surface.js';
 
 /** Runs one admin command line (argv without node and the script); returns the exit code. */
 export async function runCli(argv: string[], io: CliIO = processIO()): Promise<number> {
@@ -16,7 +15,8 @@ export async function runCli(argv: string[], io: CliIO = processIO()): Promise<n
     return code;
   } catch (err) {
     // Help, version and usage errors are "errors" to commander; their text has already been written.
-    if (err instanceof CommanderError) return err.exitCode;
+    const commanderCode = commanderExitCode(err);
+    if (commanderCode !== undefined) return commanderCode;
     io.err(`latch: ${err instanceof LatchError ? err.message : `internal error: ${errorMessage(err)}`}\n`);
     return 1;
   } finally {

@@ -1,7 +1,7 @@
 // Every admin command and option, in one place, and the only file that knows commander. commander parses argv and
 // calls the command's function with typed options; it is told never to exit or print by itself, so that exit codes
 // and output stay ours (a FlexVolume driver must not let a library write to stdout).
-import { Command, InvalidArgumentError } from 'commander';
+import { Command, CommanderError, InvalidArgumentError } from '@commander-js/extra-typings';
 import { DEFAULT_DRIVER_NAME } from '../config.js';
 import { LatchError } from '../errors.js';
 import { FS_TYPES } from '../filesystems.js';
@@ -27,6 +27,11 @@ import { volumeExpand } from './volume/expand.js';
 import { volumeInspect } from './volume/inspect.js';
 import { volumeList } from './volume/list.js';
 import { volumeRelease } from './volume/release.js';
+
+/** The exit code commander chose for help, --version or a usage error (its text is already written); else undefined. */
+export function commanderExitCode(err: unknown): number | undefined {
+  return err instanceof CommanderError ? err.exitCode : undefined;
+}
 
 /** The program; `exit` receives the exit code a command returned. */
 export function buildProgram(io: CliIO, exit: (code: number) => void): Command {

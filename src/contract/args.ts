@@ -8,7 +8,7 @@ import { checkNodeName, checkPvName } from '../names.js';
 import { parseOptions, type VolumeOptions } from './options.js';
 
 /** Where an argument stands: for messages, the limits in the config, and the call's log line. */
-export interface ArgSite {
+interface ArgSite {
   op: string;
   name: string;
   config: Config;

@@ -6,7 +6,7 @@ import { LatchError } from '../errors.js';
 import { checkPvName, checkVolumeName } from '../names.js';
 import { parseSize } from '../size.js';
 
-export const MOUNT_OPTION_ALLOWLIST = [
+const MOUNT_OPTION_ALLOWLIST = [
   'noatime',
   'nodiratime',
   'relatime',
@@ -22,7 +22,7 @@ export const MOUNT_OPTION_ALLOWLIST = [
 ] as const;
 
 /** latch's own options, as a user writes them in flexVolume.options. */
-export const USER_OPTIONS = ['volume', 'size', 'fsType', 'readOnly', 'mountOptions'] as const;
+const USER_OPTIONS = ['volume', 'size', 'fsType', 'readOnly', 'mountOptions'] as const;
 
 const K8S = 'kubernetes.io/';
 const SECRET_PREFIX = 'kubernetes.io/secret/';

@@ -1,8 +1,8 @@
 // The one JSON object a driver call prints, and its exit code (docs/protocol.md, "Output").
 
-export type Status = 'Success' | 'Failure' | 'Not supported';
+type Status = 'Success' | 'Failure' | 'Not supported';
 
-export interface Capabilities {
+interface Capabilities {
   attach: boolean;
   selinuxRelabel: boolean;
   fsGroup: boolean;

@@ -129,7 +129,7 @@ export function nodeHoldsDevice(doc: VolumeDoc, node: string): boolean {
 }
 
 /** Order in which waiting tickets are chosen: higher priority first, then the smallest ID. */
-export function compareTickets(a: Ticket, b: Ticket): number {
+function compareTickets(a: Ticket, b: Ticket): number {
   const byPriority = TICKET_PRIORITY[b.type] - TICKET_PRIORITY[a.type];
   if (byPriority !== 0) return byPriority;
   return a.id < b.id ? -1 : a.id > b.id ? 1 : 0;

@@ -19,7 +19,7 @@ export interface Ticket {
 }
 
 /** Machine-readable reasons a ticket is or is not satisfied. */
-export type TicketReason =
+type TicketReason =
   | 'Attached' // the ticket's node holds (or is granted) the volume
   | 'AttachedElsewhere' // read-write-once and another node holds it
   | 'Detaching' // the volume is still being released by a node

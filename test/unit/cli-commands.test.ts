@@ -19,6 +19,7 @@ import { volumeList } from '../../src/cli/volume/list.js';
 import { volumeRelease } from '../../src/cli/volume/release.js';
 import { createContext } from '../../src/context.js';
 import type { VolumeDoc } from '../../src/ledger/types.js';
+import { defined } from '../fixtures/defined.js';
 
 let work: string;
 let n = 0;
@@ -75,7 +76,7 @@ describe('volume and ticket commands, called as functions', () => {
     await ticketAdd({ volume: 'data', node: 'node-b', type: 'admin', readOnly: true }, io);
     const added = /^ticket (admin-[0-9a-f]{64}) added: satisfied/.exec(io.take());
     assert.ok(added, 'the ticket is granted to node-b');
-    const id = added[1]!;
+    const id = defined(added[1], 'the ticket id');
 
     await ticketList({ output: 'table' }, io);
     const table = io.take();

@@ -15,6 +15,7 @@ import { Ledger } from '../../src/ledger/ledger.js';
 import type { NodePhase, VolumeDoc } from '../../src/ledger/types.js';
 import { openStore } from '../../src/store/index.js';
 import { findTool, toolSearchPath } from '../../src/sys/run.js';
+import { defined } from '../fixtures/defined.js';
 
 const NOW = Date.parse('2030-01-01T12:00:00Z');
 let base: string;
@@ -30,7 +31,8 @@ after(() => {
 interface Env {
   dir: string;
   env: NodeJS.ProcessEnv;
-  ledger: Ledger;
+  /** Undefined for an invalid configuration. */
+  ledger: Ledger | undefined;
 }
 
 /** A config in a fresh directory, an installed "driver" that is this test's self, and every tool on the path. */
@@ -62,7 +64,7 @@ async function environment(overrides: Record<string, unknown> = {}): Promise<Env
   } catch {
     ledger = undefined; // a test of an invalid configuration
   }
-  return { dir, env, ledger: ledger! };
+  return { dir, env, ledger };
 }
 
 function doctor(e: Env): Promise<DoctorReport> {
@@ -71,7 +73,7 @@ function doctor(e: Env): Promise<DoctorReport> {
 
 /** Puts a volume in the ledger with `node` in `phase` since `since`, with a workload ticket of that node. */
 async function plant(e: Env, name: string, node: string, phase: NodePhase, since: string): Promise<void> {
-  await e.ledger.update(name, () => {
+  await defined(e.ledger, 'the ledger').update(name, () => {
     let doc: VolumeDoc = newVolume(name, 64 * 1024 ** 2, 'ext4', since);
     if (phase !== 'detaching') {
       const id = ticketId('workload', name, 'latch/loop', node);
@@ -131,18 +133,18 @@ describe('doctor', () => {
     const report = await doctor(e);
     const stuck = findings(report, 'detaching');
     assert.equal(stuck.length, 2, JSON.stringify(stuck));
-    const here = stuck.find((f) => f.message.includes('vol-stuck-here'))!;
+    const here = defined(stuck.find((f) => f.message.includes('vol-stuck-here')));
     assert.equal(here.severity, 'warning');
     assert.match(
       here.message,
       /has been detaching from node node-a for 20m \(since 2030-01-01T11:40:00.000Z\): no device of it is set up here any more/,
     );
     assert.equal(here.fix, 'latch volume release vol-stuck-here --node node-a --node-is-down');
-    const there = stuck.find((f) => f.message.includes('vol-stuck-there'))!;
+    const there = defined(stuck.find((f) => f.message.includes('vol-stuck-there')));
     assert.match(there.message, /for 3h .*node node-b has not confirmed/);
     assert.equal(there.fix, undefined, 'whether node-b is down is for a person to decide');
     assert.match(
-      there.note!,
+      defined(there.note),
       /run latch doctor on node-b; if node-b is down for good: latch volume release vol-stuck-there --node node-b --node-is-down/,
     );
     assert.equal(doctorExitCode(report), 2, 'warnings only');
@@ -151,16 +153,16 @@ describe('doctor', () => {
   test('an overcommitted pool is a warning', async () => {
     const e = await environment();
     mkdirSync(join(e.dir, 'pool'));
-    await e.ledger.update('huge', () => newVolume('huge', 2 ** 52, 'ext4', '2030-01-01T00:00:00.000Z'));
+    await defined(e.ledger, 'the ledger').update('huge', () => newVolume('huge', 2 ** 52, 'ext4', '2030-01-01T00:00:00.000Z'));
     const report = await doctor(e);
     const [pool] = findings(report, 'pool', 'warning');
     assert.match(pool!.message, /^pool overcommitted: 4.0Pi provisioned/);
-    assert.match(pool!.note!, /free space on the filesystem of/);
+    assert.match(defined(pool?.note), /free space on the filesystem of/);
   });
 
   test('missing tools: required ones are errors, those of other allowed filesystems and growing are warnings', async () => {
     const e = await environment({ allowedFsTypes: ['ext4', 'xfs', 'btrfs'] });
-    rmSync(join(e.env.LATCH_TOOL_PATH!, 'findmnt'));
+    rmSync(join(defined(e.env.LATCH_TOOL_PATH), 'findmnt'));
     const report = await doctor(e);
     const errors = findings(report, 'tools', 'error');
     assert.deepEqual(
@@ -174,7 +176,7 @@ describe('doctor', () => {
       ['mkfs.btrfs', 'btrfs'],
     );
     assert.equal(warnings[0]!.fix, 'apt-get install -y btrfs-progs');
-    assert.match(warnings[0]!.note!, /or remove "btrfs" from allowedFsTypes in /);
+    assert.match(defined(warnings[0]?.note), /or remove "btrfs" from allowedFsTypes in /);
   });
 
   test('an invalid configuration is an error naming the file and field; the rest is still checked', async () => {
@@ -182,14 +184,14 @@ describe('doctor', () => {
     const report = await doctor(e);
     const [config] = findings(report, 'config', 'error');
     assert.match(config!.message, /field "waitForAttachTimeout"/);
-    assert.match(config!.fix!, /config\.json$/);
+    assert.match(defined(config?.fix), /config\.json$/);
     assert.ok(findings(report, 'tools', 'ok').length === 1 && findings(report, 'loop').length === 1);
     assert.equal(report.node, undefined);
   });
 
   test('a missing driver, a different one, and leftovers in its directory', async () => {
     const e = await environment();
-    const plugins = e.env.LATCH_VOLUME_PLUGIN_DIR!;
+    const plugins = defined(e.env.LATCH_VOLUME_PLUGIN_DIR);
     writeFileSync(join(plugins, 'latch~loop/loop'), 'another build\n', { mode: 0o755 });
     writeFileSync(join(plugins, 'latch~loop/.loop.1.deadbeef.tmp'), 'half');
     let report = await doctor(e);
@@ -207,10 +209,10 @@ describe('doctor', () => {
   test('the Node.js bundle installed where no node is found is an error', async () => {
     const e = await environment();
     writeFileSync(join(e.dir, 'self'), '#!/usr/bin/env node\n"bundle";\n');
-    writeFileSync(join(e.env.LATCH_VOLUME_PLUGIN_DIR!, 'latch~loop/loop'), '#!/usr/bin/env node\n"bundle";\n', { mode: 0o755 });
+    writeFileSync(join(defined(e.env.LATCH_VOLUME_PLUGIN_DIR), 'latch~loop/loop'), '#!/usr/bin/env node\n"bundle";\n', { mode: 0o755 });
     let report = await doctor(e);
     assert.match(findings(report, 'driver', 'error')[0]!.message, /is the Node.js bundle .* but node is not found/);
-    symlinkSync(process.execPath, join(e.env.LATCH_TOOL_PATH!, 'node'));
+    symlinkSync(process.execPath, join(defined(e.env.LATCH_TOOL_PATH), 'node'));
     report = await doctor(e);
     assert.equal(findings(report, 'driver', 'error').length, 0);
   });

@@ -7,6 +7,7 @@ import { join, resolve } from 'node:path';
 import { describe, test } from 'node:test';
 import { requiredTools } from '../../src/cli/doctor/tools.js';
 import { FILESYSTEMS, FS_TYPES } from '../../src/filesystems.js';
+import { defined } from '../fixtures/defined.js';
 
 const ROOT = resolve(__dirname, '../..');
 const SETUP = readFileSync(join(ROOT, 'scripts/setup.sh'), 'utf8');
@@ -29,7 +30,7 @@ function setupPackages(text: string): Map<string, string> {
   const block = /declare -A PACKAGES=\(([^)]*)\)/.exec(text)?.[1];
   assert.ok(block, 'no PACKAGES table in scripts/setup.sh');
   const lines = block.split('\n').filter((l) => !l.trim().startsWith('#'));
-  return new Map([...lines.join(' ').matchAll(/\[([^\]]+)\]=(\S+)/g)].map((m) => [m[1]!, m[2]!]));
+  return new Map([...lines.join(' ').matchAll(/\[([^\]]+)\]=(\S+)/g)].map((m) => [defined(m[1]), defined(m[2])]));
 }
 
 /** The packages of the Dockerfile's `apt-get install` (continuation lines joined). */

@@ -13,6 +13,7 @@ import { EtcdStore } from '../../src/store/etcd.js';
 import { FileStore } from '../../src/store/file.js';
 import type { Store } from '../../src/store/types.js';
 import { EtcdCluster, etcdSkipReason } from '../etcd/etcd.js';
+import { defined } from '../fixtures/defined.js';
 
 const REPO = resolve(__dirname, '../..');
 const skip = etcdSkipReason();
@@ -40,7 +41,7 @@ async function populate(store: Store): Promise<void> {
     for (const node of ['node-1', 'node-2'].slice(0, i + 1)) {
       await ledger.update(name, (d) =>
         addTicket(
-          d!,
+          defined(d),
           {
             id: `workload-${name}-${node}`,
             type: 'workload',
@@ -53,8 +54,8 @@ async function populate(store: Store): Promise<void> {
       );
     }
     if (i === 1) {
-      await ledger.update(name, (d) => markAttaching(d!, 'node-1', now) ?? d);
-      await ledger.update(name, (d) => markAttached(d!, 'node-1', '/dev/loop7', now) ?? d);
+      await ledger.update(name, (d) => markAttaching(defined(d), 'node-1', now) ?? d);
+      await ledger.update(name, (d) => markAttached(defined(d), 'node-1', '/dev/loop7', now) ?? d);
     }
     await ledger.linkPv(`pv-${name}`, name);
   }
@@ -116,13 +117,13 @@ describe('latch ledger migrate', { skip }, () => {
     await migrateLedger(source, remote);
     // The destination moves on (a driver already runs on etcd): its document is now different.
     const ledger = new Ledger(remote);
-    const newer = await ledger.update('data-a', (d) => ({ ...d!, spec: { ...d!.spec, sizeBytes: 99 << 20 } }));
+    const newer = await ledger.update('data-a', (d) => ({ ...defined(d), spec: { ...defined(d).spec, sizeBytes: 99 << 20 } }));
     await remote.put('volumes/only-in-etcd', (await remote.get('volumes/data-a'))!.value, 0);
 
     const refused = await migrateLedger(source, remote);
     assert.deepEqual(counts(refused), { copied: 0, overwritten: 0, skipped: 5, refused: 1 });
     assert.equal(refused.entries.find((e) => e.action === 'refused')?.key, 'volumes/data-a');
-    assert.match(refused.entries.find((e) => e.action === 'refused')!.detail!, /different content.*--overwrite/);
+    assert.match(defined(refused.entries.find((e) => e.action === 'refused')?.detail), /different content.*--overwrite/);
     assert.deepEqual(refused.onlyInDestination, ['volumes/only-in-etcd']);
     assert.deepEqual(await ledger.get('data-a'), newer);
 

@@ -14,6 +14,7 @@ import { ConfigMap } from 'kubernetes-models/v1/ConfigMap';
 import { Namespace } from 'kubernetes-models/v1/Namespace';
 import { ServiceAccount } from 'kubernetes-models/v1/ServiceAccount';
 import { parseConfig } from '../../src/config.js';
+import { defined } from '../fixtures/defined.js';
 
 const ROOT = resolve(__dirname, '../..');
 const MANIFEST = join(ROOT, 'install/daemonset.yaml');
@@ -62,7 +63,7 @@ function typeErrors(docs: Doc[]): string[] {
   const imports = new Set<string>();
   const lines: string[] = [];
   docs.forEach((doc, i) => {
-    const spec = KINDS[kindOf(doc)]!;
+    const spec = defined(KINDS[kindOf(doc)], `a schema for ${kindOf(doc)}`);
     imports.add(`import type { ${spec.type} } from '${spec.module}';`);
     lines.push(`export const doc${i}: ${spec.type} = ${JSON.stringify(doc, null, 2)};`);
   });
@@ -77,11 +78,13 @@ function typeErrors(docs: Doc[]): string[] {
     types: [],
   };
   const host = ts.createCompilerHost(options);
-  const { getSourceFile, fileExists, readFile } = host;
+  const getSourceFile = host.getSourceFile.bind(host);
+  const fileExists = host.fileExists.bind(host);
+  const readFile = host.readFile.bind(host);
   host.getSourceFile = (name, lang, ...rest) =>
-    name === file ? ts.createSourceFile(name, source, lang) : getSourceFile.call(host, name, lang, ...rest);
-  host.fileExists = (name) => name === file || fileExists.call(host, name);
-  host.readFile = (name) => (name === file ? source : readFile.call(host, name));
+    name === file ? ts.createSourceFile(name, source, lang) : getSourceFile(name, lang, ...rest);
+  host.fileExists = (name) => name === file || fileExists(name);
+  host.readFile = (name) => (name === file ? source : readFile(name));
   const program = ts.createProgram([file], options, host);
   return ts.getPreEmitDiagnostics(program, program.getSourceFile(file)).map((d) => {
     const where = d.file && d.start !== undefined ? d.file.getLineAndCharacterOfPosition(d.start) : undefined;
@@ -124,7 +127,7 @@ describe('install/daemonset.yaml against the Kubernetes schemas', () => {
     validateSchemas(misspelled); // the OpenAPI schemas let unknown fields through...
     const errors = typeErrors(misspelled);
     assert.equal(errors.length, 1, errors.join('\n')); // ...the types do not
-    assert.match(errors[0]!, /'"?volumeMount"?' does not exist in type 'IContainer'/);
+    assert.match(defined(errors[0]), /'"?volumeMount"?' does not exist in type 'IContainer'/);
   });
 });
 
@@ -180,7 +183,7 @@ describe('install/daemonset.yaml gives latch what it needs', () => {
   });
 
   test('the ConfigMap holds a valid latch configuration once the node name is added', () => {
-    const configMap = docs.find((d) => d.kind === 'ConfigMap')!;
+    const configMap = defined(docs.find((d) => d.kind === 'ConfigMap'));
     assert.equal(volumes.get(mountOf('/etc/latch-template').name)?.configMap?.name, configMap.metadata.name);
     assert.equal(env.get('LATCH_CONFIG_TEMPLATE')?.value, '/etc/latch-template/config.json');
     const raw = JSON.parse(configMap.data['config.json']);
@@ -211,12 +214,12 @@ describe('install/Dockerfile and install/entrypoint.sh (static checks)', () => {
 
   test('two stages: a node 20 build stage and a Debian slim final image', () => {
     assert.equal(froms.length, 2);
-    assert.match(froms[0]!, /^FROM node:20[\w.-]* AS build$/);
-    assert.match(froms[1]!, /^FROM debian:[\w.-]*slim$/);
+    assert.match(defined(froms[0]), /^FROM node:20[\w.-]* AS build$/);
+    assert.match(defined(froms[1]), /^FROM debian:[\w.-]*slim$/);
   });
 
   test('the build stage runs npm ci and build:sea, and the final image takes exactly what build:sea makes', () => {
-    const build = instructions.slice(0, instructions.indexOf(froms[1]!));
+    const build = instructions.slice(0, instructions.indexOf(defined(froms[1])));
     assert.ok(build.some((l) => /^RUN npm ci\b/.test(l)));
     assert.ok(build.some((l) => /^RUN npm run build:sea\b/.test(l)));
     const pkg = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8'));
@@ -230,13 +233,13 @@ describe('install/Dockerfile and install/entrypoint.sh (static checks)', () => {
       const parts = line.split(/\s+/).slice(1, -1);
       for (const part of parts) assert.ok(existsSync(join(ROOT, part)), `COPY source ${part} is missing`);
     }
-    const entry = instructions.find((l) => l.startsWith('ENTRYPOINT'))!;
+    const entry = defined(instructions.find((l) => l.startsWith('ENTRYPOINT')));
     const [target] = JSON.parse(entry.slice('ENTRYPOINT'.length));
     assert.ok(instructions.includes(`COPY install/entrypoint.sh ${target}`));
   });
 
   test('the final image has the tools the installer, doctor and entrypoint run', () => {
-    const apt = instructions.find((l) => l.includes('apt-get install'))!;
+    const apt = defined(instructions.find((l) => l.includes('apt-get install')));
     for (const pkg of ['util-linux', 'mount', 'e2fsprogs', 'xfsprogs', 'jq']) assert.match(apt, new RegExp(`\\s${pkg}(\\s|$)`), pkg);
     assert.match(apt, /rm -rf \/var\/lib\/apt\/lists/);
   });
