@@ -11,7 +11,7 @@ import type { Store } from './store/types.js';
 import { hostSystem, type System } from './sys/system.js';
 
 /** Milliseconds since the epoch. */
-type Clock = () => number;
+export type Clock = () => number;
 
 export interface Context {
   readonly config: Config;
