@@ -2,7 +2,7 @@
 // step recorded in the ledger. What is set up is always read back from the kernel (through the backend), never
 // remembered, so both steps are safe to repeat after a crash.
 import type { Context } from '../context.js';
-import { LatchError } from '../errors.js';
+import { LatchError, errorMessage } from '../errors.js';
 import type { VolumeDoc } from '../ledger/types.js';
 
 /**
@@ -13,16 +13,24 @@ import type { VolumeDoc } from '../ledger/types.js';
 export async function setUpDevice(ctx: Context, name: string, doc: VolumeDoc): Promise<{ device: string; doc: VolumeDoc }> {
   const { backend, ledger, config } = ctx;
   const node = config.nodeName;
-  if ((await backend.size(name)) === undefined) {
-    if (doc.status.filesystem) {
-      throw new LatchError(
-        `the image of volume ${name} is missing from the pool (${config.poolDir}) although it held a ` +
-          `${doc.status.filesystem} filesystem; refusing to create an empty one in its place`,
-      );
+  let device: string;
+  try {
+    if ((await backend.size(name)) === undefined) {
+      if (doc.status.filesystem) {
+        throw new LatchError(
+          `the image of volume ${name} is missing from the pool (${config.poolDir}) although it held a ` +
+            `${doc.status.filesystem} filesystem; refusing to create an empty one in its place`,
+        );
+      }
+      await backend.create(name, doc.spec.sizeBytes);
     }
-    await backend.create(name, doc.spec.sizeBytes);
+    device = await backend.attach(name);
+  } catch (err) {
+    await giveBackClaimWithoutDevice(ctx, name).catch((undoErr: unknown) => {
+      ctx.log.undoError = errorMessage(undoErr);
+    });
+    throw err;
   }
-  const device = await backend.attach(name);
   ctx.log.device = device;
 
   const after = await ledger.recordDevice(name, node, device);
@@ -47,4 +55,13 @@ export async function releaseDevice(ctx: Context, name: string): Promise<string 
   await ctx.backend.release(name);
   await ctx.ledger.confirmRelease(name, ctx.config.nodeName);
   return undefined;
+}
+
+/**
+ * Setting up failed before this node had a device: the kernel shows none, so nothing here can write to the volume and
+ * the claim goes back (attaching -> granted while its tickets still want it). Kept, it would become a fence nothing
+ * ever lifts: kubelet sends no unmountdevice for a device it never mounted.
+ */
+async function giveBackClaimWithoutDevice(ctx: Context, name: string): Promise<void> {
+  if ((await ctx.backend.findDevice(name)) === undefined) await ctx.ledger.confirmRelease(name, ctx.config.nodeName);
 }

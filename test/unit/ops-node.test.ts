@@ -117,27 +117,19 @@ describe('waitforattach', () => {
     assert.equal(doc.status.state, 'detached');
   });
 
-  it(
-    'leaves no hold behind when it fails before any device exists, so that detach frees the volume',
-    {
-      todo:
-        'bug: setUpDevice (src/node/device.ts) leaves the node "attaching" when storage or device set-up fails; detach then ' +
-        'fences it as "detaching", and nothing ever confirms the release (kubelet sends no unmountdevice: nothing is mounted)',
-    },
-    async () => {
-      const { cluster, cp, nodeA } = setup();
-      succeeded(await cp.call('attach', [PV1, 'node-a']));
-      nodeA.fake.poolFreeBytes = MiB; // the pool is full: no storage can be made
-      const { reply } = await nodeA.call('waitforattach', ['', PV1]);
-      assert.equal(reply.status, 'Failure');
-      assert.match(reply.message ?? '', /not enough space in the pool/);
-      assert.equal(nodeA.fake.devices.size, 0);
-      // The pod is deleted; kubelet has nothing mounted, so it sends no unmountdevice; the controller detaches.
-      assert.deepEqual((await cp.call('detach', ['pv-1', 'node-a'])).reply, { status: 'Success' });
-      assert.deepEqual((await cluster.mustDoc('pv-1')).status.nodes, {});
-      succeeded(await cp.call('attach', [PV1, 'node-b']));
-    },
-  );
+  it('leaves no hold behind when it fails before any device exists, so that detach frees the volume', async () => {
+    const { cluster, cp, nodeA } = setup();
+    succeeded(await cp.call('attach', [PV1, 'node-a']));
+    nodeA.fake.poolFreeBytes = MiB; // the pool is full: no storage can be made
+    const { reply } = await nodeA.call('waitforattach', ['', PV1]);
+    assert.equal(reply.status, 'Failure');
+    assert.match(reply.message ?? '', /not enough space in the pool/);
+    assert.equal(nodeA.fake.devices.size, 0);
+    // The pod is deleted; kubelet has nothing mounted, so it sends no unmountdevice; the controller detaches.
+    assert.deepEqual((await cp.call('detach', ['pv-1', 'node-a'])).reply, { status: 'Success' });
+    assert.deepEqual((await cluster.mustDoc('pv-1')).status.nodes, {});
+    succeeded(await cp.call('attach', [PV1, 'node-b']));
+  });
 
   it('answers Not supported in non-attach mode', async () => {
     const { reply } = await new Cluster({ config: { attach: false } }).node('node-a').call('waitforattach', ['', PV1]);
