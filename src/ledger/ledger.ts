@@ -117,16 +117,22 @@ export class Ledger {
   /**
    * Adds the ticket only if it is granted at once; a refused request leaves the ledger as it was (and drops a stale
    * ticket of the same ID). For callers that cannot take a waiting ticket back later (non-attach mount: a pod deleted
-   * meanwhile never gets an unmount). Returns the document and, when refused, why.
+   * meanwhile never gets an unmount). Creates the volume as `create` says when it does not exist; without `create`
+   * a missing volume is refused. Returns the document and, when refused, why.
    */
   async addTicketIfGranted(
     name: string,
     request: TicketRequest,
-    create: NewVolumeSpec,
+    create?: NewVolumeSpec,
   ): Promise<{ doc: VolumeDoc | undefined; refused?: string }> {
     let refused: string | undefined;
     const doc = await this.update(name, (current) => {
-      const next = addTicket(current ?? newVolume(name, create.sizeBytes, create.fsType, this.now()), request, this.now());
+      const base = current ?? (create && newVolume(name, create.sizeBytes, create.fsType, this.now()));
+      if (!base) {
+        refused = 'the volume does not exist';
+        return current;
+      }
+      const next = addTicket(base, request, this.now());
       refused = isSatisfied(next, request.id) ? undefined : (next.status.tickets[request.id]?.message ?? 'not granted');
       if (refused === undefined) return next;
       return current?.spec.tickets[request.id] ? removeTicket(current, request.id, this.now()) : current;

@@ -3,7 +3,7 @@
 import { path, volumeOptions } from '../contract/args.js';
 import { failure, success } from '../contract/reply.js';
 import { LatchError, NotSupportedError, errorMessage } from '../errors.js';
-import { isInUse, isSatisfied, ticketsOfNode } from '../ledger/arbitrate.js';
+import { isInUse, ticketsOfNode } from '../ledger/arbitrate.js';
 import { setUpDevice } from '../node/device.js';
 import { withVolumeLock } from '../node/lock.js';
 import { bindVolumeAt, ensureDirectory, mountVolumeAt } from '../node/mount.js';
@@ -36,11 +36,11 @@ export const op = defineOp({
             `${podDir} already has ${atPod.source} mounted${owner ? ` (volume ${owner})` : ''}; not mounting volume ${name} over it`,
           );
         }
-        const doc = await ledger.addTicket(name, ticket);
-        if (doc && isSatisfied(doc, id)) return success();
-        return failure(
-          `${podDir} shows volume ${name}, but its ticket on node ${node} is not satisfied: ${doc?.status.tickets[id]?.message ?? 'no ticket'}`,
-        );
+        // Refreshed only if still granted: a refused repeat must not leave a waiting ticket that would later grant the
+        // volume back to this node, where the pod's mount is stale.
+        const repeat = await ledger.addTicketIfGranted(name, ticket);
+        if (repeat.refused === undefined) return success();
+        return failure(`${podDir} shows volume ${name}, but its ticket on node ${node} is not granted: ${repeat.refused}`);
       }
 
       // The staging mount an earlier pod made here says what the volume holds: refuse another fsType up front.

@@ -132,29 +132,21 @@ describe('mount (non-attach mode)', () => {
     assert.equal(nodeA.fake.topAt(stagingPath(nodeA.config, 'pv-1'))?.options[0], 'rw');
   });
 
-  it(
-    'refuses a repeated mount whose ticket is no longer granted without leaving a waiting ticket behind',
-    {
-      todo:
-        'lead to decide: the repeated-call path of src/ops/mount.ts re-adds the pod ticket with ledger.addTicket, so a refused ' +
-        'repeat leaves a waiting ticket, which the first-call path (addTicketIfGranted) never does',
-    },
-    async () => {
-      const { cluster, nodeA, nodeB } = setup();
-      const first = await mountPod(nodeA, 'uid-1');
-      succeeded(first);
-      await cluster.ledger.releaseDeadNode('pv-1', 'node-a'); // an admin fences node-a, which was not down after all
-      const other = await mountPod(nodeB, 'uid-2');
-      succeeded(other);
-      const before = await cluster.mustDoc('pv-1');
-      const { reply } = await nodeA.call('mount', [first.podDir, podOptions('pv-1', { uid: 'uid-1' })]);
-      assert.equal(reply.status, 'Failure');
-      assert.deepEqual(await cluster.mustDoc('pv-1'), before);
-      // Otherwise: once node-b lets go, the leftover ticket grants the volume to node-a, whose pod holds a stale mount.
-      succeeded(await nodeB.call('unmount', [other.podDir]));
-      assert.deepEqual((await cluster.mustDoc('pv-1')).status.nodes, {});
-    },
-  );
+  it('refuses a repeated mount whose ticket is no longer granted without leaving a waiting ticket behind', async () => {
+    const { cluster, nodeA, nodeB } = setup();
+    const first = await mountPod(nodeA, 'uid-1');
+    succeeded(first);
+    await cluster.ledger.releaseDeadNode('pv-1', 'node-a'); // an admin fences node-a, which was not down after all
+    const other = await mountPod(nodeB, 'uid-2');
+    succeeded(other);
+    const before = await cluster.mustDoc('pv-1');
+    const { reply } = await nodeA.call('mount', [first.podDir, podOptions('pv-1', { uid: 'uid-1' })]);
+    assert.equal(reply.status, 'Failure');
+    assert.deepEqual(await cluster.mustDoc('pv-1'), before);
+    // Otherwise: once node-b lets go, the leftover ticket grants the volume to node-a, whose pod holds a stale mount.
+    succeeded(await nodeB.call('unmount', [other.podDir]));
+    assert.deepEqual((await cluster.mustDoc('pv-1')).status.nodes, {});
+  });
 
   it('refuses an fsType other than the one staged, leaving the ledger as it was', async () => {
     const { cluster, nodeA } = setup();
