@@ -4,6 +4,7 @@
 import { constants, existsSync, readdirSync, readFileSync } from 'node:fs';
 import { access, stat } from 'node:fs/promises';
 import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { LatchError } from '../errors.js';
 
 export interface RunOptions {
@@ -61,6 +62,7 @@ export class CommandError extends LatchError {
 
 const INITIAL_TIMEOUT_MS = 120_000;
 const KILL_GRACE_MS = 2_000;
+const GROUP_POLL_MS = 20;
 const MAX_BUFFER = 16 * 1024 * 1024;
 // kubelet's PATH often lacks the sbin directories where losetup, mkfs and friends live.
 const EXTRA_PATH = ['/usr/local/sbin', '/usr/sbin', '/sbin'];
@@ -166,9 +168,7 @@ export async function run(command: string, args: string[], options: RunOptions =
     // After a timeout the leader may be gone while other members of its group ignore SIGTERM and hold no pipe:
     // they still get their SIGKILL at the end of the grace period. A group with a live member keeps its id, so
     // this cannot hit a stranger's group.
-    if (timedOut && pgid !== undefined && forceKilled !== undefined && groupAlive(pgid)) {
-      await forceKilled;
-    }
+    if (timedOut && pgid !== undefined && forceKilled !== undefined) await untilGroupGone(pgid, forceKilled);
   } finally {
     clearTimeout(deadline);
     clearTimeout(forceKill);
@@ -276,6 +276,18 @@ function signalGroup(pgid: number, signal: NodeJS.Signals): void {
  * Whether any process of the group is still running. Zombies do not count: an orphan that died keeps its group
  * "alive" for kill(2) until init reaps it, and it needs no SIGKILL.
  */
+/**
+ * Waits until every member of the group has exited (those that obey SIGTERM take a moment to die, more under load),
+ * or until the grace period's SIGKILL has been sent.
+ */
+async function untilGroupGone(pgid: number, killed: Promise<void>): Promise<void> {
+  let sent = false;
+  void killed.then(() => {
+    sent = true;
+  });
+  while (!sent && groupAlive(pgid)) await sleep(GROUP_POLL_MS);
+}
+
 function groupAlive(pgid: number): boolean {
   let entries: string[];
   try {
