@@ -48,8 +48,9 @@ export interface CephClusterOptions {
 /**
  * The mon and osd caps of the two kinds of identity latch needs (measured on Ceph 16, docs/design/rbd-backend.md).
  * A node gets what `profile rbd` gives on the monitor minus its `osd blocklist add` grant (with `profile rbd`, any
- * node could fence any client, or a whole address range); the fencer may blocklist, list sessions to find a
- * node's client instances, and read watchers and locks, but not write images.
+ * node could fence any client, or a whole address range). The fencer may add and remove blocklist entries for
+ * single client instances (IPv4 `IP:PORT/NONCE` with a non-zero nonce: no whole host, no range), list monitor
+ * sessions to find a node's instances, and read watchers and locks, but not write images.
  */
 export function nodeCaps(pool: string): string[] {
   return ['mon', 'allow service mon r, allow service osd r, allow service pg r', 'osd', `profile rbd pool=${pool}`];
@@ -58,8 +59,8 @@ export function nodeCaps(pool: string): string[] {
 export function fencerCaps(pool: string): string[] {
   return [
     'mon',
-    'allow service mon r, allow service osd r, allow command "osd blocklist", allow command "sessions", ' +
-      'allow command "get_command_descriptions"',
+    'allow service mon r, allow service osd r, allow command "osd blocklist" with addr regex "^[0-9.]+:[0-9]+/[1-9][0-9]*$", ' +
+      'allow command "sessions", allow command "get_command_descriptions"',
     'osd',
     `profile rbd-read-only pool=${pool}`,
   ];

@@ -2,7 +2,8 @@
 //  1. it comes up from nothing to HEALTH_OK, with an rbd-initialised pool, on ports of its own;
 //  2. a node identity (its own keyring file, 0600) maps an image through rbd-fuse (that image only) and a loop
 //     device, writes and reads back, unmaps, and the bytes are in the image (rbd export);
-//  3. least privilege: a node identity cannot blocklist; the fencer identity can add, list and remove entries;
+//  3. least privilege: a node identity cannot blocklist; the fencer identity can add, list and remove entries for
+//     single client instances, but not for a whole host or an address range;
 //  4. daemons can be paused (an rbd call then times out), resumed, killed and restarted, and the cluster recovers;
 //  5. fencing node-a's client instance (its address from the image's lock and watchers) fails node-a's next
 //     write at once while node-b's client keeps working; node-b then takes the image over, and only what node-a
@@ -114,6 +115,9 @@ describe('one-host Ceph cluster (test/ceph/cluster.ts)', { skip }, () => {
     await ceph.ceph(['osd', 'blocklist', 'add', entry, '60'], { as: fencer });
     assert.match((await ceph.ceph(['osd', 'blocklist', 'ls'], { as: fencer })).stdout, /127\.0\.0\.1:0\/123456789/);
     await ceph.ceph(['osd', 'blocklist', 'rm', entry], { as: fencer });
+    // Single instances only: no whole host (nonce 0) and no address range, which would fence every node here.
+    await assert.rejects(ceph.ceph(['osd', 'blocklist', 'add', '127.0.0.9:0/0', '60'], { as: fencer }), /EACCES|access denied/);
+    await assert.rejects(ceph.ceph(['osd', 'blocklist', 'range', 'add', '127.0.0.8/30', '60'], { as: fencer }), /EACCES|access denied/);
     assert.doesNotMatch((await ceph.ceph(['osd', 'blocklist', 'ls'])).stdout, /123456789/);
     await assert.rejects(ceph.rbd(['create', '--size', '1M', `${ceph.pool}/not-by-the-fencer`], { as: fencer }), CommandError);
   });
