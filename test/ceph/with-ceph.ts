@@ -13,7 +13,8 @@ import { cephSkipReason, startCephCluster, type CephCluster } from './cluster.js
 async function main(): Promise<number> {
   const dash = process.argv.indexOf('--');
   const command = dash >= 0 ? process.argv.slice(dash + 1) : process.argv.slice(2);
-  if (command.length === 0) {
+  const [program, ...programArgs] = command;
+  if (program === undefined) {
     process.stderr.write('usage: node --import tsx test/ceph/with-ceph.ts -- <command> [args...]\n');
     return 2;
   }
@@ -28,11 +29,11 @@ async function main(): Promise<number> {
     cluster = await startCephCluster();
     process.stderr.write(`with-ceph: cluster ${cluster.fsid} in ${cluster.dir}, up in ${Math.round(performance.now() - started)} ms\n`);
     const env = { ...process.env, CEPH_CONF: cluster.confPath, LATCH_TEST_CEPH_DIR: cluster.dir, LATCH_TEST_CEPH_POOL: cluster.pool };
-    const child = spawn(command[0]!, command.slice(1), { stdio: 'inherit', env });
+    const child = spawn(program, programArgs, { stdio: 'inherit', env });
     for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.on(signal, () => child.kill(signal));
     return await new Promise<number>((resolve) => {
       child.on('error', (err) => {
-        process.stderr.write(`with-ceph: cannot run ${command[0]}: ${err.message}\n`);
+        process.stderr.write(`with-ceph: cannot run ${program}: ${err.message}\n`);
         resolve(127);
       });
       child.on('exit', (code, signal) => resolve(code ?? 128 + (signal ? constants.signals[signal] : 0)));
