@@ -21,6 +21,22 @@ export interface EtcdStoreConfig {
 }
 type StoreConfig = { type: 'file' } | EtcdStoreConfig;
 
+/** Volumes as RBD images of a Ceph pool, reached from this node as its own cephx identity (docs/operations.md). */
+export interface RbdBackendConfig {
+  type: 'rbd';
+  /** The rbd pool that holds latch's images. */
+  pool: string;
+  /** The cluster's conf file (mon_host, fsid). */
+  cephConf: string;
+  /** This node's cephx id, without the `client.` prefix. */
+  clientId: string;
+  /** The identity's keyring file (0600): the key is only ever read from it. */
+  keyring: string;
+  /** Node-private directory for the per-volume rbd-fuse mounts. */
+  mountDir: string;
+}
+type BackendConfig = { type: 'loop' } | RbdBackendConfig;
+
 export interface Config {
   /** Where the configuration came from: a file path, or "built-in defaults". */
   source: string;
@@ -40,6 +56,8 @@ export interface Config {
   /** Seconds any child process (losetup, mkfs, mount...) may run before its process group is killed. */
   commandTimeout: number;
   store: StoreConfig;
+  /** Where volumes' bytes live: image files in poolDir (loop, the default) or RBD images in a Ceph pool. */
+  backend: BackendConfig;
 }
 
 // Plugin directories that kubelet watches: nothing of ours but the driver itself may live below them.
@@ -79,6 +97,24 @@ function buildSchema() {
       })
       .strict(),
   ]);
+  // Ceph's own rules for pool names and cephx ids, minus what would need quoting; `client.` is added by Ceph.
+  const cephName = z
+    .string()
+    .regex(/^[A-Za-z0-9][A-Za-z0-9_.-]*$/, 'must be letters, digits, ".", "_" and "-"')
+    .max(128);
+  const backend = z.discriminatedUnion('type', [
+    z.object({ type: z.literal('loop') }).strict(),
+    z
+      .object({
+        type: z.literal('rbd'),
+        pool: cephName.default('latch'),
+        cephConf: absolutePath.default('/etc/ceph/ceph.conf'),
+        clientId: cephName.refine((id) => !id.startsWith('client.'), 'is the cephx id without the "client." prefix').optional(),
+        keyring: absolutePath.optional(),
+        mountDir: absolutePath.default('/var/lib/latch/rbd'),
+      })
+      .strict(),
+  ]);
   return z
     .object({
       driverName: z
@@ -109,8 +145,14 @@ function buildSchema() {
       waitForAttachTimeout: z.number().int().min(1).max(480).default(120),
       commandTimeout: z.number().int().min(1).max(3600).default(120),
       store: store.default({ type: 'file' }),
+      backend: backend.default({ type: 'loop' }),
     })
     .strict();
+}
+
+/** Where the configured backend keeps volumes' bytes, for messages: "the pool (/var/lib/latch/pool)" or "the rbd pool latch". */
+export function volumeStorage(config: Pick<Config, 'backend' | 'poolDir'>): string {
+  return config.backend.type === 'rbd' ? `the rbd pool ${config.backend.pool}` : `the pool (${config.poolDir})`;
 }
 
 /** Reads and validates the configuration; throws ConfigError naming the file and the field. */
@@ -167,7 +209,22 @@ export function parseConfig(raw: unknown, source: string): Config {
   if (!c.allowedFsTypes.includes(c.defaultFsType)) {
     throw new ConfigError(`invalid configuration in ${source}: field "defaultFsType": "${c.defaultFsType}" is not in allowedFsTypes`);
   }
-  return { ...c, source, nodeName: c.nodeName ?? defaultNodeName() };
+  const nodeName = c.nodeName ?? defaultNodeName();
+  return { ...c, source, nodeName, backend: completeBackend(c.backend, nodeName) };
+}
+
+/**
+ * The rbd backend's identity defaults to `latch-<nodeName>` (one cephx identity per node, so that one node can be
+ * fenced alone) and its keyring to where Ceph's tools look for it: /etc/ceph/ceph.client.<id>.keyring.
+ */
+function completeBackend(
+  backend:
+    { type: 'loop' } | (Omit<RbdBackendConfig, 'clientId' | 'keyring'> & { clientId?: string | undefined; keyring?: string | undefined }),
+  nodeName: string,
+): BackendConfig {
+  if (backend.type === 'loop') return backend;
+  const clientId = backend.clientId ?? `latch-${nodeName}`;
+  return { ...backend, clientId, keyring: backend.keyring ?? `/etc/ceph/ceph.client.${clientId}.keyring` };
 }
 
 /** kubelet names a node after its host name, lower-cased. */

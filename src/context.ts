@@ -1,7 +1,7 @@
 // The composition root: everything a driver call, an admin command or a node service works with, built once per
 // call from the configuration and passed down. Nothing below opens its own ledger, backend or clock; tests build
 // a context with an in-memory store, a fake backend and a fake system instead.
-import { LoopBackend } from './backend/loop.js';
+import { configuredBackend } from './backend/index.js';
 import type { Backend } from './backend/types.js';
 import type { Config } from './config.js';
 import { Ledger } from './ledger/ledger.js';
@@ -36,7 +36,7 @@ export function createContext(config: Config, parts: ContextParts = {}): Context
   return {
     config,
     ledger: new Ledger(parts.store ?? lazyStore(config), () => new Date(clock()).toISOString()),
-    backend: parts.backend ?? new LoopBackend({ poolDir: config.poolDir, maxSize: config.maxSize }),
+    backend: parts.backend ?? configuredBackend(config),
     system: parts.system ?? hostSystem,
     clock,
     log: parts.log ?? {},

@@ -46,10 +46,17 @@ export function loopNumber(device: string): number | undefined {
   return match ? Number(match[1]) : undefined;
 }
 
+export interface SetupLoopOptions {
+  /** --direct-io=on: no second copy of the data in the page cache (for a backing file that is itself a network client). */
+  directIo?: boolean;
+  timeoutMs?: number;
+}
+
 /** Sets up the first free loop device over `file` and returns its path. */
-export async function setupLoop(file: string): Promise<string> {
+export async function setupLoop(file: string, options: SetupLoopOptions = {}): Promise<string> {
   if (!isAbsolute(file) || file.includes('\0')) throw new LatchError(`loop backing file ${JSON.stringify(file)} must be an absolute path`);
-  const { stdout } = await run('losetup', ['--find', '--show', file]);
+  const directIo = options.directIo ? ['--direct-io=on'] : [];
+  const { stdout } = await run('losetup', ['--find', '--show', ...directIo, file], { timeoutMs: options.timeoutMs });
   const device = stdout.trim();
   if (!LOOP_DEVICE.test(device)) {
     throw new LatchError(`losetup --find --show ${file} printed ${JSON.stringify(device.slice(0, 80))} instead of a loop device`);
@@ -89,9 +96,19 @@ export async function detachLoop(device: string, expectedBackingFile?: string): 
 }
 
 /** Makes the kernel re-read the backing file's size (after the image grew). */
-export async function refreshLoopCapacity(device: string): Promise<void> {
+export async function refreshLoopCapacity(device: string, options: { timeoutMs?: number } = {}): Promise<void> {
   checkLoopDevice(device);
-  await run('losetup', ['-c', device]);
+  await run('losetup', ['-c', device], { timeoutMs: options.timeoutMs });
+}
+
+/** The loop device's size in bytes as the kernel has it (/sys/block/loopN/size, in 512-byte sectors); 0 when not set up. */
+export async function loopSizeBytes(device: string): Promise<number> {
+  checkLoopDevice(device);
+  try {
+    return Number((await readFile(`/sys/block/${device.slice('/dev/'.length)}/size`, 'utf8')).trim()) * 512;
+  } catch {
+    return 0;
+  }
 }
 
 async function readLoop(name: string): Promise<LoopDevice | undefined> {

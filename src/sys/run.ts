@@ -203,6 +203,79 @@ export async function run(command: string, args: string[], options: RunOptions =
   return { stdout, stderr, exitCode, durationMs };
 }
 
+/**
+ * Starts a program that puts itself into the background (forks, setsid()s and exits 0 once it serves, as a FUSE
+ * daemon does without -f) and returns when its foreground part has exited, with the stderr that part wrote.
+ *
+ * This is the one kind of child that must outlive the driver call: rbd-fuse serves a volume's mount for as long as
+ * the volume is attached, across many calls. It escapes the call by design, not by accident: PR_SET_PDEATHSIG is
+ * cleared in the child of a fork, and the daemon's setsid() takes it out of the process group that a deadline or
+ * killAllChildren() kills. The start-up itself is bounded like any child: the foreground part runs under
+ * setpriv --pdeathsig and its group is SIGKILLed at the deadline. Only stderr is kept, and only until the foreground
+ * part exits: a daemon that kept the pipe open would otherwise hold the call until its deadline.
+ */
+export async function startDaemon(command: string, args: string[], options: { timeoutMs?: number } = {}): Promise<RunResult> {
+  checkArgv(command, args);
+  const timeoutMs = options.timeoutMs ?? defaultTimeoutMs;
+  const searchPath = extendedPath(process.env.PATH);
+  const executable = await findExecutable(command, searchPath);
+  const shown = showCommand(command, args);
+  const details = { command, args: [...args], exitCode: undefined, stderrTail: '', timedOut: false, durationMs: 0 };
+  if (executable === undefined) {
+    throw new CommandError(`${shown} could not be started: command not found (PATH=${searchPath.join(':')})`, details);
+  }
+  const setpriv = setprivPath();
+  const [file, argv] = setpriv ? [setpriv, ['--pdeathsig', 'SIGKILL', '--', executable, ...args]] : [executable, args];
+  const { spawn } = await import('node:child_process');
+  const started = performance.now();
+  const child = spawn(file, argv, {
+    detached: true,
+    stdio: ['ignore', 'ignore', 'pipe'],
+    env: { ...process.env, LC_ALL: 'C', PATH: searchPath.join(':') },
+  });
+  const pgid = child.pid;
+  if (pgid !== undefined) running.add(pgid);
+  let stderr = '';
+  child.stderr?.setEncoding('utf8');
+  child.stderr?.on('data', (chunk: string) => {
+    if (stderr.length < MAX_BUFFER) stderr += chunk;
+  });
+  let timedOut = false;
+  const outcome = await new Promise<{ code: number | null; signal: NodeJS.Signals | null; error?: Error }>((resolve) => {
+    const deadline = setTimeout(() => {
+      timedOut = true;
+      if (pgid !== undefined) signalGroup(pgid, 'SIGKILL');
+    }, timeoutMs);
+    child.once('error', (error) => {
+      clearTimeout(deadline);
+      resolve({ code: null, signal: null, error });
+    });
+    child.once('exit', (code, signal) => {
+      clearTimeout(deadline);
+      resolve({ code, signal });
+    });
+  });
+  if (pgid !== undefined) running.delete(pgid);
+  child.stderr?.destroy();
+  const durationMs = Math.round(performance.now() - started);
+  const tail = outputTail(stderr);
+  const result = {
+    ...details,
+    exitCode: outcome.code ?? undefined,
+    signal: outcome.signal ?? undefined,
+    stderrTail: tail,
+    timedOut,
+    durationMs,
+  };
+  if (timedOut) throw new CommandError(`${shown} did not finish starting within ${formatDuration(timeoutMs)}`, result);
+  if (outcome.error) throw new CommandError(`${shown} could not be started: ${outcome.error.message}`, result, { cause: outcome.error });
+  if (outcome.code !== 0) {
+    const how = outcome.code === null ? `was killed by ${outcome.signal ?? 'a signal'}` : `failed (exit ${outcome.code})`;
+    throw new CommandError(`${shown} ${how}${lastLineSuffix(tail)}`, result);
+  }
+  return { stdout: '', stderr, exitCode: 0, durationMs };
+}
+
 function checkArgv(command: string, args: string[]): void {
   if (typeof command !== 'string' || command.length === 0 || command.includes('\0')) {
     throw new LatchError('refusing to run an empty or malformed command name');

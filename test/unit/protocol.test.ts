@@ -109,7 +109,25 @@ describe('configuration', () => {
     assert.equal(config.logFile, '/var/log/latch/latch.log');
     assert.equal(config.defaultFsType, 'ext4');
     assert.deepEqual(config.store, { type: 'file' });
+    assert.deepEqual(config.backend, { type: 'loop' });
     assert.match(config.nodeName, /^[a-z0-9.-]+$/);
+  });
+  it('fills in the rbd backend: one cephx identity per node, its keyring where Ceph keeps them', () => {
+    const c = parseConfig({ nodeName: 'node-7', backend: { type: 'rbd' } }, 'test');
+    assert.deepEqual(c.backend, {
+      type: 'rbd',
+      pool: 'latch',
+      cephConf: '/etc/ceph/ceph.conf',
+      clientId: 'latch-node-7',
+      keyring: '/etc/ceph/ceph.client.latch-node-7.keyring',
+      mountDir: '/var/lib/latch/rbd',
+    });
+    const own = parseConfig({ backend: { type: 'rbd', pool: 'k8s', clientId: 'node-a', mountDir: '/run/latch/./rbd' } }, 'test');
+    assert.deepEqual(own.backend.type === 'rbd' && [own.backend.pool, own.backend.keyring, own.backend.mountDir], [
+      'k8s',
+      '/etc/ceph/ceph.client.node-a.keyring',
+      '/run/latch/rbd',
+    ]);
   });
   const bad: Array<[unknown, RegExp]> = [
     [{ maxSize: 'abc' }, /field "maxSize"/],
@@ -123,6 +141,12 @@ describe('configuration', () => {
     [{ store: { type: 'redis' } }, /field "store/],
     [{ defaultSize: '2Ti', maxSize: '1Ti' }, /field "defaultSize"/],
     [{ waitForAttachTimeout: 900 }, /field "waitForAttachTimeout"/],
+    [{ backend: { type: 'nbd' } }, /field "backend/],
+    [{ backend: { type: 'rbd', clientId: 'client.node-a' } }, /field "backend.clientId": is the cephx id without the "client." prefix/],
+    [{ backend: { type: 'rbd', keyring: 'ceph.keyring' } }, /field "backend.keyring": must be an absolute path/],
+    [{ backend: { type: 'rbd', pool: 'a b' } }, /field "backend.pool"/],
+    [{ backend: { type: 'rbd', key: 'AQB...' } }, /unknown field\(s\) "key"/],
+    [{ backend: { type: 'loop', pool: 'latch' } }, /unknown field\(s\) "pool"/],
   ];
   for (const [raw, message] of bad) {
     it(`refuses ${JSON.stringify(raw)} naming the field and the file`, () => {

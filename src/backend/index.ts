@@ -1,0 +1,37 @@
+// The backend the configuration names. The rbd backend is imported on its first use, so a loop-backend call (and a
+// call that never touches the data plane) never loads it.
+import type { Config, RbdBackendConfig } from '../config.js';
+import { LoopBackend } from './loop.js';
+import type { Backend } from './types.js';
+
+export function configuredBackend(config: Pick<Config, 'backend' | 'poolDir' | 'maxSize' | 'commandTimeout'>): Backend {
+  if (config.backend.type === 'loop') return new LoopBackend({ poolDir: config.poolDir, maxSize: config.maxSize });
+  return lazyRbdBackend(config.backend, config.maxSize, config.commandTimeout * 1000);
+}
+
+function lazyRbdBackend(rbd: RbdBackendConfig, maxSize: number, timeoutMs: number): Backend {
+  let loaded: Promise<Backend> | undefined;
+  const backend = () =>
+    (loaded ??= import('./rbd.js').then(
+      ({ RbdBackend }) =>
+        new RbdBackend({
+          pool: rbd.pool,
+          cephConf: rbd.cephConf,
+          clientId: rbd.clientId,
+          keyring: rbd.keyring,
+          mountDir: rbd.mountDir,
+          maxSize,
+          timeoutMs,
+        }),
+    ));
+  return {
+    create: async (volume, sizeBytes) => (await backend()).create(volume, sizeBytes),
+    delete: async (volume) => (await backend()).delete(volume),
+    size: async (volume) => (await backend()).size(volume),
+    attach: async (volume) => (await backend()).attach(volume),
+    findDevice: async (volume) => (await backend()).findDevice(volume),
+    volumeOfDevice: async (device) => (await backend()).volumeOfDevice(device),
+    release: async (volume) => (await backend()).release(volume),
+    grow: async (volume, sizeBytes) => (await backend()).grow(volume, sizeBytes),
+  };
+}

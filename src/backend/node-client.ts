@@ -1,0 +1,31 @@
+// How an RBD image becomes a block device on this node: the rbd backend's data plane, one strategy per client.
+//
+// Which one a node can use depends on its kernel; each finds its existing mapping from kernel state, so every call
+// stays idempotent and crash-safe as with the loop backend:
+//  - rbd-fuse + loop (RbdFuseLoopClient in rbd-fuse-loop.ts): the only one implemented, as the only one that runs
+//    where latch is tested (no rbd or nbd module). One `rbd-fuse -r IMAGE` per volume at <mountDir>/<volume>, a loop device over <mountDir>/<volume>/<image>.
+//  - krbd, where the rbd module is loaded: `rbd device map` / `unmap`, device /dev/rbdID, found in
+//    /sys/bus/rbd/devices/ID/{pool,pool_ns,name,current_snap} ('-' for the head); `client_addr` there is exactly
+//    the blocklist entry that fences it. Map with `-o noshare` (or every krbd volume of the node shares one client
+//    instance, and a per-volume fence fences them all) and `--exclusive`. The key goes to the kernel keyring.
+//  - rbd-nbd, where the nbd module is: `rbd-nbd map` is a daemon like rbd-fuse; /sys/block/nbdN/pid names it, and its
+//    /proc/PID/cmdline says pool, namespace, image and snapshot (what `rbd-nbd list-mapped` reads). Its address
+//    comes from the image's watchers and lock, as for rbd-fuse.
+
+/** One way of making an RBD image a block device on this node. Every method reads its state from the kernel. */
+export interface NodeClient {
+  /** Which client this is, for messages and doctor. */
+  readonly kind: string;
+  /** Maps the image (or finds its mapping) and returns the block device. Never two mappings for one image. */
+  map(image: string): Promise<string>;
+  /** The image's block device on this node, from sysfs and mountinfo only. */
+  deviceOf(image: string): Promise<string | undefined>;
+  /** The image a block device maps, if it is one of this client's. */
+  imageOf(device: string): Promise<string | undefined>;
+  /** Whether anything of the image's mapping is left (a device, a mount, a process). */
+  isMapped(image: string): Promise<boolean>;
+  /** Removes every trace of the image's mapping, also of a dead or hung one. Idempotent. */
+  unmap(image: string): Promise<void>;
+  /** Makes the device show the image's new size `sizeBytes`. */
+  refreshSize(image: string, sizeBytes: number): Promise<void>;
+}

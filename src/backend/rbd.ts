@@ -1,0 +1,158 @@
+// Volumes as RBD images in a Ceph pool: the data follows the pod, since every node reaches the same image. The image
+// is named after the volume's stable name; the control plane (create, size, grow, delete) is the `rbd` tool as this
+// node's own cephx identity, and the data plane (a block device on this node) is a NodeClient.
+//
+// The node clients, and the ones still to come, are described in node-client.ts.
+// Not yet: secrets from the PV's secretRef, and fencing (issue 13, part 2).
+import { LatchError } from '../errors.js';
+import { checkVolumeName } from '../names.js';
+import { formatSize } from '../size.js';
+import { withHostLock } from '../sys/lock.js';
+import { rbdClones, rbdCreate, rbdInfo, rbdRemove, rbdResize, rbdSnapshots, type CephIdentity } from '../sys/rbd.js';
+import { RbdFuseLoopClient } from './rbd-fuse-loop.js';
+import type { NodeClient } from './node-client.js';
+import type { Backend } from './types.js';
+
+export interface RbdBackendOptions extends CephIdentity {
+  pool: string;
+  /** Node-private directory for the node client's mounts. */
+  mountDir: string;
+  /** Largest size a volume may be created with or grown to, in bytes. */
+  maxSize: number;
+  /** Deadline for one step that touches a FUSE mount or starts a client (the config's commandTimeout). */
+  timeoutMs: number;
+}
+
+// How long a call waits for another latch process working on the same volume's mapping on this node.
+const MAPPING_LOCK_WAIT_MS = 4 * 60 * 1000;
+
+export class RbdBackend implements Backend {
+  readonly pool: string;
+  readonly maxSize: number;
+  readonly client: NodeClient;
+  private readonly identity: CephIdentity;
+  private readonly mountDir: string;
+
+  constructor(options: RbdBackendOptions) {
+    if (!Number.isSafeInteger(options.maxSize) || options.maxSize < 1) {
+      throw new LatchError(`maxSize must be a positive whole number of bytes, got ${options.maxSize}`);
+    }
+    this.pool = options.pool;
+    this.maxSize = options.maxSize;
+    this.mountDir = options.mountDir;
+    this.identity = { cephConf: options.cephConf, clientId: options.clientId, keyring: options.keyring };
+    this.client = new RbdFuseLoopClient({
+      identity: this.identity,
+      pool: options.pool,
+      mountDir: options.mountDir,
+      timeoutMs: options.timeoutMs,
+    });
+  }
+
+  async create(volume: string, sizeBytes: number): Promise<void> {
+    const image = checkVolumeName(volume);
+    this.checkSize(volume, sizeBytes);
+    // Ceph images are thin: there is no free-space check to make here (the cluster's quotas and fullness apply).
+    if (await rbdCreate(this.identity, this.pool, image, sizeBytes)) return;
+    const existing = await rbdInfo(this.identity, this.pool, image);
+    if (existing === undefined)
+      throw new LatchError(`rbd create ${this.spec(image)} reported that it exists, but rbd info does not find it`);
+    if (existing.size < sizeBytes) {
+      throw new LatchError(
+        `volume ${volume} already exists with ${formatSize(existing.size)}, less than the requested ${formatSize(sizeBytes)} ` +
+          `(${this.spec(image)}); expand it instead`,
+      );
+    }
+  }
+
+  async delete(volume: string): Promise<void> {
+    const image = checkVolumeName(volume);
+    await this.withMappingLock(image, async () => {
+      if (await this.client.isMapped(image)) {
+        const device = await this.client.deviceOf(image);
+        throw new LatchError(`volume ${volume} is still attached on this node${device ? ` (${device})` : ''}; release it first`);
+      }
+      if ((await rbdInfo(this.identity, this.pool, image)) === undefined) return;
+      const snapshots = await rbdSnapshots(this.identity, this.pool, image);
+      if (snapshots.length > 0) {
+        const clones = await rbdClones(this.identity, this.pool, image);
+        throw new LatchError(
+          `volume ${volume} (${this.spec(image)}) has snapshot(s) ${snapshots.join(', ')}` +
+            (clones.length > 0 ? ` and clone(s) ${clones.join(', ')} that depend on it` : '') +
+            `; refusing to delete it while they exist`,
+        );
+      }
+      await rbdRemove(this.identity, this.pool, image);
+    });
+  }
+
+  async size(volume: string): Promise<number | undefined> {
+    return (await rbdInfo(this.identity, this.pool, checkVolumeName(volume)))?.size;
+  }
+
+  async attach(volume: string): Promise<string> {
+    const image = checkVolumeName(volume);
+    return this.withMappingLock(image, () => this.client.map(image));
+  }
+
+  async findDevice(volume: string): Promise<string | undefined> {
+    return this.client.deviceOf(checkVolumeName(volume));
+  }
+
+  async volumeOfDevice(device: string): Promise<string | undefined> {
+    if (typeof device !== 'string' || !device.startsWith('/dev/')) return undefined;
+    const image = await this.client.imageOf(device);
+    if (image === undefined) return undefined;
+    try {
+      return checkVolumeName(image);
+    } catch {
+      return undefined;
+    }
+  }
+
+  async release(volume: string): Promise<void> {
+    const image = checkVolumeName(volume);
+    await this.withMappingLock(image, () => this.client.unmap(image));
+  }
+
+  async grow(volume: string, sizeBytes: number): Promise<void> {
+    const image = checkVolumeName(volume);
+    this.checkSize(volume, sizeBytes);
+    const info = await rbdInfo(this.identity, this.pool, image);
+    if (info === undefined) throw new LatchError(`volume ${volume} has no image ${this.spec(image)}`);
+    if (sizeBytes < info.size) {
+      throw new LatchError(`volume ${volume}: cannot shrink from ${formatSize(info.size)} to ${formatSize(sizeBytes)}; volumes only grow`);
+    }
+    if (sizeBytes > info.size) await rbdResize(this.identity, this.pool, image, sizeBytes);
+    // Also on a repeated call: a previous one may have resized the image and failed before the refresh.
+    await this.withMappingLock(image, () => this.client.refreshSize(image, sizeBytes));
+  }
+
+  private checkSize(volume: string, sizeBytes: number): void {
+    if (!Number.isSafeInteger(sizeBytes) || sizeBytes < 1) {
+      throw new LatchError(`volume ${volume}: size must be a positive whole number of bytes, got ${sizeBytes}`);
+    }
+    if (sizeBytes > this.maxSize) {
+      throw new LatchError(
+        `volume ${volume}: requested size ${formatSize(sizeBytes)} is above the limit of ${formatSize(this.maxSize)} (maxSize)`,
+      );
+    }
+  }
+
+  private spec(image: string): string {
+    return `${this.pool}/${image}`;
+  }
+
+  /**
+   * Mapping and unmapping one image on this node are serialised across processes: waitforattach and unmountdevice
+   * run outside the ops' volume lock, and two rbd-fuse daemons started for one mount point would stack two mounts.
+   */
+  private withMappingLock<T>(image: string, fn: () => Promise<T>): Promise<T> {
+    return withHostLock(
+      ['rbd', this.mountDir, this.pool, image],
+      MAPPING_LOCK_WAIT_MS,
+      () => `another latch call has been mapping or unmapping ${this.spec(image)} on this node for over ${MAPPING_LOCK_WAIT_MS / 1000} s`,
+      fn,
+    );
+  }
+}

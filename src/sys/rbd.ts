@@ -1,0 +1,123 @@
+// The `rbd` command line tool, as one cephx identity of one cluster: every call names the conf, the id and the
+// keyring file (the key itself never reaches argv, messages or the log) and asks for JSON where there is output.
+import { LatchError } from '../errors.js';
+import { CommandError, run, type RunResult } from './run.js';
+
+/** Who talks to which cluster. */
+export interface CephIdentity {
+  /** The cluster's conf file. */
+  cephConf: string;
+  /** The cephx id without `client.`. */
+  clientId: string;
+  /** The keyring file of that id. */
+  keyring: string;
+}
+
+export interface RbdImageInfo {
+  size: number;
+  features: string[];
+}
+
+// Ceph's errno values as the rbd tool's exit codes.
+const ENOENT = 2;
+const EEXIST = 17;
+
+/** `--conf C --id ID --keyring FILE`: the options every Ceph client (rbd, rbd-fuse, ceph) takes. */
+export function cephClientArgs(identity: CephIdentity): string[] {
+  return ['--conf', identity.cephConf, '--id', identity.clientId, '--keyring', identity.keyring];
+}
+
+/**
+ * Ceph prints a keyring's offending line when it cannot parse it (`type=key val=AQ...`): every message that may carry
+ * a Ceph tool's output goes through this first.
+ */
+export function redactKeys(text: string): string {
+  return text.replace(/(val=)\S+/g, '$1[redacted]').replace(/AQ[A-Za-z0-9+/]{20,}={0,2}/g, '[redacted]');
+}
+
+/** A CommandError from a Ceph tool with any key material taken out of its message and output. */
+export function redactedError(err: unknown): unknown {
+  if (!(err instanceof CommandError)) return err;
+  return new CommandError(
+    redactKeys(err.message),
+    {
+      command: err.command,
+      args: err.args,
+      exitCode: err.exitCode,
+      signal: err.signal,
+      stderrTail: redactKeys(err.stderrTail),
+      timedOut: err.timedOut,
+      durationMs: err.durationMs,
+    },
+    { cause: undefined },
+  );
+}
+
+async function rbd(identity: CephIdentity, args: string[], okExitCodes: number[] = []): Promise<RunResult> {
+  try {
+    return await run('rbd', [...cephClientArgs(identity), ...args], { okExitCodes });
+  } catch (err) {
+    throw redactedError(err);
+  }
+}
+
+function imageSpec(pool: string, image: string): string {
+  return `${pool}/${image}`;
+}
+
+function parseJson<T>(what: string, stdout: string): T {
+  try {
+    return JSON.parse(stdout) as T;
+  } catch (err) {
+    throw new LatchError(`${what} printed something that is not JSON: ${stdout.slice(0, 120)}`, { cause: err });
+  }
+}
+
+/** `rbd info`: the image's size and features, or undefined when it does not exist. */
+export async function rbdInfo(identity: CephIdentity, pool: string, image: string): Promise<RbdImageInfo | undefined> {
+  const { stdout, exitCode } = await rbd(identity, ['info', '--format', 'json', imageSpec(pool, image)], [ENOENT]);
+  if (exitCode === ENOENT) return undefined;
+  const info = parseJson<{ size?: unknown; features?: unknown }>(`rbd info ${imageSpec(pool, image)}`, stdout);
+  if (typeof info.size !== 'number') throw new LatchError(`rbd info ${imageSpec(pool, image)} reported no size`);
+  return { size: info.size, features: Array.isArray(info.features) ? info.features.map(String) : [] };
+}
+
+/**
+ * `rbd create --size <bytes>B`: rbd reads a bare number as MiB, so the size always carries the B suffix. Returns false
+ * when the image already exists (its size is the caller's to check).
+ */
+export async function rbdCreate(identity: CephIdentity, pool: string, image: string, sizeBytes: number): Promise<boolean> {
+  const { exitCode } = await rbd(identity, ['create', '--size', `${sizeBytes}B`, imageSpec(pool, image)], [EEXIST]);
+  return exitCode !== EEXIST;
+}
+
+/** `rbd resize --size <bytes>B`, which refuses to shrink (no --allow-shrink, ever). */
+export async function rbdResize(identity: CephIdentity, pool: string, image: string, sizeBytes: number): Promise<void> {
+  await rbd(identity, ['resize', '--no-progress', '--size', `${sizeBytes}B`, imageSpec(pool, image)]);
+}
+
+/** `rbd rm`; a missing image is fine. */
+export async function rbdRemove(identity: CephIdentity, pool: string, image: string): Promise<void> {
+  await rbd(identity, ['rm', '--no-progress', imageSpec(pool, image)], [ENOENT]);
+}
+
+/** The image's snapshots (every namespace: user snapshots, and those in the trash that clones still depend on). */
+export async function rbdSnapshots(identity: CephIdentity, pool: string, image: string): Promise<string[]> {
+  const { stdout } = await rbd(identity, ['snap', 'ls', '--all', '--format', 'json', imageSpec(pool, image)]);
+  const snaps = parseJson<{ name?: unknown; namespace?: { type?: unknown } }[]>(`rbd snap ls ${imageSpec(pool, image)}`, stdout);
+  return snaps.map((snap) => {
+    const name = typeof snap.name === 'string' ? snap.name : '(unnamed)';
+    const namespace = typeof snap.namespace?.type === 'string' ? snap.namespace.type : 'user';
+    return namespace === 'user' ? name : `${name} (${namespace})`;
+  });
+}
+
+/** The clones made from any of the image's snapshots, and theirs, as pool/image. */
+export async function rbdClones(identity: CephIdentity, pool: string, image: string): Promise<string[]> {
+  const { stdout } = await rbd(identity, ['children', '--all', '--descendants', '--format', 'json', imageSpec(pool, image)]);
+  const children = parseJson<{ pool?: unknown; pool_namespace?: unknown; image?: unknown }[]>(
+    `rbd children ${imageSpec(pool, image)}`,
+    stdout,
+  );
+  return children.map((c) => [c.pool, c.pool_namespace, c.image].filter((p) => typeof p === 'string' && p.length > 0).join('/'));
+}
