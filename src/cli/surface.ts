@@ -15,6 +15,7 @@ import { DEFAULT_STUCK_AFTER_SECONDS } from './doctor/detaching.js';
 import { install } from './install.js';
 import type { CliIO, CommandIO } from './io.js';
 import { ledgerMigrate, parseStoreName } from './ledger/migrate.js';
+import { nodeCheck } from './node/check.js';
 import { parseFormat } from './output.js';
 import { parseTicketType, ticketAdd } from './ticket/add.js';
 import { ticketList } from './ticket/list.js';
@@ -60,6 +61,8 @@ export function buildProgram(io: CliIO, exit: (code: number) => void): Command {
     ticket: (c) => declareTicket(c.description('list, add and remove attachment tickets'), io, done),
 
     ledger: (c) => declareLedger(c.description('move the ledger between stores'), io, done),
+
+    node: (c) => declareNode(c.description('what the ledger holds on a node: may it be drained or deleted now?'), io, done),
 
     install: (c) =>
       c
@@ -130,6 +133,7 @@ function declareVolume(volume: Command, io: CommandIO, done: Done): void {
   volume
     .command('list')
     .description('list volumes with their state and holders')
+    .option('--node <node>', 'only the volumes this node holds (any phase) or has tickets for')
     .option(...OUTPUT)
     .action(async (opts) => done(await volumeList(opts, io)));
 
@@ -165,6 +169,7 @@ function declareTicket(ticket: Command, io: CommandIO, done: Done): void {
   ticket
     .command('list [volume]')
     .description('list tickets (of one volume, or of all)')
+    .option('--node <node>', "only this node's tickets")
     .option(...OUTPUT)
     .action(async (volume: string | undefined, opts) => done(await ticketList({ ...(volume !== undefined && { volume }), ...opts }, io)));
 
@@ -203,6 +208,18 @@ function declareLedger(ledger: Command, io: CommandIO, done: Done): void {
     .option('--dry-run', 'report what would be done, write nothing')
     .option(...OUTPUT)
     .action(async (opts) => done(await ledgerMigrate(opts, io)));
+}
+
+function declareNode(node: Command, io: CommandIO, done: Done): void {
+  node
+    .command('check <node>')
+    .description(
+      'may this node be drained or deleted now? Yes when no volume has a ticket for it and no volume lists it as ' +
+        'a holder (any phase); otherwise, per volume, its tickets and phase and what clears each. ' +
+        'Exit 0 when it may go, 1 when not.',
+    )
+    .option(...OUTPUT)
+    .action(async (name: string, opts) => done(await nodeCheck({ node: name, ...opts }, io)));
 }
 
 /** --driver, as install and uninstall take it. */

@@ -1,14 +1,27 @@
-// latch ticket list: who asked for a volume (one volume's tickets, or every volume's).
+// latch ticket list: who asked for a volume (one volume's tickets, or every volume's; all of them, or one node's).
 import { shortTicketId } from '../../ledger/ids.js';
-import type { Ticket } from '../../ledger/types.js';
+import { checkNodeName } from '../../names.js';
 import { configOf, type CommandIO } from '../io.js';
 import { formatJson, formatTable, type OutputFormat } from '../output.js';
-import { getVolume } from '../volume/volume-doc.js';
+import { describeRequester, getVolume } from '../volume/volume-doc.js';
 
-export async function ticketList(options: { volume?: string; output: OutputFormat }, io: CommandIO): Promise<void> {
+export interface TicketListOptions {
+  volume?: string;
+  /** Only the tickets for this node. */
+  node?: string;
+  output: OutputFormat;
+}
+
+export async function ticketList(options: TicketListOptions, io: CommandIO): Promise<void> {
+  const { node } = options;
+  if (node !== undefined) checkNodeName(node);
   const { ledger } = io.context(configOf(io));
   const docs = options.volume ? [await getVolume(ledger, options.volume)] : await ledger.list();
-  const rows = docs.flatMap((d) => Object.values(d.spec.tickets).map((t) => ({ volume: d.name, ...t, status: d.status.tickets[t.id] })));
+  const rows = docs.flatMap((d) =>
+    Object.values(d.spec.tickets)
+      .filter((t) => node === undefined || t.nodeID === node)
+      .map((t) => ({ volume: d.name, ...t, status: d.status.tickets[t.id] })),
+  );
   if (options.output === 'json') {
     io.out(formatJson(rows));
     return;
@@ -28,10 +41,4 @@ export async function ticketList(options: { volume?: string; output: OutputForma
       ]),
     ),
   );
-}
-
-function describeRequester(by: Ticket['requestedBy']): string {
-  if (by.admin) return 'admin';
-  const pod = by.pod?.name ? ` pod ${by.pod.namespace ?? ''}/${by.pod.name}` : '';
-  return `${by.pvName ? `pv ${by.pvName}` : ''}${pod}` || '-';
 }

@@ -1,11 +1,21 @@
-// latch volume list: every volume with its state and holders.
+// latch volume list: every volume with its state and holders (or only those a node holds or has tickets for).
+import { checkNodeName } from '../../names.js';
 import { formatSize } from '../../size.js';
 import { configOf, type CommandIO } from '../io.js';
 import { formatJson, formatTable, type OutputFormat } from '../output.js';
-import { describeNodes } from './volume-doc.js';
+import { concernsNode, describeNodes } from './volume-doc.js';
 
-export async function volumeList(options: { output: OutputFormat }, io: CommandIO): Promise<void> {
-  const docs = await io.context(configOf(io)).ledger.list();
+export interface VolumeListOptions {
+  /** Only the volumes this node holds (any phase) or has tickets for. */
+  node?: string;
+  output: OutputFormat;
+}
+
+export async function volumeList(options: VolumeListOptions, io: CommandIO): Promise<void> {
+  const { node } = options;
+  if (node !== undefined) checkNodeName(node);
+  const all = await io.context(configOf(io)).ledger.list();
+  const docs = node === undefined ? all : all.filter((d) => concernsNode(d, node));
   if (options.output === 'json') {
     io.out(formatJson(docs));
     return;

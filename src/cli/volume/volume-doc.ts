@@ -1,7 +1,8 @@
 // A volume's ledger document as the admin commands read and show it.
 import { LatchError } from '../../errors.js';
 import type { Ledger } from '../../ledger/ledger.js';
-import type { VolumeDoc } from '../../ledger/types.js';
+import { ticketsOfNode } from '../../ledger/arbitrate.js';
+import type { Ticket, VolumeDoc } from '../../ledger/types.js';
 import { checkVolumeName } from '../../names.js';
 
 /** The volume's document; a LatchError saying how to find the volumes when there is none. */
@@ -17,4 +18,16 @@ export function describeNodes(doc: VolumeDoc): string {
   return Object.entries(doc.status.nodes)
     .map(([n, e]) => `${n}(${e.phase}${e.readOnly ? ',ro' : ''})`)
     .join(' ');
+}
+
+/** Whether the node has a ticket on the volume or an entry in its status.nodes (any phase). */
+export function concernsNode(doc: VolumeDoc, node: string): boolean {
+  return ticketsOfNode(doc, node).length > 0 || doc.status.nodes[node] !== undefined;
+}
+
+/** Who asked for a ticket, e.g. "admin" or "pv pv-data pod default/web". */
+export function describeRequester(by: Ticket['requestedBy']): string {
+  if (by.admin) return 'admin';
+  const pod = by.pod?.name ? ` pod ${by.pod.namespace ?? ''}/${by.pod.name}` : '';
+  return `${by.pvName ? `pv ${by.pvName}` : ''}${pod}` || '-';
 }
