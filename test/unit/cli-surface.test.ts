@@ -113,6 +113,8 @@ describe('the command surface', () => {
       const r = await cli(argv);
       assert.deepEqual([r.code, JSON.parse(r.stdout), r.stderr], [0, [], ''], argv.join(' '));
     }
+    const free = await cli(['node', 'check', 'node-z', '-o', 'json']);
+    assert.deepEqual([free.code, JSON.parse(free.stdout), free.stderr], [0, { node: 'node-z', mayGo: true, volumes: [] }, '']);
   });
 
   test('--help lists every command; version prints the version', async () => {
@@ -136,6 +138,10 @@ describe("a user's mistake is a usage error, never an internal error", () => {
     [['ticket', 'add', 'v', '--node', 'n', '--type', 'urgent'], /--type urgent is not a ticket type; use one of restore, admin, workload/],
     [['ledger', 'migrate', '--from', 'disk', '--to', 'etcd'], /--from must be "file" or "etcd", not "disk"/],
     [['ledger', 'migrate', '--from', 'file', '--to', 'nfs'], /--to must be "file" or "etcd", not "nfs"/],
+    [['node', 'check', 'Node_B'], /^latch: node name "Node_B" is not allowed/],
+    [['node', 'check', 'n', '-o', 'xml'], /output format must be "table" or "json"/],
+    [['ticket', 'list', '--node', '../x'], /^latch: node name "\.\.\/x" is not allowed/],
+    [['volume', 'list', '--node', ''], /^latch: node name is empty/],
   ];
   for (const [argv, message] of badValues) {
     test(`latch ${argv.join(' ')}`, async () => {
