@@ -126,12 +126,12 @@ check_empty_arguments() {
 
 # ---- init ------------------------------------------------------------------------------------------------
 
-@test "init: Success with all five capabilities as booleans" {
+@test "init: Success with all five capabilities as booleans, supportsMetrics true" {
   latch_call init
   assert_reply Success
   run jq -e '.capabilities
     | (.attach | type) == "boolean" and (.selinuxRelabel | type) == "boolean" and (.fsGroup | type) == "boolean"
-      and (.requiresFSResize | type) == "boolean" and (.supportsMetrics | type) == "boolean"' <<<"$output"
+      and (.requiresFSResize | type) == "boolean" and .supportsMetrics == true' <<<"$output"
   assert_success
 }
 
