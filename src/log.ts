@@ -2,6 +2,7 @@
 // Logging must never break a call, never reach stdout/stderr, and never carry a secret.
 import { appendFileSync, mkdirSync, renameSync, statSync } from 'node:fs';
 import { dirname } from 'node:path';
+import { LATCH_OPTIONS } from './names.js';
 
 const KEEP_ROTATED = 3;
 const MAX_FIELD = 2000;
@@ -60,7 +61,19 @@ function rotateIfLarge(target: LogTarget): void {
 
 const SECRET_PREFIX = 'kubernetes.io/secret/';
 
-/** The call's arguments as they may be logged: JSON arguments with secret values replaced, long values cut. */
+const K8S = 'kubernetes.io/';
+
+/** Whether an option's value may be logged: latch's own options and the kubernetes.io/* keys other than secrets. */
+function isLoggableOption(key: string): boolean {
+  if (key.startsWith(K8S)) return !key.startsWith(SECRET_PREFIX);
+  return (LATCH_OPTIONS as readonly string[]).includes(key);
+}
+
+/**
+ * The call's arguments as they may be logged: JSON arguments with long values cut, and the value of every key that is
+ * neither latch's own nor a non-secret kubernetes.io/* key replaced: secrets, and the options of other tools
+ * (a free-form dictionary that may hold a password), whose names alone are logged.
+ */
 export function redactArgs(args: readonly string[]): unknown[] {
   return args.map((arg) => {
     const trimmed = arg.trimStart();
@@ -70,7 +83,7 @@ export function redactArgs(args: readonly string[]): unknown[] {
       if (typeof parsed !== 'object' || parsed === null) return clip(arg);
       const out: Record<string, unknown> = {};
       for (const [k, v] of Object.entries(parsed)) {
-        out[k] = k.startsWith(SECRET_PREFIX) ? '<redacted>' : typeof v === 'string' ? clip(v) : v;
+        out[clip(k)] = !isLoggableOption(k) ? '<redacted>' : typeof v === 'string' ? clip(v) : v;
       }
       return out;
     } catch {

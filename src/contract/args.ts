@@ -29,6 +29,8 @@ export const volumeOptions: ArgKind<VolumeOptions> = {
   parse(value, site) {
     const options = parseOptions(value, site.config);
     site.log.volume = options.name;
+    // Names only, never values: another tool's options may hold a secret.
+    if (options.unknownKeys.length > 0) site.log.unknownOptions = options.unknownKeys;
     return options;
   },
 };

@@ -3,7 +3,7 @@
 import { parseConfig, zod, type Config } from '../config.js';
 import type { FsType } from '../filesystems.js';
 import { LatchError } from '../errors.js';
-import { checkPvName, checkVolumeName } from '../names.js';
+import { LATCH_OPTIONS, checkPvName, checkVolumeName } from '../names.js';
 import { parseSize } from '../size.js';
 
 const MOUNT_OPTION_ALLOWLIST = [
@@ -21,8 +21,9 @@ const MOUNT_OPTION_ALLOWLIST = [
   'dirsync',
 ] as const;
 
-/** latch's own options, as a user writes them in flexVolume.options. */
-const USER_OPTIONS = ['volume', 'size', 'fsType', 'readOnly', 'mountOptions'] as const;
+/** How many unknown option names a log line lists, and how long each may be: a log line stays bounded. */
+const MAX_UNKNOWN_LISTED = 20;
+const MAX_UNKNOWN_NAME = 64;
 
 const K8S = 'kubernetes.io/';
 const SECRET_PREFIX = 'kubernetes.io/secret/';
@@ -61,6 +62,48 @@ export interface VolumeOptions {
   fsGroup?: number;
   /** Decoded `kubernetes.io/secret/*` values. Never log these, never put them in a message or on a command line. */
   secrets: Record<string, string>;
+  /**
+   * Names of the user's options latch does not know (another tool's, like the spec's `fooServer`), sorted, for the
+   * call's log line. Only names: their values are dropped, they may be secrets.
+   */
+  unknownKeys: string[];
+}
+
+/**
+ * The latch option that `key` is probably a misspelling of, or undefined. The rule (docs/protocol.md): a key that
+ * equals one of latch's options ignoring case, or, when it has at least 4 characters, is within an edit distance of
+ * 2 of one, ignoring case (an edit inserts, deletes or replaces a character, or swaps two adjacent ones).
+ * `sise`, `Size`, `fstype`, `readonly` are misspellings; `fooServer`, `vol`, `pool` are someone else's options.
+ */
+export function misspelledOptionOf(key: string): string | undefined {
+  const lower = key.toLowerCase();
+  const exact = LATCH_OPTIONS.find((o) => o.toLowerCase() === lower);
+  if (exact !== undefined || key.length < 4) return exact;
+  let best: { option: string; distance: number } | undefined;
+  for (const option of LATCH_OPTIONS) {
+    const distance = editDistance(lower, option.toLowerCase(), 2);
+    if (distance <= 2 && (best === undefined || distance < best.distance)) best = { option, distance };
+  }
+  return best?.option;
+}
+
+/** Optimal-string-alignment distance between a and b, or limit + 1 once it is certain to exceed limit. */
+function editDistance(a: string, b: string, limit: number): number {
+  if (Math.abs(a.length - b.length) > limit) return limit + 1;
+  const width = b.length + 1;
+  const d = new Array<number>((a.length + 1) * width).fill(0);
+  const at = (i: number, j: number) => d[i * width + j] ?? 0;
+  for (let i = 0; i <= a.length; i++) d[i * width] = i;
+  for (let j = 0; j <= b.length; j++) d[j] = j;
+  for (let i = 1; i <= a.length; i++) {
+    for (let j = 1; j <= b.length; j++) {
+      const cost = a[i - 1] === b[j - 1] ? 0 : 1;
+      let best = Math.min(at(i - 1, j) + 1, at(i, j - 1) + 1, at(i - 1, j - 1) + cost);
+      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1]) best = Math.min(best, at(i - 2, j - 2) + 1);
+      d[i * width + j] = best;
+    }
+  }
+  return at(a.length, b.length);
 }
 
 /** Parses the JSON argument. Every error names the offending field and never echoes a secret. */
@@ -75,10 +118,13 @@ export function parseOptions(json: string, config: Pick<Config, 'allowedFsTypes'
   if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) {
     throw new LatchError(`the options argument must be a JSON object, not ${Array.isArray(raw) ? 'an array' : describe(raw)}`);
   }
+  // The options are a free-form dictionary (the FlexVolume spec): other keys are accepted, except likely typos of ours.
+  const unknownKeys: string[] = [];
   for (const key of Object.keys(raw)) {
-    if (!key.startsWith(K8S) && !(USER_OPTIONS as readonly string[]).includes(key)) {
-      throw new LatchError(`unknown option "${key.slice(0, 64)}"; latch understands ${USER_OPTIONS.join(', ')}`);
-    }
+    if (key.startsWith(K8S) || (LATCH_OPTIONS as readonly string[]).includes(key)) continue;
+    const meant = misspelledOptionOf(key);
+    if (meant !== undefined) throw new LatchError(`unknown option "${key.slice(0, MAX_UNKNOWN_NAME)}": did you mean "${meant}"?`);
+    unknownKeys.push(key);
   }
 
   const result = cachedOptionsSchema(config).safeParse(raw);
@@ -125,6 +171,10 @@ export function parseOptions(json: string, config: Pick<Config, 'allowedFsTypes'
     ...(Object.keys(pod).length > 0 && { pod }),
     ...(fsGroup !== undefined && { fsGroup }),
     secrets,
+    unknownKeys: unknownKeys
+      .sort()
+      .slice(0, MAX_UNKNOWN_LISTED)
+      .map((key) => key.slice(0, MAX_UNKNOWN_NAME)),
   };
 }
 
@@ -145,8 +195,8 @@ export function warmOptionsSchema(): void {
 
 /**
  * The options schema, for the configured limits. Built only by ops that take options,
- * so init never pays for it. Unknown kubernetes.io/* keys pass (newer kubelets add some); latch's own unknown
- * keys were refused before, with the list of known ones.
+ * so init never pays for it. Unknown keys pass (newer kubelets add kubernetes.io/* ones, other tools their own); the
+ * likely misspellings of latch's options were refused before.
  */
 function optionsSchema(config: Pick<Config, 'allowedFsTypes' | 'maxSize'>) {
   const z = zod();
@@ -232,7 +282,8 @@ function optionsSchema(config: Pick<Config, 'allowedFsTypes' | 'maxSize'>) {
           })
           .optional(),
       })
-      // Only kubernetes.io/* keys reach here. Secrets are checked and decoded below without echoing their value.
+      // kubernetes.io/* keys and other tools' options reach here: strings, like every value. Secrets are checked and
+      // decoded below without echoing their value; the unknown keys are dropped (parseOptions lists their names).
       .catchall(text)
       .superRefine((o, ctx) => {
         for (const [key, value] of Object.entries(o)) {
@@ -250,7 +301,7 @@ function optionsSchema(config: Pick<Config, 'allowedFsTypes' | 'maxSize'>) {
         const out: Record<string, unknown> = { ...o };
         for (const key of Object.keys(out)) {
           if (key.startsWith(SECRET_PREFIX)) out[key] = Buffer.from(out[key] as string, 'base64').toString('utf8');
-          else if (key.startsWith(K8S) && !KNOWN_K8S_KEYS.has(key)) delete out[key];
+          else if (key.startsWith(K8S) ? !KNOWN_K8S_KEYS.has(key) : !(LATCH_OPTIONS as readonly string[]).includes(key)) delete out[key];
         }
         return out as typeof o & { fsType?: FsType; 'kubernetes.io/fsType'?: FsType | '' };
       })

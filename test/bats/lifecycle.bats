@@ -76,7 +76,7 @@ after_kubelet_restart() {
     # kubelet and the controller probe the plugin
     node_call_success "$node" init
     jq -e '.capabilities | .attach == true and (.selinuxRelabel | type) == "boolean" and (.fsGroup | type) == "boolean"
-      and (.requiresFSResize | type) == "boolean" and (.supportsMetrics | type) == "boolean"' <<<"$output" >/dev/null ||
+      and (.requiresFSResize | type) == "boolean" and .supportsMetrics == true' <<<"$output" >/dev/null ||
       fail "init capabilities: $output"
 
     # controller: attach is a ledger decision only, no device yet

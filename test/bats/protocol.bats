@@ -126,12 +126,12 @@ check_empty_arguments() {
 
 # ---- init ------------------------------------------------------------------------------------------------
 
-@test "init: Success with all five capabilities as booleans" {
+@test "init: Success with all five capabilities as booleans, supportsMetrics true" {
   latch_call init
   assert_reply Success
   run jq -e '.capabilities
     | (.attach | type) == "boolean" and (.selinuxRelabel | type) == "boolean" and (.fsGroup | type) == "boolean"
-      and (.requiresFSResize | type) == "boolean" and (.supportsMetrics | type) == "boolean"' <<<"$output"
+      and (.requiresFSResize | type) == "boolean" and .supportsMetrics == true' <<<"$output"
   assert_success
 }
 
@@ -503,12 +503,35 @@ check_empty_arguments() {
   ((${#output} < 5000)) || fail "the reply is ${#output} bytes long"
 }
 
-@test "options: unknown option sise is a Failure naming it" {
+@test "options: a misspelt option (sise, Size, fstype, readonly) is a Failure with a did-you-mean hint" {
   local op
   for op in getvolumename attach mount; do
     call_with_options "$op" "$(flex_options "$VOL" sise 1Gi)"
-    assert_failure_naming sise
+    assert_failure_naming 'unknown option "sise": did you mean "size"?'
   done
+  call_with_options getvolumename "$(flex_options "$VOL" Size 1Gi)"
+  assert_failure_naming 'did you mean "size"?'
+  call_with_options getvolumename "$(flex_options "$VOL" fstype xfs)"
+  assert_failure_naming 'did you mean "fsType"?'
+  call_with_options getvolumename "$(flex_options "$VOL" readonly true)"
+  assert_failure_naming 'did you mean "readOnly"?'
+}
+
+@test "options: another tool's options (the spec's fooServer) are accepted; the log names them, never their values" {
+  local json
+  json=$(flex_options "$VOL" fooServer 192.168.0.1:1234 fooVolumeName secret-bar)
+  call_with_options getvolumename "$json"
+  assert_reply Success
+  [[ $(jq -r .volumeName <<<"$output") == "$VOL" ]] || fail "volumeName: $output"
+  call_with_options isattached "$json"
+  assert_reply Success
+  jq -e '.attached == false' <<<"$output" >/dev/null || fail "isattached: $output"
+  # One line per call, each naming the keys (sorted) ...
+  run jq -s -e --arg vol "$VOL" '[.[] | select(.volume == $vol and (.op == "getvolumename" or .op == "isattached"))]
+    | length == 2 and all(.unknownOptions == ["fooServer", "fooVolumeName"])' "$LATCH_LOG_FILE"
+  assert_success
+  # ... and nothing anywhere holds their values.
+  refute_secret_written 192.168.0.1:1234 secret-bar
 }
 
 # ---- secrets -----------------------------------------------------------------------------------------------------
@@ -524,7 +547,7 @@ check_empty_arguments() {
   refute_secret_written "$secret" "$b64"
   # ... also when the call fails for another reason, or the JSON cannot be parsed.
   call_with mount json "$(flex_mount_options "$VOL" "$POD_UID" kubernetes.io/secret/password "$b64" sise 1Gi)"
-  assert_failure_naming sise
+  assert_failure_naming 'did you mean "size"?'
   refute_secret_written "$secret" "$b64"
   call_with mount json "{\"kubernetes.io/secret/password\":\"$b64\" \"kubernetes.io/pvOrVolumeName\":\"$VOL\"}"
   assert_failure_naming "not valid JSON"

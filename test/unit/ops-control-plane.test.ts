@@ -18,7 +18,7 @@ describe('init', () => {
     const { reply } = await node.call('init', []);
     assert.deepEqual(reply, {
       status: 'Success',
-      capabilities: { attach: true, selinuxRelabel: true, fsGroup: true, requiresFSResize: true, supportsMetrics: false },
+      capabilities: { attach: true, selinuxRelabel: true, fsGroup: true, requiresFSResize: true, supportsMetrics: true },
     });
     assert.deepEqual(cluster.store.writes, []);
     assert.deepEqual(node.fake.calls, []);
@@ -31,7 +31,7 @@ describe('init', () => {
       selinuxRelabel: true,
       fsGroup: true,
       requiresFSResize: true,
-      supportsMetrics: false,
+      supportsMetrics: true,
     });
   });
 });

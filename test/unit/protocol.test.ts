@@ -6,7 +6,8 @@ import { describe, it } from 'node:test';
 import { loadConfig, parseConfig } from '../../src/config.js';
 import { redactArgs, writeLog } from '../../src/log.js';
 import { checkPvName, checkVolumeName } from '../../src/names.js';
-import { parseOptions } from '../../src/contract/options.js';
+import { volumeOptions } from '../../src/contract/args.js';
+import { misspelledOptionOf, parseOptions } from '../../src/contract/options.js';
 import { encodeReply, exitCodeOf, failure, notSupported, success } from '../../src/contract/reply.js';
 import { formatSize, parseSize } from '../../src/size.js';
 
@@ -67,7 +68,9 @@ describe('options JSON', () => {
     ['{"kubernetes.io/pvOrVolumeName":"a","readOnly":"yes"}', /option "readOnly" must be "true" or "false"/],
     ['{"kubernetes.io/pvOrVolumeName":"a","fsType":"ext4; rm -rf /"}', /option "fsType" is "ext4; rm -rf \/"; allowed/],
     ['{"kubernetes.io/pvOrVolumeName":"a","mountOptions":"noatime,exec=/bin/sh"}', /mountOptions.*not allowed/],
-    ['{"kubernetes.io/pvOrVolumeName":"a","sise":"1Gi"}', /unknown option "sise"/],
+    ['{"kubernetes.io/pvOrVolumeName":"a","sise":"1Gi"}', /unknown option "sise": did you mean "size"\?$/],
+    ['{"kubernetes.io/pvOrVolumeName":"a","fstype":"xfs"}', /unknown option "fstype": did you mean "fsType"\?/],
+    ['{"kubernetes.io/pvOrVolumeName":"a","fooServer":5}', /option "fooServer" must be a string/],
     ['{"kubernetes.io/pvOrVolumeName":"../etc"}', /kubernetes.io\/pvOrVolumeName.*not allowed/],
     ['{"volume":"a/b"}', /option "volume" "a\/b" is not allowed/],
     ['{"volume":"$(touch /tmp/x)"}', /not allowed/],
@@ -77,6 +80,58 @@ describe('options JSON', () => {
   for (const [json, message] of bad) {
     it(`refuses ${json.slice(0, 60) || '(empty)'}`, () => {
       assert.throws(() => parseOptions(json, config), message);
+    });
+  }
+
+  it("accepts other tools' options (the spec's fooServer example) and lists only their names", () => {
+    const json = '{"fooServer":"192.168.0.1:1234","fooVolumeName":"bar","kubernetes.io/pvOrVolumeName":"pv-1","size":"1Gi"}';
+    const o = parseOptions(json, config);
+    assert.deepEqual([o.name, o.size, o.unknownKeys], ['pv-1', 1024 ** 3, ['fooServer', 'fooVolumeName']]);
+    assert.doesNotMatch(JSON.stringify(o), /192\.168|"bar"/);
+    assert.deepEqual(parseOptions('{"kubernetes.io/pvOrVolumeName":"a","kubernetes.io/somethingNew":"x"}', config).unknownKeys, []);
+  });
+
+  it('the volumeOptions argument puts the unknown option names, not their values, in the call log', () => {
+    const log: Record<string, unknown> = {};
+    const json = '{"fooServer":"s3cret-host","kubernetes.io/pvOrVolumeName":"pv-1"}';
+    volumeOptions.parse(json, { op: 'getvolumename', name: 'json', config, log });
+    assert.deepEqual(log, { volume: 'pv-1', unknownOptions: ['fooServer'] });
+    const quiet: Record<string, unknown> = {};
+    volumeOptions.parse('{"kubernetes.io/pvOrVolumeName":"pv-1"}', { op: 'getvolumename', name: 'json', config, log: quiet });
+    assert.deepEqual(quiet, { volume: 'pv-1' }, 'no unknownOptions field when there is none');
+  });
+
+  const misspellings: Array<[string, string | undefined]> = [
+    // case-insensitive equality, any length
+    ['Size', 'size'],
+    ['fstype', 'fsType'],
+    ['FSTYPE', 'fsType'],
+    ['readonly', 'readOnly'],
+    ['Volume', 'volume'],
+    ['mountoptions', 'mountOptions'],
+    // edit distance <= 2 for keys of 4 or more characters
+    ['sise', 'size'],
+    ['szie', 'size'],
+    ['sizes', 'size'],
+    ['fsTyp', 'fsType'],
+    ['read_only', 'readOnly'],
+    ['volumes', 'volume'],
+    ['mountOption', 'mountOptions'],
+    ['mountOpts', undefined],
+    // other tools' options, and short keys
+    ['fooServer', undefined],
+    ['fooVolumeName', undefined],
+    ['volumeName', undefined],
+    ['pool', undefined],
+    ['image', undefined],
+    ['server', undefined],
+    ['vol', undefined],
+    ['siz', undefined],
+    ['', undefined],
+  ];
+  for (const [key, meant] of misspellings) {
+    it(`misspelledOptionOf(${JSON.stringify(key)}) is ${meant ?? 'undefined'}`, () => {
+      assert.equal(misspelledOptionOf(key), meant);
     });
   }
 
@@ -181,6 +236,8 @@ describe('logging', () => {
       '/var/lib/kubelet/x',
     ]);
     assert.deepEqual(json, { 'kubernetes.io/secret/password': '<redacted>', 'kubernetes.io/pvOrVolumeName': 'a' });
+    const [foreign] = redactArgs(['{"fooPassword":"hunter2","kubernetes.io/fsType":"ext4","size":"1Gi"}']);
+    assert.deepEqual(foreign, { fooPassword: '<redacted>', 'kubernetes.io/fsType': 'ext4', size: '1Gi' });
     assert.doesNotMatch(String(broken), /aHVudGVyMg/);
     assert.equal(path, '/var/lib/kubelet/x');
   });
