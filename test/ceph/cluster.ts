@@ -33,6 +33,7 @@ import { delimiter, join } from 'node:path';
 import { listLoopDevices } from '../../src/sys/loop.js';
 import { readMountInfo, type MountInfo } from '../../src/sys/mounts.js';
 import { run, type RunOptions, type RunResult } from '../../src/sys/run.js';
+import { trackChild } from '../fixtures/tracked-children.js';
 
 export type CephDaemon = 'mon' | 'mgr' | 'osd';
 
@@ -139,26 +140,8 @@ export function cephSkipReason(): string | undefined {
 // ---------------------------------------------------------------------------------------------------------------
 // Children of this process that must not outlive it.
 
-const live = new Set<ChildProcess>();
-let exitHookInstalled = false;
-
-function installExitHook(): void {
-  if (exitHookInstalled) return;
-  exitHookInstalled = true;
-  process.on('exit', () => {
-    for (const child of live) {
-      try {
-        child.kill('SIGKILL');
-      } catch {
-        // already gone
-      }
-    }
-  });
-}
-
 /** Spawns a long-running child with its output in `logFile`; the kernel kills it if this process dies (setpriv). */
 function spawnTracked(command: string, args: string[], logFile: string): { child: ChildProcess; exited: Promise<void> } {
-  installExitHook();
   const bin = which(command);
   if (!bin) throw new Error(`${command} is not installed`);
   const setpriv = which('setpriv');
@@ -166,12 +149,9 @@ function spawnTracked(command: string, args: string[], logFile: string): { child
   const log = openSync(logFile, 'a', 0o600);
   const child = spawn(file, argv, { stdio: ['ignore', log, log] });
   closeSync(log);
-  live.add(child);
+  trackChild(child);
   const exited = new Promise<void>((resolve) => {
-    const done = () => {
-      live.delete(child);
-      resolve();
-    };
+    const done = () => resolve();
     child.on('exit', done);
     child.on('error', done);
   });

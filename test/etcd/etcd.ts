@@ -19,6 +19,7 @@ import { tmpdir } from 'node:os';
 import { delimiter, join } from 'node:path';
 import { EtcdStore } from '../../src/store/etcd.js';
 import type { Store } from '../../src/store/types.js';
+import { trackChild } from '../fixtures/tracked-children.js';
 
 export interface TlsFiles {
   ca: string;
@@ -33,23 +34,6 @@ export interface ClusterOptions {
   clientTls?: { server: TlsFiles; ca: string };
   /** How long start() waits for every member to be healthy. */
   startTimeoutMs?: number;
-}
-
-const live = new Set<ChildProcess>();
-let exitHookInstalled = false;
-
-function installExitHook(): void {
-  if (exitHookInstalled) return;
-  exitHookInstalled = true;
-  process.on('exit', () => {
-    for (const child of live) {
-      try {
-        child.kill('SIGKILL');
-      } catch {
-        // already gone
-      }
-    }
-  });
 }
 
 function which(command: string): string | undefined {
@@ -116,7 +100,6 @@ export class EtcdMember {
   /** Starts the process (again, on the same data dir and ports) without waiting for it to be healthy. */
   launch(): void {
     if (this.running) return;
-    installExitHook();
     const bin = etcdBinary();
     if (!bin) throw new Error(etcdSkipReason());
     const args = [
@@ -158,17 +141,11 @@ export class EtcdMember {
     const [command, argv] = setpriv ? [setpriv, ['--pdeathsig', 'SIGKILL', '--', bin, ...args]] : [bin, args];
     const child = spawn(command, argv, { stdio: ['ignore', log, log] });
     closeSync(log);
-    live.add(child);
+    trackChild(child);
     this.proc = child;
     this.exited = new Promise<void>((resolve) => {
-      child.on('exit', () => {
-        live.delete(child);
-        resolve();
-      });
-      child.on('error', () => {
-        live.delete(child);
-        resolve();
-      });
+      child.on('exit', () => resolve());
+      child.on('error', () => resolve());
     });
   }
 

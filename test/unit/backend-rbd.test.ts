@@ -15,30 +15,12 @@ import { listLoopDevices } from '../../src/sys/loop.js';
 import { readMountInfo } from '../../src/sys/mounts.js';
 import { redactKeys } from '../../src/sys/rbd.js';
 import { run } from '../../src/sys/run.js';
+import { BLOCK, block, readBlock, writeBlock } from '../fixtures/blocks.js';
 import { cephSkipReason, startCephCluster, type CephClient, type CephCluster } from '../ceph/cluster.js';
 
 const REPO = resolve(__dirname, '../..');
 const MiB = 1024 * 1024;
-const BLOCK = 4096;
 const skip = cephSkipReason();
-
-function block(text: string): string {
-  return text.padEnd(BLOCK, ' ');
-}
-
-async function writeBlock(device: string, index: number, text: string): Promise<void> {
-  await run('dd', [`of=${device}`, `bs=${BLOCK}`, `seek=${index}`, 'count=1', 'oflag=direct', 'conv=notrunc', 'status=none'], {
-    input: block(text),
-    timeoutMs: 20_000,
-  });
-}
-
-async function readBlock(device: string, index: number): Promise<string> {
-  const { stdout } = await run('dd', [`if=${device}`, `bs=${BLOCK}`, `skip=${index}`, 'count=1', 'iflag=direct', 'status=none'], {
-    timeoutMs: 20_000,
-  });
-  return stdout;
-}
 
 /** Everything of a volume's mapping the kernel shows: loop devices over its file, FUSE mounts, rbd-fuse processes. */
 async function mappingOf(mountDir: string, volume: string): Promise<{ loops: string[]; mounts: number; pids: number[] }> {

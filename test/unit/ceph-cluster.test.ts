@@ -15,30 +15,10 @@ import { openSync, readSync, closeSync, statSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { CommandError, run } from '../../src/sys/run.js';
+import { BLOCK, block, readBlock, writeBlock } from '../fixtures/blocks.js';
 import { cephSkipReason, startCephCluster, type CephClient, type CephCluster, type RbdFuseMount } from '../ceph/cluster.js';
 
 const skip = cephSkipReason();
-const BLOCK = 4096;
-
-/** A 4 KiB block holding `text`, padded with spaces. */
-function block(text: string): string {
-  return text.padEnd(BLOCK, ' ');
-}
-
-/** Writes `text` as block `index` of `device` with O_DIRECT, under a deadline (dd, like a pod's writer). */
-async function writeBlock(device: string, index: number, text: string): Promise<void> {
-  await run('dd', [`of=${device}`, `bs=${BLOCK}`, `seek=${index}`, 'count=1', 'oflag=direct', 'conv=notrunc', 'status=none'], {
-    input: block(text),
-    timeoutMs: 20_000,
-  });
-}
-
-async function readBlock(device: string, index: number): Promise<string> {
-  const { stdout } = await run('dd', [`if=${device}`, `bs=${BLOCK}`, `skip=${index}`, 'count=1', 'iflag=direct', 'status=none'], {
-    timeoutMs: 20_000,
-  });
-  return stdout;
-}
 
 /** Block `index` of a file (an exported image), with NUL bytes dropped. */
 function blockOfFile(file: string, index: number): string {
