@@ -150,11 +150,6 @@ function buildSchema() {
     .strict();
 }
 
-/** Where the configured backend keeps volumes' bytes, for messages: "the pool (/var/lib/latch/pool)" or "the rbd pool latch". */
-export function volumeStorage(config: Pick<Config, 'backend' | 'poolDir'>): string {
-  return config.backend.type === 'rbd' ? `the rbd pool ${config.backend.pool}` : `the pool (${config.poolDir})`;
-}
-
 /** Reads and validates the configuration; throws ConfigError naming the file and the field. */
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const { raw, source } = readConfigFile(env);

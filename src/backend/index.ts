@@ -25,6 +25,7 @@ function lazyRbdBackend(rbd: RbdBackendConfig, maxSize: number, timeoutMs: numbe
         }),
     ));
   return {
+    storage: `the rbd pool ${rbd.pool}`,
     create: async (volume, sizeBytes) => (await backend()).create(volume, sizeBytes),
     delete: async (volume) => (await backend()).delete(volume),
     size: async (volume) => (await backend()).size(volume),

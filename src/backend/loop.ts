@@ -48,6 +48,10 @@ export class LoopBackend implements Backend {
     this.maxSize = options.maxSize;
   }
 
+  get storage(): string {
+    return `the pool (${this.poolDir})`;
+  }
+
   /** Where the volume's image lives (whether or not it exists). */
   imagePath(volume: string): string {
     return join(this.poolDir, imageFileName(volume));

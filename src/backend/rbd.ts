@@ -33,6 +33,10 @@ export class RbdBackend implements Backend {
   private readonly identity: CephIdentity;
   private readonly mountDir: string;
 
+  get storage(): string {
+    return `the rbd pool ${this.pool}`;
+  }
+
   constructor(options: RbdBackendOptions) {
     if (!Number.isSafeInteger(options.maxSize) || options.maxSize < 1) {
       throw new LatchError(`maxSize must be a positive whole number of bytes, got ${options.maxSize}`);

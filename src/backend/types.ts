@@ -2,6 +2,8 @@
 // The ledger never calls this; the ops do, after the ledger says this node may.
 
 export interface Backend {
+  /** Where this backend keeps volumes' bytes, for messages: "the pool (/var/lib/latch/pool)", "the rbd pool latch". */
+  readonly storage: string;
   /** Creates the volume's storage of `sizeBytes`; Success if it already exists with at least that size. Refuses above maxSize or the pool's free space. */
   create(volume: string, sizeBytes: number): Promise<void>;
   /** Removes the volume's storage; refuses while a device is set up for it. Missing volume: no-op. */

@@ -1,7 +1,6 @@
 // A volume's block device on this node: set up after the ledger's grant, released once nothing mounts it, and each
 // step recorded in the ledger. What is set up is always read back from the kernel (through the backend), never
 // remembered, so both steps are safe to repeat after a crash.
-import { volumeStorage } from '../config.js';
 import type { Context } from '../context.js';
 import { LatchError, errorMessage } from '../errors.js';
 import type { VolumeDoc } from '../ledger/types.js';
@@ -19,7 +18,7 @@ export async function setUpDevice(ctx: Context, name: string, doc: VolumeDoc): P
     if ((await backend.size(name)) === undefined) {
       if (doc.status.filesystem) {
         throw new LatchError(
-          `the image of volume ${name} is missing from ${volumeStorage(config)} although it held a ` +
+          `the image of volume ${name} is missing from ${backend.storage} although it held a ` +
             `${doc.status.filesystem} filesystem; refusing to create an empty one in its place`,
         );
       }

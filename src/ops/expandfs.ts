@@ -6,7 +6,6 @@ import { isInUse } from '../ledger/arbitrate.js';
 import { checkCanGrowOnline } from '../node/capabilities.js';
 import { withVolumeLock } from '../node/lock.js';
 import { checkGrowRequest, filesystemMountOf, growFilesystem } from '../node/resize.js';
-import { volumeStorage } from '../config.js';
 import { formatSize } from '../size.js';
 import { defineOp } from './op.js';
 
@@ -22,7 +21,7 @@ export const op = defineOp({
       const doc = await ledger.get(name);
       if (!doc) return failure(`volume ${name} does not exist; there is nothing to expand`);
       const current = await checkGrowRequest(ctx, name, newBytes);
-      if (current === undefined) return failure(`volume ${name} has no image in ${volumeStorage(config)}; there is nothing to expand`);
+      if (current === undefined) return failure(`volume ${name} has no image in ${backend.storage}; there is nothing to expand`);
 
       const entry = doc.status.nodes[node];
       if (!entry || !isInUse(entry.phase)) {
