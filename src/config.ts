@@ -34,6 +34,11 @@ export interface RbdBackendConfig {
   keyring: string;
   /** Node-private directory for the per-volume rbd-fuse mounts. */
   mountDir: string;
+  /**
+   * The identity that may blocklist single client instances (docs/operations.md, "Fencing"): only on the machines
+   * that run `latch node fence` and `latch volume release --node-is-down`, never in a node's configuration.
+   */
+  fencer?: { clientId: string; keyring: string };
 }
 type BackendConfig = { type: 'loop' } | RbdBackendConfig;
 
@@ -112,6 +117,13 @@ function buildSchema() {
         clientId: cephName.refine((id) => !id.startsWith('client.'), 'is the cephx id without the "client." prefix').optional(),
         keyring: absolutePath.optional(),
         mountDir: absolutePath.default('/var/lib/latch/rbd'),
+        fencer: z
+          .object({
+            clientId: cephName.refine((id) => !id.startsWith('client.'), 'is the cephx id without the "client." prefix'),
+            keyring: absolutePath,
+          })
+          .strict()
+          .optional(),
       })
       .strict(),
   ]);

@@ -2,7 +2,7 @@
 // call that never touches the data plane) never loads it.
 import type { Config, RbdBackendConfig } from '../config.js';
 import { LoopBackend } from './loop.js';
-import type { Backend } from './types.js';
+import type { Backend, Fencer } from './types.js';
 
 export function configuredBackend(config: Pick<Config, 'backend' | 'poolDir' | 'maxSize' | 'commandTimeout'>): Backend {
   if (config.backend.type === 'loop') return new LoopBackend({ poolDir: config.poolDir, maxSize: config.maxSize });
@@ -31,8 +31,22 @@ function lazyRbdBackend(rbd: RbdBackendConfig, maxSize: number, timeoutMs: numbe
     size: async (volume) => (await backend()).size(volume),
     attach: async (volume) => (await backend()).attach(volume),
     findDevice: async (volume) => (await backend()).findDevice(volume),
+    hasMapping: async (volume) => (await backend()).hasMapping(volume),
+    clientOf: async (volume) => (await backend()).clientOf?.(volume),
     volumeOfDevice: async (device) => (await backend()).volumeOfDevice(device),
     release: async (volume) => (await backend()).release(volume),
     grow: async (volume, sizeBytes) => (await backend()).grow(volume, sizeBytes),
   };
+}
+
+/**
+ * The fencer of the configured storage: Ceph's blocklist as the configuration's fencer identity (backend.fencer), or
+ * undefined where there is nothing to fence (the loop backend: each node's pool is its own) or no identity to fence
+ * with (a node's configuration).
+ */
+export async function configuredFencer(config: Pick<Config, 'backend' | 'commandTimeout'>): Promise<Fencer | undefined> {
+  const rbd = config.backend;
+  if (rbd.type !== 'rbd' || rbd.fencer === undefined) return undefined;
+  const { RbdFencer } = await import('./rbd-fencer.js');
+  return new RbdFencer({ pool: rbd.pool, identity: { cephConf: rbd.cephConf, ...rbd.fencer } });
 }

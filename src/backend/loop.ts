@@ -147,6 +147,10 @@ export class LoopBackend implements Backend {
     return keep.device;
   }
 
+  async hasMapping(volume: string): Promise<boolean> {
+    return (await this.findDevice(volume)) !== undefined;
+  }
+
   async findDevice(volume: string): Promise<string | undefined> {
     checkVolumeName(volume);
     const devices = await this.liveDevices(volume);

@@ -3,12 +3,25 @@
 // node's own cephx identity, and the data plane (a block device on this node) is a NodeClient.
 //
 // The node clients, and the ones still to come, are described in node-client.ts.
-// Not yet: secrets from the PV's secretRef, and fencing (issue 13, part 2).
+// Fencing is the fencer's (rbd-fencer.ts); this side records which client instance serves each mapping, so that a
+// fence can name it even after the node lost contact with the cluster.
+import { mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import { LatchError } from '../errors.js';
 import { checkVolumeName } from '../names.js';
 import { formatSize } from '../size.js';
 import { withHostLock } from '../sys/lock.js';
-import { rbdClones, rbdCreate, rbdInfo, rbdRemove, rbdResize, rbdSnapshots, type CephIdentity } from '../sys/rbd.js';
+import {
+  isClientInstance,
+  rbdClones,
+  rbdCreate,
+  rbdInfo,
+  rbdRemove,
+  rbdResize,
+  rbdSnapshots,
+  rbdWatchers,
+  type CephIdentity,
+} from '../sys/rbd.js';
 import { RbdFuseLoopClient } from './rbd-fuse-loop.js';
 import type { NodeClient } from './node-client.js';
 import type { Backend } from './types.js';
@@ -96,7 +109,29 @@ export class RbdBackend implements Backend {
 
   async attach(volume: string): Promise<string> {
     const image = checkVolumeName(volume);
-    return this.withMappingLock(image, () => this.client.map(image));
+    return this.withMappingLock(image, async () => {
+      if (await this.client.isMapped(image)) return this.client.map(image);
+      // The client's instance address is random per process and Ceph tells it to nobody but the image's watchers:
+      // the watcher that appears while this node maps the image is this node's own (docs/design/rbd-backend.md, a).
+      const before = await rbdWatchers(this.identity, this.pool, image);
+      const device = await this.client.map(image);
+      const after = await rbdWatchers(this.identity, this.pool, image).catch(() => []);
+      const appeared = after.filter((w) => !before.includes(w) && isClientInstance(w));
+      if (appeared.length === 1 && appeared[0] !== undefined) await this.rememberClient(image, appeared[0]);
+      return device;
+    });
+  }
+
+  async hasMapping(volume: string): Promise<boolean> {
+    return this.client.isMapped(checkVolumeName(volume));
+  }
+
+  /** The instance recorded when this node mapped the image (a mapping found after a crash may have none). */
+  async clientOf(volume: string): Promise<string | undefined> {
+    const image = checkVolumeName(volume);
+    if (!(await this.client.isMapped(image))) return undefined;
+    const recorded = await readFile(this.clientFile(image), 'utf8').catch(() => '');
+    return isClientInstance(recorded.trim()) ? recorded.trim() : undefined;
   }
 
   async findDevice(volume: string): Promise<string | undefined> {
@@ -116,7 +151,10 @@ export class RbdBackend implements Backend {
 
   async release(volume: string): Promise<void> {
     const image = checkVolumeName(volume);
-    await this.withMappingLock(image, () => this.client.unmap(image));
+    await this.withMappingLock(image, async () => {
+      await this.client.unmap(image);
+      await rm(this.clientFile(image), { force: true });
+    });
   }
 
   async grow(volume: string, sizeBytes: number): Promise<void> {
@@ -141,6 +179,18 @@ export class RbdBackend implements Backend {
         `volume ${volume}: requested size ${formatSize(sizeBytes)} is above the limit of ${formatSize(this.maxSize)} (maxSize)`,
       );
     }
+  }
+
+  /** Where the instance that serves the image's mapping is kept: beside the mount points, never below one. */
+  private clientFile(image: string): string {
+    return join(this.mountDir, '.clients', image);
+  }
+
+  private async rememberClient(image: string, client: string): Promise<void> {
+    const file = this.clientFile(image);
+    await mkdir(join(this.mountDir, '.clients'), { recursive: true, mode: 0o700 });
+    await writeFile(`${file}.tmp`, `${client}\n`, { mode: 0o600 });
+    await rename(`${file}.tmp`, file);
   }
 
   private spec(image: string): string {

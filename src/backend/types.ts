@@ -16,8 +16,37 @@ export interface Backend {
   findDevice(volume: string): Promise<string | undefined>;
   /** Which volume a device belongs to (undefined when it is not one of ours). */
   volumeOfDevice(device: string): Promise<string | undefined>;
+  /**
+   * Whether anything of the volume's data path is left on this node: its device, and for a network backend the
+   * client that serves it (a daemon, a mount), also a dead or hung one. Reads kernel state only.
+   */
+  hasMapping(volume: string): Promise<boolean>;
+  /**
+   * The storage client instance that serves the volume's device on this node, as the storage's fence names it
+   * (Ceph: IP:PORT/NONCE), where the backend has such a thing and knows it. Recorded in the ledger at attach, so that
+   * a fence can name it even after the client lost contact with the storage.
+   */
+  clientOf?(volume: string): Promise<string | undefined>;
   /** Tears down the volume's device if it has one. Idempotent. Only ever touches devices backed by this pool. */
   release(volume: string): Promise<void>;
   /** Grows the storage to `sizeBytes` and refreshes the device's capacity if one is set up. Refuses to shrink. */
   grow(volume: string, sizeBytes: number): Promise<void>;
+}
+
+/**
+ * The storage's side of a fence (docs/ledger.md, "Fences"): it makes the storage refuse every operation of a node's
+ * client instances, so nothing that node still has can write once a volume moves away from it. Only the machines that
+ * fence hold the rights it needs; nodes never do.
+ */
+export interface Fencer {
+  /** What refuses the clients, for messages: "the Ceph cluster's OSD blocklist". */
+  readonly kind: string;
+  /**
+   * Makes the storage refuse the clients `known` (recorded in the ledger for the node) and every other client that has
+   * the volume open or locked, except `spare` (the recorded clients of the other nodes that legitimately hold it).
+   * Returns every client it made the storage refuse. Repeating it is harmless.
+   */
+  fence(volume: string, known: string[], spare: string[]): Promise<string[]>;
+  /** Lets the storage serve those clients again (after the node has cleared its mapping). Repeating it is harmless. */
+  lift(clients: string[]): Promise<void>;
 }

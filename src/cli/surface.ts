@@ -16,6 +16,7 @@ import { install } from './install.js';
 import type { CliIO, CommandIO } from './io.js';
 import { ledgerMigrate, parseStoreName } from './ledger/migrate.js';
 import { nodeCheck } from './node/check.js';
+import { nodeClearFences, nodeFence, nodeUnfence } from './node/fence.js';
 import { parseFormat } from './output.js';
 import { parseTicketType, ticketAdd } from './ticket/add.js';
 import { ticketList } from './ticket/list.js';
@@ -159,7 +160,7 @@ function declareVolume(volume: Command, io: CommandIO, done: Done): void {
 
   volume
     .command('release <name>')
-    .description('the admin fence: declare a node down so the volume can attach elsewhere')
+    .description('the admin fence: declare a node down so the volume can attach elsewhere (rbd: fences the node first)')
     .requiredOption('--node <node>', 'the node that is down')
     .option('--node-is-down', 'confirm the node is really down (powered off, or fenced): its device may still be set up')
     .action(async (name: string, opts) => done(await volumeRelease({ name, ...opts }, io)));
@@ -220,6 +221,26 @@ function declareNode(node: Command, io: CommandIO, done: Done): void {
     )
     .option(...OUTPUT)
     .action(async (name: string, opts) => done(await nodeCheck({ node: name, ...opts }, io)));
+
+  node
+    .command('fence <node>')
+    .description(
+      "take volumes away from a node that may still write to them: the storage refuses the node's clients first " +
+        '(rbd: the Ceph blocklist, as the fencer identity), then its holds and tickets go. Exit 1 if any volume failed',
+    )
+    .option('--volume <volume>', 'only this volume (default: every volume that names the node)')
+    .action(async (name: string, opts) => done(await nodeFence({ node: name, ...opts }, io)));
+
+  node
+    .command('clear-fences')
+    .description('on a node that was fenced: release its old mappings (kernel state) and tell the ledger, so it may have the volumes again')
+    .action(async () => done(await nodeClearFences({}, io)));
+
+  node
+    .command('unfence <node>')
+    .description('lift the fences of a node that has cleared its old mappings: the storage stops refusing its old clients')
+    .option('--volume <volume>', 'only this volume')
+    .action(async (name: string, opts) => done(await nodeUnfence({ node: name, ...opts }, io)));
 }
 
 /** --driver, as install and uninstall take it. */

@@ -3,6 +3,7 @@
 import type { FsType } from '../filesystems.js';
 import {
   TICKET_PRIORITY,
+  type Fence,
   type NodeAttachment,
   type NodePhase,
   type Ticket,
@@ -67,18 +68,24 @@ export function markAttaching(doc: VolumeDoc, node: string, now: string): Volume
   const entry = doc.status.nodes[node];
   if (!entry || entry.phase === 'detaching') return undefined;
   if (entry.phase !== 'granted') return doc;
+  // Being fenced: a grant it had not taken up yet is not taken up now (the fencer may have listed its clients already).
+  if (isFencedOff(doc, node)) return undefined;
   const next = structuredClone(doc);
   next.status.nodes[node] = { ...entry, phase: 'attaching', since: now };
   return reconcile(next, now);
 }
 
-/** The node has the device. Refused (undefined) unless it was attaching or attached. */
-export function markAttached(doc: VolumeDoc, node: string, device: string, now: string): VolumeDoc | undefined {
+/**
+ * The node has the device, served by the storage client `client` where the backend names one (kept from an earlier
+ * record when it does not). Refused (undefined) unless it was attaching or attached.
+ */
+export function markAttached(doc: VolumeDoc, node: string, device: string, now: string, client?: string): VolumeDoc | undefined {
   const entry = doc.status.nodes[node];
   if (!entry || entry.phase === 'granted' || entry.phase === 'detaching') return undefined;
-  if (entry.phase === 'attached' && entry.device === device) return doc;
+  if (entry.phase === 'attached' && entry.device === device && (client === undefined || entry.client === client)) return doc;
   const next = structuredClone(doc);
-  next.status.nodes[node] = { ...entry, phase: 'attached', device, since: now };
+  const known = client ?? entry.client;
+  next.status.nodes[node] = { ...entry, phase: 'attached', device, since: now, ...(known === undefined ? {} : { client: known }) };
   return reconcile(next, now);
 }
 
@@ -110,6 +117,74 @@ export function releaseDeadNode(doc: VolumeDoc, node: string, now: string): Volu
   return reconcile(next, now);
 }
 
+// ---- fences (docs/ledger.md, "Fences") ------------------------------------------------------------------------------
+
+/**
+ * Step 1 of fencing `node`: the intent, recorded before the storage is told. From here on the node is not granted the
+ * volume again until it clears its mapping; its hold stays until the storage confirms the fence (completeFence).
+ * `clients` are the instances about to be refused; fencing again adds to them.
+ */
+export function beginFence(doc: VolumeDoc, node: string, reason: string, clients: string[], now: string): VolumeDoc {
+  const next = structuredClone(doc);
+  const fences = (next.status.fences ??= {});
+  const old = fences[node];
+  const fence: Fence = {
+    state: 'fencing',
+    since: old && old.clearedAt === undefined ? old.since : now,
+    reason,
+    clients: union(old && old.clearedAt === undefined ? old.clients : [], clients),
+  };
+  fences[node] = fence;
+  return reconcile(next, now);
+}
+
+/**
+ * Step 2: the storage refuses `clients`, so nothing the node still has can write; only now does its hold go, with its
+ * tickets, as in releaseDeadNode. Refused (undefined) without a fence begun for the node.
+ */
+export function completeFence(doc: VolumeDoc, node: string, clients: string[], now: string): VolumeDoc | undefined {
+  const fence = doc.status.fences?.[node];
+  if (!fence) return undefined;
+  const next = releaseDeadNode(doc, node, now);
+  const fences = (next.status.fences ??= {});
+  fences[node] = { ...fence, state: 'fenced', clients: union(fence.clients, clients) };
+  return next;
+}
+
+/**
+ * The node has shown from its kernel state that nothing of the volume is mapped there: it may be granted the volume
+ * again (with a new client instance, which the old blocklist entries do not match). Nothing changes without a fence.
+ */
+export function markFenceCleared(doc: VolumeDoc, node: string, now: string): VolumeDoc {
+  const fence = doc.status.fences?.[node];
+  if (!fence || fence.clearedAt !== undefined) return doc;
+  const next = structuredClone(doc);
+  const fences = (next.status.fences ??= {});
+  fences[node] = { ...fence, clearedAt: now };
+  return reconcile(next, now);
+}
+
+/** The storage no longer refuses the node's old clients: the record goes. Only a cleared fence is ever lifted. */
+export function removeFence(doc: VolumeDoc, node: string, now: string): VolumeDoc {
+  const fence = doc.status.fences?.[node];
+  if (!fence || fence.clearedAt === undefined) return doc;
+  const next = structuredClone(doc);
+  const fences = next.status.fences ?? {};
+  delete fences[node];
+  if (Object.keys(fences).length === 0) delete next.status.fences;
+  return reconcile(next, now);
+}
+
+/** Whether the node is fenced off the volume and has not cleared its mapping yet (then it is never granted it). */
+export function isFencedOff(doc: VolumeDoc, node: string): boolean {
+  const fence = doc.status.fences?.[node];
+  return fence !== undefined && fence.clearedAt === undefined;
+}
+
+function union(a: string[], b: string[]): string[] {
+  return [...new Set([...a, ...b])].sort();
+}
+
 /** True when the ticket is satisfied for its current generation. */
 export function isSatisfied(doc: VolumeDoc, id: string): boolean {
   const ticket = doc.spec.tickets[id];
@@ -139,6 +214,8 @@ function compareTickets(a: Ticket, b: Ticket): number {
 export function reconcile(doc: VolumeDoc, now: string): VolumeDoc {
   const next = doc; // callers pass a private copy
   const tickets = Object.values(next.spec.tickets).sort(compareTickets);
+  // A node fenced off the volume is not granted it until it has cleared its old mapping.
+  const eligible = tickets.filter((t) => !isFencedOff(next, t.nodeID));
   const nodes = next.status.nodes;
   const everyTicketReadOnly = tickets.length > 0 && tickets.every((t) => t.parameters.readOnly);
 
@@ -149,16 +226,16 @@ export function reconcile(doc: VolumeDoc, now: string): VolumeDoc {
   const holders = Object.keys(nodes);
   if (holders.length === 0) {
     // Fully detached: the best ticket wins; with only read-only tickets, every node may have it.
-    const winner = tickets[0];
+    const winner = eligible[0];
     if (winner) {
-      const chosen = everyTicketReadOnly ? [...new Set(tickets.map((t) => t.nodeID))] : [winner.nodeID];
+      const chosen = everyTicketReadOnly ? [...new Set(eligible.map((t) => t.nodeID))] : [winner.nodeID];
       for (const node of chosen) {
         nodes[node] = { phase: 'granted', readOnly: ticketsOfNode(next, node).every((t) => t.parameters.readOnly), since: now };
       }
     }
   } else if (everyTicketReadOnly && Object.values(nodes).every((e) => e.readOnly && e.phase !== 'detaching')) {
     // Read-only-many: more nodes may join while every holder and every ticket is read-only.
-    for (const ticket of tickets) {
+    for (const ticket of eligible) {
       nodes[ticket.nodeID] ??= { phase: 'granted', readOnly: true, since: now };
     }
   } else {
@@ -200,6 +277,16 @@ function statusOf(doc: VolumeDoc, ticket: Ticket, sorted: Ticket[]): TicketStatu
       };
     }
     return { ...base, satisfied: true, reason: 'Attached', message: `attached to node ${ticket.nodeID}` };
+  }
+  if (!own && isFencedOff(doc, ticket.nodeID)) {
+    return {
+      ...base,
+      satisfied: false,
+      reason: 'Fenced',
+      message:
+        `node ${ticket.nodeID} was fenced off the volume; it gets it again once it has cleared its old mapping ` +
+        `(its unmountdevice, unmount or waitforattach for the volume does, or latch node clear-fences there)`,
+    };
   }
   const others = Object.entries(doc.status.nodes).filter(([n]) => n !== ticket.nodeID);
   const releasing = others.find(([, e]) => e.phase === 'detaching');

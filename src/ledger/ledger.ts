@@ -8,12 +8,16 @@ import { formatSize } from '../size.js';
 import type { Store } from '../store/types.js';
 import {
   addTicket,
+  beginFence,
+  completeFence,
   isSatisfied,
   markAttached,
   markAttaching,
+  markFenceCleared,
   markReleased,
   newVolume,
   releaseDeadNode,
+  removeFence,
   removeTicket,
   type TicketRequest,
 } from './arbitrate.js';
@@ -164,9 +168,12 @@ export class Ledger {
     return this.update(name, (d) => (d && markAttaching(d, node, this.now())) ?? d);
   }
 
-  /** The node has set up `device` (attaching -> attached); refused (nothing changes) when its grant was withdrawn. */
-  recordDevice(name: string, node: string, device: string): Promise<VolumeDoc | undefined> {
-    return this.update(name, (d) => (d && markAttached(d, node, device, this.now())) ?? d);
+  /**
+   * The node has set up `device`, served by the storage client instance `client` where the backend has one
+   * (attaching -> attached); refused (nothing changes) when its grant was withdrawn.
+   */
+  recordDevice(name: string, node: string, device: string, client?: string): Promise<VolumeDoc | undefined> {
+    return this.update(name, (d) => (d && markAttached(d, node, device, this.now(), client)) ?? d);
   }
 
   /** The node confirms it released the device: it lets go, or stays granted while its tickets still want it. */
@@ -177,6 +184,33 @@ export class Ledger {
   /** The admin fence: the node is down; its tickets and its hold go, whatever it may still have. */
   releaseDeadNode(name: string, node: string): Promise<VolumeDoc | undefined> {
     return this.update(name, (d) => d && releaseDeadNode(d, node, this.now()));
+  }
+
+  // ---- fences: the storage cuts a node off before the volume moves away from it (docs/ledger.md, "Fences") -------
+
+  /** Records the intent to fence `node` (its clients `clients`), before the storage is told: from now on it is not granted the volume. */
+  beginFence(name: string, node: string, reason: string, clients: string[]): Promise<VolumeDoc | undefined> {
+    return this.update(name, (d) => d && beginFence(d, node, reason, clients, this.now()));
+  }
+
+  /** The storage refuses `clients`: the fence is in place, and only now the node's hold and tickets go. */
+  completeFence(name: string, node: string, clients: string[]): Promise<VolumeDoc | undefined> {
+    return this.update(name, (d) => {
+      if (!d) return d;
+      const next = completeFence(d, node, clients, this.now());
+      if (!next) throw new LatchError(`volume ${name} has no fence begun for node ${node}`);
+      return next;
+    });
+  }
+
+  /** The node has shown from its kernel state that nothing of the volume is mapped there any more. */
+  clearFence(name: string, node: string): Promise<VolumeDoc | undefined> {
+    return this.update(name, (d) => d && markFenceCleared(d, node, this.now()));
+  }
+
+  /** The storage was told to stop refusing the node's old clients; only a cleared fence is removed. */
+  removeFence(name: string, node: string): Promise<VolumeDoc | undefined> {
+    return this.update(name, (d) => d && removeFence(d, node, this.now()));
   }
 
   // ---- what the volume is ---------------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ type TicketReason =
   | 'AttachedElsewhere' // read-write-once and another node holds it
   | 'Detaching' // the volume is still being released by a node
   | 'ReadOnlyAttachment' // read-write wanted, but the node holds it read-only
-  | 'Waiting'; // detached, and another ticket was chosen first
+  | 'Waiting' // detached, and another ticket was chosen first
+  | 'Fenced'; // the ticket's node was fenced off the volume and has not cleared its old mapping yet
 
 export interface TicketStatus {
   /** The ticket generation this status was computed for; satisfied counts only when it equals the ticket's. */
@@ -47,6 +48,24 @@ export interface NodeAttachment {
   readOnly: boolean;
   since: string;
   device?: string;
+  /** The storage client instance that serves the node's device, where the backend has one (Ceph: IP:PORT/NONCE). */
+  client?: string;
+}
+
+/**
+ * A node cut off from the volume's storage before the volume moved away from it (docs/ledger.md, "Fences").
+ * While it is not cleared the node is never granted the volume again.
+ */
+export interface Fence {
+  /** fencing: recorded, the storage may not refuse the node yet; fenced: the storage refuses the clients below. */
+  state: 'fencing' | 'fenced';
+  since: string;
+  /** Who fenced, and why: for people. */
+  reason: string;
+  /** The node's client instances the storage was told to refuse (Ceph blocklist entries). */
+  clients: string[];
+  /** When the node showed, from its own kernel state, that nothing of the volume is mapped there any more. */
+  clearedAt?: string;
 }
 
 export type VolumeState = 'detached' | 'attaching' | 'attached' | 'detaching';
@@ -70,5 +89,7 @@ export interface VolumeDoc {
     tickets: Record<string, TicketStatus>;
     /** The filesystem found or made on the volume; once set, a blank device means something is wrong: never format it. */
     filesystem?: string;
+    /** Nodes fenced off the volume, until the fence is lifted (after the node cleared its mapping). */
+    fences?: Record<string, Fence>;
   };
 }

@@ -4,6 +4,7 @@
 import type { Context } from '../context.js';
 import { LatchError, errorMessage } from '../errors.js';
 import type { VolumeDoc } from '../ledger/types.js';
+import { clearOwnFence } from './fence.js';
 
 /**
  * After the grant: makes sure the storage exists (created only for a volume that never held a filesystem), sets up
@@ -33,7 +34,9 @@ export async function setUpDevice(ctx: Context, name: string, doc: VolumeDoc): P
   }
   ctx.log.device = device;
 
-  const after = await ledger.recordDevice(name, node, device);
+  // The storage client behind the device, where the backend names one: a fence needs it once the node is unreachable.
+  const client = backend.clientOf ? await backend.clientOf(name).catch(() => undefined) : undefined;
+  const after = await ledger.recordDevice(name, node, device, client);
   if (after?.status.nodes[node]?.phase !== 'attached') {
     // The controller detached it while we were setting up: undo, unless something already mounted the device.
     if (!(await ctx.system.isDeviceMounted(device))) {
@@ -53,7 +56,9 @@ export async function releaseDevice(ctx: Context, name: string): Promise<string 
   const device = await ctx.backend.findDevice(name);
   if (device && (await ctx.system.isDeviceMounted(device))) return device;
   await ctx.backend.release(name);
-  await ctx.ledger.confirmRelease(name, ctx.config.nodeName);
+  const doc = await ctx.ledger.confirmRelease(name, ctx.config.nodeName);
+  // Released after a fence: the node says its old mapping is gone, so that it may have the volume again.
+  await clearOwnFence(ctx, name, doc);
   return undefined;
 }
 

@@ -3,8 +3,9 @@
 import { path, volumeOptions } from '../contract/args.js';
 import { failure, success } from '../contract/reply.js';
 import { LatchError, NotSupportedError, errorMessage } from '../errors.js';
-import { isInUse, ticketsOfNode } from '../ledger/arbitrate.js';
+import { isFencedOff, isInUse, ticketsOfNode } from '../ledger/arbitrate.js';
 import { setUpDevice } from '../node/device.js';
+import { clearOwnFence } from '../node/fence.js';
 import { withVolumeLock } from '../node/lock.js';
 import { bindVolumeAt, ensureDirectory, mountVolumeAt } from '../node/mount.js';
 import { leaveNode, podKeyOf, stagingPath } from '../node/staging.js';
@@ -53,7 +54,12 @@ export const op = defineOp({
       // Arbitrate in the compare-and-swap, and write only a granted ticket: a refused mount leaves the ledger as it
       // was (kubelet retries it, and a pod deleted meanwhile never gets an unmount, so a waiting ticket left behind
       // would later grant the volume to a node that no longer wants it).
-      const granted = await ledger.addTicketIfGranted(name, ticket, create);
+      let granted = await ledger.addTicketIfGranted(name, ticket, create);
+      if (granted.refused !== undefined && granted.doc && isFencedOff(granted.doc, node)) {
+        // Fenced off the volume earlier: clear the old mapping, then ask again.
+        await clearOwnFence(ctx, name, granted.doc);
+        granted = await ledger.addTicketIfGranted(name, ticket, create);
+      }
       if (granted.refused !== undefined || !granted.doc) {
         return failure(`volume ${name} cannot be mounted on node ${node}: ${granted.refused ?? 'not granted'}`);
       }

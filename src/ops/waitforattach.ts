@@ -4,8 +4,9 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { optionalPath, volumeOptions } from '../contract/args.js';
 import { failure, success } from '../contract/reply.js';
-import { isInUse } from '../ledger/arbitrate.js';
+import { isFencedOff, isInUse } from '../ledger/arbitrate.js';
 import { setUpDevice } from '../node/device.js';
+import { clearOwnFence } from '../node/fence.js';
 import { defineOp } from './op.js';
 
 const POLL_MS = 500;
@@ -24,6 +25,8 @@ export const op = defineOp({
     const deadline = ctx.clock() + config.waitForAttachTimeout * 1000;
     let doc = await ledger.claimGrant(name, node);
     while (!doc || !isInUse(doc.status.nodes[node]?.phase)) {
+      // Fenced off the volume earlier: clear the old mapping first, then the ledger may grant it here again.
+      if (doc && isFencedOff(doc, node)) await clearOwnFence(ctx, name, doc);
       if (ctx.clock() >= deadline) {
         const ticket = doc && Object.values(doc.spec.tickets).find((t) => t.nodeID === node);
         const why = !doc ? 'the volume does not exist' : ticket ? doc.status.tickets[ticket.id]?.message : 'no ticket for this node';

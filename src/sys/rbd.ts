@@ -121,3 +121,83 @@ export async function rbdClones(identity: CephIdentity, pool: string, image: str
   );
   return children.map((c) => [c.pool, c.pool_namespace, c.image].filter((p) => typeof p === 'string' && p.length > 0).join('/'));
 }
+
+// ---- who has an image open, and fencing them ---------------------------------------------------------------------
+
+/**
+ * A client instance as Ceph names it on the wire and in the blocklist: `IP:PORT/NONCE` (IPv6 in brackets). A nonce
+ * of 0 or a bare IP would match every client of a host, so neither is ever accepted as a fence target.
+ */
+const CLIENT_INSTANCE = /^(?:[0-9]{1,3}(?:\.[0-9]{1,3}){3}|\[[0-9a-fA-F:.]+\]):[0-9]{1,5}\/[1-9][0-9]{0,19}$/;
+
+export function isClientInstance(address: string): boolean {
+  return CLIENT_INSTANCE.test(address);
+}
+
+function checkClientInstance(address: string): string {
+  if (!isClientInstance(address)) {
+    throw new LatchError(`${JSON.stringify(address)} is not a single Ceph client instance (IP:PORT/NONCE with a non-zero nonce)`);
+  }
+  return address;
+}
+
+/** The client instances watching the image (every client that has it open), from `rbd status`; [] when it is gone. */
+export async function rbdWatchers(identity: CephIdentity, pool: string, image: string): Promise<string[]> {
+  const { stdout, exitCode } = await rbd(identity, ['status', '--format', 'json', imageSpec(pool, image)], [ENOENT]);
+  if (exitCode === ENOENT) return [];
+  const status = parseJson<{ watchers?: { address?: unknown }[] }>(`rbd status ${imageSpec(pool, image)}`, stdout);
+  return (status.watchers ?? []).map((w) => w.address).filter((a): a is string => typeof a === 'string');
+}
+
+/**
+ * The client instances holding a lock on the image (the exclusive lock of its last writer), from `rbd lock ls`. The
+ * record stays in the image header after its holder died or was cut off: the most durable trace of a writer.
+ */
+export async function rbdLockers(identity: CephIdentity, pool: string, image: string): Promise<string[]> {
+  const { stdout, exitCode } = await rbd(identity, ['lock', 'ls', '--format', 'json', imageSpec(pool, image)], [ENOENT]);
+  if (exitCode === ENOENT || stdout.trim() === '') return [];
+  const locks = parseJson<{ address?: unknown }[] | Record<string, { address?: unknown }>>(`rbd lock ls ${imageSpec(pool, image)}`, stdout);
+  return Object.values(locks)
+    .map((l) => l.address)
+    .filter((a): a is string => typeof a === 'string');
+}
+
+async function ceph(identity: CephIdentity, args: string[]): Promise<RunResult> {
+  try {
+    return await run('ceph', [...cephClientArgs(identity), ...args]);
+  } catch (err) {
+    throw redactedError(err);
+  }
+}
+
+/**
+ * `ceph osd blocklist add ADDR SECONDS`: from the moment it returns, the OSDs refuse every operation of that one
+ * client instance (measured: its next write fails within 20 ms). Adding an existing entry again is fine.
+ */
+export async function cephBlocklistAdd(identity: CephIdentity, address: string, seconds: number): Promise<void> {
+  await ceph(identity, ['osd', 'blocklist', 'add', checkClientInstance(address), String(Math.floor(seconds))]);
+}
+
+/** `ceph osd blocklist rm ADDR`; an address that is not blocklisted is fine. */
+export async function cephBlocklistRemove(identity: CephIdentity, address: string): Promise<void> {
+  await ceph(identity, ['osd', 'blocklist', 'rm', checkClientInstance(address)]);
+}
+
+/** The blocklisted client instances. */
+export async function cephBlocklist(identity: CephIdentity): Promise<string[]> {
+  const { stdout } = await ceph(identity, ['osd', 'blocklist', 'ls', '--format', 'json']);
+  // Ceph 16 prints the instance list and then the range list, two JSON documents on one line: "[...][]".
+  const text = stdout.trim();
+  for (let end = text.indexOf(']'); end !== -1; end = text.indexOf(']', end + 1)) {
+    let entries: unknown;
+    try {
+      entries = JSON.parse(text.slice(0, end + 1));
+    } catch {
+      continue;
+    }
+    if (!Array.isArray(entries)) break;
+    return entries.map((e: { addr?: unknown }) => e.addr).filter((a): a is string => typeof a === 'string');
+  }
+  if (text === '') return [];
+  throw new LatchError(`ceph osd blocklist ls printed something that is not a JSON list: ${text.slice(0, 120)}`);
+}

@@ -1,7 +1,9 @@
-// latch volume release: the admin fence, declaring a node down so that the volume can attach elsewhere.
+// latch volume release: the admin fence, declaring a node down so that the volume can attach elsewhere. On shared
+// storage (rbd) the storage is made to refuse the node's clients first (docs/ledger.md, "Fences").
 import { LatchError } from '../../errors.js';
 import { checkNodeName } from '../../names.js';
 import { configOf, type CommandIO } from '../io.js';
+import { fenceVolume, requireFencer } from '../node/fence.js';
 import { getVolume } from './volume-doc.js';
 
 export interface VolumeReleaseOptions {
@@ -20,8 +22,15 @@ export async function volumeRelease(options: VolumeReleaseOptions, io: CommandIO
         'make sure the node is down, then repeat with --node-is-down',
     );
   }
-  const { ledger } = io.context(configOf(io));
-  await getVolume(ledger, name);
-  const doc = await ledger.releaseDeadNode(name, node);
+  const config = configOf(io);
+  const ctx = io.context(config);
+  await getVolume(ctx.ledger, name);
+  if (config.backend.type !== 'loop') {
+    // The node may not be down at all, only cut off from the ledger: the storage must refuse it before the volume moves.
+    const fencer = await requireFencer(config);
+    io.out(`${await fenceVolume(ctx, fencer, name, node, `latch volume release ${name} --node ${node} --node-is-down`)}\n`);
+    return;
+  }
+  const doc = await ctx.ledger.releaseDeadNode(name, node);
   io.out(`volume ${name} released from node ${node}; state now ${doc?.status.state}\n`);
 }

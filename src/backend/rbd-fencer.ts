@@ -1,0 +1,37 @@
+// Fencing for the rbd backend: Ceph's OSD blocklist, one entry per client instance (IP:PORT/NONCE), never a whole
+// host or range (on a shared host, or for a node's other volumes, that would cut off clients that did nothing).
+// Measured facts behind it: docs/design/rbd-backend.md, a, d and e.
+import { checkVolumeName } from '../names.js';
+import { cephBlocklistAdd, cephBlocklistRemove, isClientInstance, rbdLockers, rbdWatchers, type CephIdentity } from '../sys/rbd.js';
+import type { Fencer } from './types.js';
+
+// Blocklist entries expire; a fence must outlast any outage, so it is set for ten years and lifted explicitly.
+const FENCE_SECONDS = 10 * 365 * 24 * 3600;
+
+export interface RbdFencerOptions {
+  pool: string;
+  /** The fencer identity: blocklist caps restricted to single instances (docs/operations.md, "Fencing"). */
+  identity: CephIdentity;
+}
+
+export class RbdFencer implements Fencer {
+  readonly kind = "the Ceph cluster's OSD blocklist";
+
+  constructor(private readonly options: RbdFencerOptions) {}
+
+  async fence(volume: string, known: string[], spare: string[]): Promise<string[]> {
+    const image = checkVolumeName(volume);
+    const { identity, pool } = this.options;
+    // Before the volume moves, nothing but its other legitimate holders may have it open or hold its lock: every
+    // watcher (a client with the image open) and every lock holder (the last writer, also a dead one) is the node's.
+    const [watchers, lockers] = await Promise.all([rbdWatchers(identity, pool, image), rbdLockers(identity, pool, image)]);
+    const others = new Set(spare);
+    const targets = [...new Set([...known, ...[...watchers, ...lockers].filter((c) => !others.has(c))])].filter(isClientInstance).sort();
+    for (const client of targets) await cephBlocklistAdd(identity, client, FENCE_SECONDS);
+    return targets;
+  }
+
+  async lift(clients: string[]): Promise<void> {
+    for (const client of clients.filter(isClientInstance)) await cephBlocklistRemove(this.options.identity, client);
+  }
+}

@@ -1,0 +1,129 @@
+// latch node fence | unfence | clear-fences: the storage's side of taking volumes away from a node that has not
+// released them (docs/ledger.md, "Fences"; docs/operations.md, "Fencing").
+//  - fence N (where the fencer identity is): for every volume N holds or has tickets for, the storage refuses N's
+//    clients first, then N's hold and tickets go, so the volume may attach elsewhere at once.
+//  - clear-fences (on the fenced node itself): its old mappings go, from its kernel state, and it says so.
+//  - unfence N (where the fencer identity is): the storage serves N's old clients again where N has cleared.
+import type { Fencer } from '../../backend/types.js';
+import { configuredFencer } from '../../backend/index.js';
+import type { Config } from '../../config.js';
+import type { Context } from '../../context.js';
+import { LatchError, errorMessage } from '../../errors.js';
+import { clearOwnFence, fenceNodeOffVolume, liftClearedFence } from '../../node/fence.js';
+import { checkNodeName, checkVolumeName } from '../../names.js';
+import { configOf, type CommandIO } from '../io.js';
+import { concernsNode } from '../volume/volume-doc.js';
+
+export interface NodeFenceOptions {
+  node: string;
+  /** Only this volume (default: every volume the node holds or has tickets for). */
+  volume?: string;
+}
+
+/** Exit 0 when every volume was fenced, 1 when any failed (each failure is printed; repeating it is harmless). */
+export async function nodeFence(options: NodeFenceOptions, io: CommandIO): Promise<number> {
+  const { node } = options;
+  checkNodeName(node);
+  const config = configOf(io);
+  const fencer = await requireFencer(config);
+  const ctx = io.context(config);
+  const volumes = options.volume
+    ? [checkVolumeName(options.volume)]
+    : (await ctx.ledger.list()).filter((d) => concernsNode(d, node)).map((d) => d.name);
+  if (volumes.length === 0) {
+    io.out(`no volume names node ${node}: nothing to fence\n`);
+    return 0;
+  }
+  let failed = 0;
+  for (const volume of volumes) {
+    try {
+      io.out(`${await fenceVolume(ctx, fencer, volume, node, `latch node fence ${node}`)}\n`);
+    } catch (err) {
+      failed++;
+      io.out(`volume ${volume}: not fenced: ${errorMessage(err)}\n`);
+    }
+  }
+  return failed === 0 ? 0 : 1;
+}
+
+/** Fences `node` off `volume` and says what the storage now refuses (volume release --node-is-down uses it too). */
+export async function fenceVolume(ctx: Context, fencer: Fencer, volume: string, node: string, reason: string): Promise<string> {
+  const { doc, clients } = await fenceNodeOffVolume(ctx, fencer, volume, node, reason);
+  const refused =
+    clients.length > 0
+      ? `${fencer.kind} refuses its client(s) ${clients.join(', ')}`
+      : `no client of it had the image open or locked, and none was recorded: ${fencer.kind} had nothing to refuse`;
+  return `volume ${volume}: node ${node} fenced off (${refused}); its hold and tickets released; state now ${doc?.status.state}`;
+}
+
+/** The fencer of the configuration; a LatchError saying why there is none. */
+export async function requireFencer(config: Config): Promise<Fencer> {
+  if (config.backend.type === 'loop') {
+    throw new LatchError(
+      'the loop backend keeps each volume on one node: there is no shared storage to fence. ' +
+        'If the node is down, latch volume release VOLUME --node NODE --node-is-down releases its hold',
+    );
+  }
+  const fencer = await configuredFencer(config);
+  if (!fencer) {
+    throw new LatchError(
+      `the configuration ${config.source} has no fencer identity (backend.fencer: { clientId, keyring }): ` +
+        'fencing needs the Ceph identity that may blocklist client instances, which nodes never hold (docs/operations.md, "Fencing")',
+    );
+  }
+  return fencer;
+}
+
+export interface NodeUnfenceOptions {
+  node: string;
+  volume?: string;
+}
+
+/** Exit 0 when no fence of the node is left, 1 when some still wait for the node to clear its mapping. */
+export async function nodeUnfence(options: NodeUnfenceOptions, io: CommandIO): Promise<number> {
+  const { node } = options;
+  checkNodeName(node);
+  const config = configOf(io);
+  const fencer = await requireFencer(config);
+  const ctx = io.context(config);
+  const volumes = options.volume
+    ? [checkVolumeName(options.volume)]
+    : (await ctx.ledger.list()).filter((d) => d.status.fences?.[node]).map((d) => d.name);
+  let waiting = 0;
+  for (const volume of volumes) {
+    const outcome = await liftClearedFence(ctx, fencer, volume, node);
+    if (outcome === undefined) io.out(`volume ${volume}: node ${node} is not fenced off it\n`);
+    else if ('waiting' in outcome) {
+      waiting++;
+      io.out(`volume ${volume}: fence kept: ${outcome.waiting} (run latch node clear-fences on ${node})\n`);
+    } else io.out(`volume ${volume}: fence of node ${node} lifted (${outcome.lifted.join(', ') || 'no client entries'})\n`);
+  }
+  if (volumes.length === 0) io.out(`node ${node} is not fenced off any volume\n`);
+  return waiting === 0 ? 0 : 1;
+}
+
+/** On the fenced node: its old mappings go and it tells the ledger. Exit 1 when any volume could not be cleared. */
+export async function nodeClearFences(_options: object, io: CommandIO): Promise<number> {
+  const ctx = io.context(configOf(io));
+  const node = ctx.config.nodeName;
+  const fenced = (await ctx.ledger.list()).filter((d) => d.status.fences?.[node] && d.status.fences[node].clearedAt === undefined);
+  let failed = 0;
+  for (const doc of fenced) {
+    try {
+      const after = await clearOwnFence(ctx, doc.name, doc);
+      const fence = after?.status.fences?.[node];
+      if (fence?.clearedAt !== undefined) io.out(`volume ${doc.name}: old mapping gone; fence cleared on node ${node}\n`);
+      else if (fence?.state === 'fencing') io.out(`volume ${doc.name}: the fence is still being put in place; try again later\n`);
+      else
+        io.out(
+          `volume ${doc.name}: its device is still mounted on node ${node}; unmount it (kubelet's unmountdevice does), then try again\n`,
+        );
+      if (fence?.clearedAt === undefined) failed++;
+    } catch (err) {
+      failed++;
+      io.out(`volume ${doc.name}: not cleared: ${errorMessage(err)}\n`);
+    }
+  }
+  if (fenced.length === 0) io.out(`node ${node} has no fence to clear\n`);
+  return failed === 0 ? 0 : 1;
+}

@@ -1,0 +1,86 @@
+// Fences (docs/ledger.md, "Fences"): before a volume moves away from a node that has not confirmed its release, the
+// storage is made to refuse that node's clients; the node's hold goes only once it does. The node, when it is back,
+// clears its old mapping from its own kernel state, and only then may the fence be lifted.
+import type { Fencer } from '../backend/types.js';
+import type { Context } from '../context.js';
+import { LatchError } from '../errors.js';
+import { isFencedOff } from '../ledger/arbitrate.js';
+import type { VolumeDoc } from '../ledger/types.js';
+
+// Clients that open the image while the fence is being put in place are fenced in further rounds, up to this many.
+const MAX_FENCE_ROUNDS = 3;
+
+export interface FenceOutcome {
+  doc: VolumeDoc | undefined;
+  /** Every client instance the storage now refuses for this node and volume. */
+  clients: string[];
+}
+
+/**
+ * Fences `node` off volume `name`: records the intent (the node is never granted the volume again from then on, and
+ * cannot claim a grant it had), makes the storage refuse its clients, and only then releases its hold and tickets.
+ * Safe to repeat: a repeat after a crash at any step finishes the job.
+ */
+export async function fenceNodeOffVolume(ctx: Context, fencer: Fencer, name: string, node: string, reason: string): Promise<FenceOutcome> {
+  const { ledger } = ctx;
+  const start = await ledger.get(name);
+  if (!start) throw new LatchError(`volume ${name} does not exist`);
+  const recorded = (doc: VolumeDoc) => [doc.status.nodes[node]?.client, ...(doc.status.fences?.[node]?.clients ?? [])];
+  let doc = await ledger.beginFence(name, node, reason, defined(recorded(start)));
+  let clients: string[] = [];
+  for (let round = 1; doc; round++) {
+    // The recorded clients of the volume's other holders (read-only-many) are spared; every other client is the node's.
+    const spare = defined(Object.entries(doc.status.nodes).flatMap(([n, e]) => (n === node ? [] : [e.client])));
+    const fenced = await fencer.fence(name, defined(recorded(doc)), spare);
+    const added = fenced.filter((c) => !clients.includes(c));
+    clients = [...new Set([...clients, ...fenced])].sort();
+    if (added.length === 0 || round >= MAX_FENCE_ROUNDS) break;
+    doc = await ledger.beginFence(name, node, reason, clients);
+  }
+  doc = await ledger.completeFence(name, node, clients);
+  return { doc, clients };
+}
+
+/**
+ * This node was fenced off the volume: once nothing of its old mapping is left (a hung or dead client included, which
+ * the backend's release clears), it says so in the ledger and may be granted the volume again. A device that is still
+ * mounted stays (kubelet's unmount and unmountdevice release it, and clear the fence then). Nothing happens while the
+ * fence is not yet in place: the fencer has still to cut off the clients it found.
+ */
+export async function clearOwnFence(ctx: Context, name: string, doc: VolumeDoc | undefined): Promise<VolumeDoc | undefined> {
+  const node = ctx.config.nodeName;
+  if (!doc || !isFencedOff(doc, node) || doc.status.fences?.[node]?.state !== 'fenced' || doc.status.nodes[node]) return doc;
+  const device = await ctx.backend.findDevice(name);
+  if (device && (await ctx.system.isDeviceMounted(device))) return doc;
+  await ctx.backend.release(name);
+  if (await ctx.backend.hasMapping(name)) {
+    throw new LatchError(`volume ${name}: the mapping of node ${node}, which was fenced off it, is still there after its release`);
+  }
+  ctx.log.fenceCleared = true;
+  return ctx.ledger.clearFence(name, node);
+}
+
+/**
+ * Lifts the fences of `node` on volume `name` that the node has cleared: the storage serves its old clients again
+ * (they are gone) and the record goes. Returns what was lifted and what is still waiting for the node.
+ */
+export async function liftClearedFence(
+  ctx: Context,
+  fencer: Fencer,
+  name: string,
+  node: string,
+): Promise<{ lifted: string[] } | { waiting: string } | undefined> {
+  const doc = await ctx.ledger.get(name);
+  const fence = doc?.status.fences?.[node];
+  if (!fence) return undefined;
+  if (fence.clearedAt === undefined) {
+    return { waiting: `node ${node} has not cleared its old mapping of volume ${name} yet (fenced since ${fence.since})` };
+  }
+  await fencer.lift(fence.clients);
+  await ctx.ledger.removeFence(name, node);
+  return { lifted: fence.clients };
+}
+
+function defined(values: (string | undefined)[]): string[] {
+  return [...new Set(values.filter((v): v is string => v !== undefined))].sort();
+}
