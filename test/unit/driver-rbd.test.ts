@@ -1,10 +1,13 @@
 // The attach-mode pod lifecycle through the driver (bin/latch, from `npm run build`) with the rbd backend, on a real
 // one-host Ceph cluster: node-a and node-b have their own config, cephx identity, keyring and rbd mount dir, and share
 // only the ledger (a common file-store stateDir) and the Ceph pool; no pool directory is shared. A file written on
-// node-a is read on node-b after the pod moves: the volume's data follows the pod.
+// node-a is read on node-b after the pod moves: the volume's data follows the pod. A force-detach while node-a still
+// writes ends with node-a fenced by the cluster (the admin's config holds the fencer identity), node-b mounting a
+// filesystem that fsck passes, and none of node-a's post-fence writes in the image.
 // Needs root, Debian's ceph packages and bin/latch; skips with a message otherwise.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -12,6 +15,7 @@ import { promisify } from 'node:util';
 import { rbdFusePids } from '../../src/sys/fuse.js';
 import { listLoopDevices } from '../../src/sys/loop.js';
 import { readMountInfo } from '../../src/sys/mounts.js';
+import { run } from '../../src/sys/run.js';
 import { cephSkipReason, startCephCluster, type CephCluster } from '../ceph/cluster.js';
 
 const REPO = resolve(__dirname, '../..');
@@ -31,6 +35,7 @@ describe('the driver with the rbd backend: the pod moves from node-a to node-b, 
   const configs: Record<string, string> = {};
   const mountDirs: Record<string, string> = {};
   const keyrings: Record<string, string> = {};
+  let adminConfig = '';
 
   before(
     async () => {
@@ -61,6 +66,25 @@ describe('the driver with the rbd backend: the pod moves from node-a to node-b, 
         configs[node] = join(ceph.dir, node, 'config.json');
         writeFileSync(configs[node], JSON.stringify(config, null, 2));
       }
+      // Where the admin runs latch: the same ledger, and the one identity that may blocklist client instances.
+      const fencer = await ceph.createClient('latch-fencer', { role: 'fencer' });
+      mkdirSync(join(ceph.dir, 'admin'), { recursive: true });
+      adminConfig = join(ceph.dir, 'admin', 'config.json');
+      const admin = {
+        nodeName: 'admin',
+        stateDir,
+        logFile: join(ceph.dir, 'admin', 'latch.log'),
+        backend: {
+          type: 'rbd',
+          pool: ceph.pool,
+          cephConf: fencer.confPath,
+          clientId: 'unused-on-admin',
+          keyring: fencer.keyringPath,
+          mountDir: join(ceph.dir, 'mnt', 'admin'),
+          fencer: { clientId: fencer.id, keyring: fencer.keyringPath },
+        },
+      };
+      writeFileSync(adminConfig, JSON.stringify(admin, null, 2));
     },
     { timeout: 120_000 },
   );
@@ -69,17 +93,38 @@ describe('the driver with the rbd backend: the pod moves from node-a to node-b, 
     await ceph?.stop();
   });
 
-  /** One driver call as `node`: exactly one JSON object on stdout, nothing on stderr. */
-  async function call(node: string, ...args: string[]): Promise<Reply> {
+  /** One driver call as `node`: exactly one JSON object on stdout, nothing on stderr; whatever its status. */
+  async function reply(node: string, ...args: string[]): Promise<Reply> {
     const config = configs[node];
     assert.ok(config, `no config for ${node}`);
     const { stdout, stderr } = await execFileAsync(LATCH, args, { env: { ...process.env, LATCH_CONFIG: config }, timeout: 120_000 }).catch(
       (err: { stdout?: string; stderr?: string }) => ({ stdout: err.stdout ?? '', stderr: err.stderr ?? '' }),
     );
     assert.equal(stderr, '', `${args[0]} on ${node} wrote to stderr`);
-    const reply = JSON.parse(stdout) as Reply;
-    assert.equal(reply.status, 'Success', `${args.join(' ')} on ${node}: ${stdout}`);
-    return reply;
+    return JSON.parse(stdout) as Reply;
+  }
+
+  /** One driver call as `node` that must succeed. */
+  async function call(node: string, ...args: string[]): Promise<Reply> {
+    const answer = await reply(node, ...args);
+    assert.equal(answer.status, 'Success', `${args.join(' ')} on ${node}: ${JSON.stringify(answer)}`);
+    return answer;
+  }
+
+  /** An admin command with the admin's configuration (the fencer identity): its output, and its exit code. */
+  async function admin(...args: string[]): Promise<{ stdout: string; exitCode: number }> {
+    return execFileAsync(LATCH, args, { env: { ...process.env, LATCH_CONFIG: adminConfig }, timeout: 120_000 }).then(
+      ({ stdout }) => ({ stdout, exitCode: 0 }),
+      (err: { stdout?: string; stderr?: string; code?: number }) => ({
+        stdout: `${err.stdout ?? ''}${err.stderr ?? ''}`,
+        exitCode: err.code ?? -1,
+      }),
+    );
+  }
+
+  /** The volume's ledger document, as `latch volume inspect -o json` shows it. */
+  async function ledgerDoc(volume: string): Promise<any> {
+    return JSON.parse((await admin('volume', 'inspect', volume, '-o', 'json')).stdout);
   }
 
   it('attach, waitforattach, mountdevice, write, unmountdevice, detach on node-a; the same on node-b reads it back', async (t) => {
@@ -135,5 +180,110 @@ describe('the driver with the rbd backend: the pod moves from node-a to node-b, 
       assert.ok(logs.length > 0, 'the calls were logged');
       for (const log of logs) assert.ok(!readFileSync(join(ceph.dir, node, log), 'utf8').includes(key));
     }
+  });
+
+  it('a force-detach while node-a writes: node-a fenced first, node-b mounts a clean filesystem, no post-fence write lands', async (t) => {
+    const pv = 'pv-rbd-fence';
+    const options = JSON.stringify({
+      'kubernetes.io/fsType': 'ext4',
+      'kubernetes.io/pvOrVolumeName': pv,
+      'kubernetes.io/readwrite': 'rw',
+      size: '128Mi',
+    });
+    const globalPath = (node: string) => {
+      const path = join(ceph.dir, `kubelet-${node}`, 'plugins/kubernetes.io/flexvolume/latch/loop/mounts', pv);
+      mkdirSync(path, { recursive: true, mode: 0o750 });
+      return path;
+    };
+    await call('node-a', 'attach', options, 'node-a');
+    const { device: deviceA } = await call('node-a', 'waitforattach', '', options);
+    await call('node-a', 'mountdevice', globalPath('node-a'), deviceA ?? '', options);
+    const recorded: string | undefined = (await ledgerDoc(pv)).status.nodes['node-a']?.client;
+    assert.match(recorded ?? '', /^127\.0\.0\.1:0\/[1-9][0-9]*$/, 'node-a recorded its rbd-fuse instance at attach');
+
+    // node-a's pod writes numbered 4-KiB markers with O_DIRECT and O_DSYNC into blocks allocated beforehand (so no
+    // write needs a metadata commit), and logs when each attempt started and how it ended, outside the volume.
+    const tag = `T${process.pid}x${Date.now()}`;
+    const markers = join(globalPath('node-a'), 'markers.bin');
+    await run('dd', ['if=/dev/zero', `of=${markers}`, 'bs=4096', 'count=2048', 'oflag=direct', 'conv=fsync'], { timeoutMs: 60_000 });
+    const writerLog = join(ceph.dir, 'writer.log');
+    const script =
+      'i=0; while [ $i -lt 2048 ]; do echo "start $i $(date +%s%3N)" >> "$2"; ' +
+      'printf "LATCH-MARK %s %06d\\n" "$3" $i | dd of="$1" bs=4096 count=1 seek=$i conv=notrunc,sync oflag=direct,dsync status=none 2>/dev/null; ' +
+      'echo "end $i $? $(date +%s%3N)" >> "$2"; i=$((i+1)); sleep 0.02; done';
+    const writer = spawn('bash', ['-c', script, 'writer', markers, writerLog, tag], { stdio: 'ignore', detached: true });
+    const entries = () =>
+      readFileSync(writerLog, 'utf8')
+        .trim()
+        .split('\n')
+        .map((l) => l.split(' '));
+    const deadline = Date.now() + 60_000;
+    while ((existsSync(writerLog) ? entries().filter((e) => e[0] === 'end' && e[2] === '0').length : 0) < 20) {
+      assert.ok(Date.now() < deadline, 'the writer did not get 20 writes through');
+      await new Promise((r) => setTimeout(r, 100));
+    }
+
+    // The controller force-detaches (node-a is unresponsive to it); node-b is refused while node-a has not released.
+    await call('node-a', 'detach', pv, 'node-a');
+    assert.equal((await reply('node-b', 'attach', options, 'node-b')).status, 'Failure');
+    const fenceStarted = Date.now();
+    const release = await admin('volume', 'release', pv, '--node', 'node-a', '--node-is-down');
+    const fenced = Date.now();
+    assert.equal(release.exitCode, 0, release.stdout);
+    t.diagnostic(`volume release with the fence: ${fenced - fenceStarted} ms: ${release.stdout.trim()}`);
+    const fence = (await ledgerDoc(pv)).status.fences['node-a'];
+    assert.equal(fence.state, 'fenced');
+    assert.ok(fence.clients.includes(recorded ?? '-'), `the recorded client ${recorded} is fenced: ${fence.clients}`);
+    const blocklist = (await ceph.ceph(['osd', 'blocklist', 'ls', '--format', 'json'])).stdout;
+    assert.ok(blocklist.includes(recorded ?? '-'), 'the cluster refuses it');
+
+    // node-a keeps trying for a while after the fence; every attempt fails.
+    await new Promise((r) => setTimeout(r, 1_500));
+    process.kill(-(writer.pid ?? 0), 'SIGKILL');
+    const log = entries();
+    const startedAfter = new Set(log.filter((e) => e[0] === 'start' && Number(e[2]) > fenced).map((e) => e[1] ?? ''));
+    assert.ok(startedAfter.size > 0, 'node-a tried to write after the fence');
+    for (const e of log.filter((e) => e[0] === 'end' && startedAfter.has(e[1] ?? '')))
+      assert.notEqual(e[2], '0', `write ${e[1]} after the fence failed`);
+    const ackedBefore = log.filter((e) => e[0] === 'end' && e[2] === '0' && Number(e[3]) < fenceStarted).map((e) => Number(e[1]));
+
+    // node-b gets the volume; its filesystem mounts (the journal replays) and shows every write acknowledged before.
+    await call('node-b', 'attach', options, 'node-b');
+    const { device: deviceB } = await call('node-b', 'waitforattach', '', options);
+    await call('node-b', 'mountdevice', globalPath('node-b'), deviceB ?? '', options);
+    const seen = readFileSync(join(globalPath('node-b'), 'markers.bin'), 'latin1');
+    for (const i of ackedBefore)
+      assert.ok(seen.includes(`LATCH-MARK ${tag} ${String(i).padStart(6, '0')}`), `acknowledged write ${i} is there`);
+    await call('node-b', 'unmountdevice', globalPath('node-b'));
+    await call('node-b', 'detach', pv, 'node-b');
+
+    // The raw image holds no marker of an attempt that started after the fence.
+    const image = join(ceph.dir, 'fence-export.img');
+    await ceph.rbd(['export', '--no-progress', `${ceph.pool}/${pv}`, image]);
+    const raw = readFileSync(image, 'latin1');
+    const inImage = new Set([...raw.matchAll(new RegExp(`LATCH-MARK ${tag} ([0-9]{6})`, 'g'))].map((m) => String(Number(m[1]))));
+    for (const i of startedAfter) assert.ok(!inImage.has(i), `write ${i}, started after the fence, is not in the image`);
+    t.diagnostic(
+      `${ackedBefore.length} writes acknowledged before the fence, ${startedAfter.size} attempted after it; ${inImage.size} markers in the image`,
+    );
+
+    // node-a comes back: kubelet's unmountdevice clears its fenced mapping within the deadline, and says so.
+    const started = Date.now();
+    await call('node-a', 'unmountdevice', globalPath('node-a'));
+    t.diagnostic(`node-a's unmountdevice of the fenced mapping: ${Date.now() - started} ms`);
+    assert.deepEqual(await rbdFusePids(join(mountDirs['node-a'] ?? '', pv)), []);
+    assert.equal((await listLoopDevices()).filter((l) => l.backingFile.startsWith(`${mountDirs['node-a']}/`)).length, 0);
+    assert.ok((await ledgerDoc(pv)).status.fences['node-a'].clearedAt, 'node-a cleared its fence');
+
+    // fsck only now: e2fsck stats every mount point of the host, and node-a's fenced FUSE mount was one (on real
+    // hosts the fenced mount is on the fenced node, not where fsck runs).
+    const fsck = await run('e2fsck', ['-f', '-n', image], { okExitCodes: [1, 2, 4, 8], timeoutMs: 60_000 });
+    assert.equal(fsck.exitCode, 0, `e2fsck -fn of the image: ${fsck.stdout}`);
+
+    // Only now is the fence lifted, and the ledger forgets it.
+    const unfence = await admin('node', 'unfence', 'node-a');
+    assert.equal(unfence.exitCode, 0, unfence.stdout);
+    assert.ok(!(await ceph.ceph(['osd', 'blocklist', 'ls', '--format', 'json'])).stdout.includes(recorded ?? '-'));
+    assert.equal((await ledgerDoc(pv)).status.fences, undefined);
   });
 });

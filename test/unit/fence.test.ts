@@ -120,10 +120,10 @@ async function movingVolume() {
   const b = cluster.node('node-b');
   a.fake.clients.set('pv-1', '10.0.0.1:0/111');
   const staged = await stageVolume(a, a, 'pv-1');
-  const json = pvOptions('pv-1');
+  const json = staged.json;
   assert.equal((await a.call('attach', [json, 'node-b'])).reply.status, 'Failure', 'node-b waits while node-a holds it');
   const fencer = new RecordingFencer(cluster);
-  return { cluster, a, b, json, fencer, ...staged };
+  return { cluster, a, b, fencer, ...staged, json };
 }
 
 describe('fencing a node off a volume (node services on fake nodes)', () => {
@@ -134,7 +134,7 @@ describe('fencing a node off a volume (node services on fake nodes)', () => {
 
     const { clients } = await fenceNodeOffVolume(a.context(), fencer, 'pv-1', 'node-a', 'test');
     assert.deepEqual(clients, ['10.0.0.1:0/111', '10.0.0.9:0/999']);
-    assert.equal(fencer.calls[0]?.holdAtCall, 'attached', "the storage was told while node-a still held the volume");
+    assert.equal(fencer.calls[0]?.holdAtCall, 'attached', 'the storage was told while node-a still held the volume');
     assert.deepEqual(fencer.calls[0]?.known, ['10.0.0.1:0/111']);
     const doc = await cluster.mustDoc('pv-1');
     assert.equal(doc.status.nodes['node-a'], undefined);
