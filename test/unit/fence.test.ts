@@ -19,7 +19,7 @@ import type { VolumeDoc } from '../../src/ledger/types.js';
 import { requireFencer } from '../../src/cli/node/fence.js';
 import { parseConfig } from '../../src/config.js';
 import { clearOwnFence, fenceNodeOffVolume, liftClearedFence } from '../../src/node/fence.js';
-import { Cluster, GiB, pvOptions, stageVolume, steppingClock, succeeded } from '../fixtures/op-harness.js';
+import { Cluster, GiB, stageVolume, steppingClock, succeeded } from '../fixtures/op-harness.js';
 
 const NOW = '2026-01-01T00:00:00.000Z';
 
