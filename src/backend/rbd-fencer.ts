@@ -2,7 +2,16 @@
 // host or range (on a shared host, or for a node's other volumes, that would cut off clients that did nothing).
 // Measured facts behind it: docs/design/rbd-backend.md, a, d and e.
 import { checkVolumeName } from '../names.js';
-import { cephBlocklistAdd, cephBlocklistRemove, isClientInstance, rbdLockers, rbdWatchers, type CephIdentity } from '../sys/rbd.js';
+import { LatchError } from '../errors.js';
+import {
+  cephBlocklist,
+  cephBlocklistAdd,
+  cephBlocklistRemove,
+  isClientInstance,
+  rbdLockers,
+  rbdWatchers,
+  type CephIdentity,
+} from '../sys/rbd.js';
 import type { Fencer } from './types.js';
 
 // Blocklist entries expire; a fence must outlast any outage, so it is set for ten years and lifted explicitly.
@@ -28,6 +37,12 @@ export class RbdFencer implements Fencer {
     const others = new Set(spare);
     const targets = [...new Set([...known, ...[...watchers, ...lockers].filter((c) => !others.has(c))])].filter(isClientInstance).sort();
     for (const client of targets) await cephBlocklistAdd(identity, client, FENCE_SECONDS);
+    if (targets.length > 0) {
+      // The fence is what lets the volume move: confirm it in the OSD map rather than trust the command's exit code.
+      const listed = new Set(await cephBlocklist(identity));
+      const missing = targets.filter((c) => !listed.has(c));
+      if (missing.length > 0) throw new LatchError(`the Ceph blocklist does not show ${missing.join(', ')} after adding it`);
+    }
     return targets;
   }
 

@@ -17,6 +17,7 @@ import {
 } from '../../src/ledger/arbitrate.js';
 import type { VolumeDoc } from '../../src/ledger/types.js';
 import { requireFencer } from '../../src/cli/node/fence.js';
+import { isClientInstance } from '../../src/sys/rbd.js';
 import { parseConfig } from '../../src/config.js';
 import { clearOwnFence, fenceNodeOffVolume, liftClearedFence } from '../../src/node/fence.js';
 import { Cluster, GiB, stageVolume, steppingClock, succeeded } from '../fixtures/op-harness.js';
@@ -238,5 +239,14 @@ describe('who may fence', () => {
       'admin.json',
     );
     assert.equal((await requireFencer(config)).kind, "the Ceph cluster's OSD blocklist");
+  });
+});
+
+describe('what the rbd fencer accepts as a client instance', () => {
+  it('only single instances with a non-zero nonce: never a whole host or a range', () => {
+    for (const ok of ['127.0.0.1:0/1523556124', '10.1.2.3:6800/42', '[fd00::1]:0/7']) assert.ok(isClientInstance(ok), ok);
+    for (const bad of ['127.0.0.1:0/0', '127.0.0.1', '127.0.0.1:0', 'cidr:127.0.0.0/30', '127.0.0.1:0/1 --yes', '-h', '']) {
+      assert.equal(isClientInstance(bad), false, bad);
+    }
   });
 });
