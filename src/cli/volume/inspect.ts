@@ -28,5 +28,12 @@ export async function volumeInspect(options: { name: string; output: OutputForma
     lines.push(`    ${s?.satisfied ? 'satisfied' : 'unsatisfied'} (${s?.reason ?? 'unknown'}): ${s?.message ?? ''}`);
   }
   if (Object.keys(doc.spec.tickets).length === 0) lines.push('  (none)');
+  const fences = Object.entries(doc.status.fences ?? {});
+  if (fences.length > 0) lines.push('Fences:');
+  for (const [node, f] of fences) {
+    const clients = f.clients.length > 0 ? f.clients.join(', ') : 'no client';
+    const where = f.clearedAt ? `cleared by the node ${f.clearedAt}; lift with: latch node unfence ${node}` : 'not cleared by the node yet';
+    lines.push(`  ${node}: ${f.state} since ${f.since} (${f.reason}); refuses ${clients}; ${where}`);
+  }
   io.out(`${lines.join('\n')}\n`);
 }
