@@ -33,6 +33,7 @@ function lazyRbdBackend(rbd: RbdBackendConfig, maxSize: number, timeoutMs: numbe
     findDevice: async (volume) => (await backend()).findDevice(volume),
     hasMapping: async (volume) => (await backend()).hasMapping(volume),
     clientOf: async (volume) => (await backend()).clientOf?.(volume),
+    cutOff: async (volume) => (await backend()).cutOff?.(volume),
     volumeOfDevice: async (device) => (await backend()).volumeOfDevice(device),
     release: async (volume) => (await backend()).release(volume),
     grow: async (volume, sizeBytes) => (await backend()).grow(volume, sizeBytes),

@@ -26,6 +26,8 @@ export interface NodeClient {
   isMapped(image: string): Promise<boolean>;
   /** Removes every trace of the image's mapping, also of a dead or hung one. Idempotent. */
   unmap(image: string): Promise<void>;
+  /** The storage refuses this client: every wait on it fails at once from now on (the mapping stays for unmap). */
+  abort(image: string): Promise<void>;
   /** Makes the device show the image's new size `sizeBytes`. */
   refreshSize(image: string, sizeBytes: number): Promise<void>;
 }

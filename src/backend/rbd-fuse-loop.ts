@@ -165,6 +165,12 @@ export class RbdFuseLoopClient implements NodeClient {
     await rmdir(mountPoint).catch(() => undefined); // only an empty, unmounted directory; anything else stays
   }
 
+  async abort(image: string): Promise<void> {
+    const dir = await this.mountDir(false);
+    if (dir === undefined) return;
+    for (const mount of await fuseMountsAt(join(dir, image))) await abortFuseConnection(mount);
+  }
+
   async refreshSize(image: string, sizeBytes: number): Promise<void> {
     const dir = await this.mountDir(false);
     if (dir === undefined) return;

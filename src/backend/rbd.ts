@@ -126,6 +126,10 @@ export class RbdBackend implements Backend {
     return this.client.isMapped(checkVolumeName(volume));
   }
 
+  async cutOff(volume: string): Promise<void> {
+    await this.client.abort(checkVolumeName(volume));
+  }
+
   /** The instance recorded when this node mapped the image (a mapping found after a crash may have none). */
   async clientOf(volume: string): Promise<string | undefined> {
     const image = checkVolumeName(volume);

@@ -27,6 +27,11 @@ export interface Backend {
    * a fence can name it even after the client lost contact with the storage.
    */
   clientOf?(volume: string): Promise<string | undefined>;
+  /**
+   * The storage refuses this node's client of the volume (it was fenced): make everything that waits on that client
+   * fail at once (for rbd-fuse, abort its FUSE connection), so that unmounting and releasing cannot hang on it.
+   */
+  cutOff?(volume: string): Promise<void>;
   /** Tears down the volume's device if it has one. Idempotent. Only ever touches devices backed by this pool. */
   release(volume: string): Promise<void>;
   /** Grows the storage to `sizeBytes` and refreshes the device's capacity if one is set up. Refuses to shrink. */

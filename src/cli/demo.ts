@@ -12,7 +12,7 @@ import { run } from '../sys/run.js';
 import { runningExecutable } from '../host/driver-file.js';
 import type { CommandIO } from './io.js';
 
-interface Step {
+export interface Step {
   who: string;
   config: string;
   args: string[];
@@ -21,12 +21,81 @@ interface Step {
   note?: string;
 }
 
+/** How a demo tells its story: each driver call shown with its reply, and whether everything went as expected. */
+export class Narrator {
+  ok = true;
+  constructor(private readonly io: CommandIO) {}
+
+  say(text: string): void {
+    this.io.out(`${text}\n`);
+  }
+
+  /** Runs a driver call of this executable as `step.config`'s node and shows it; a reply not as expected fails the demo. */
+  async call(step: Step): Promise<Record<string, unknown>> {
+    const shown = step.args.map((a) => (a.startsWith('{') ? "'<options json>'" : a === '' ? '""' : a)).join(' ');
+    this.say(`[${step.who}] latch ${shown}`);
+    const result = await runSelf(step.args, step.config);
+    let reply: Record<string, unknown> = {};
+    try {
+      reply = JSON.parse(result.stdout) as Record<string, unknown>;
+    } catch {
+      reply = { status: 'unparsable', output: result.stdout };
+    }
+    const good = step.expect(reply) && result.stderr === '' && result.exitCode === (reply.status === 'Failure' ? 1 : 0);
+    this.ok &&= good;
+    this.say(`    -> ${result.stdout.trim()}  (exit ${result.exitCode})${good ? '' : '   <-- NOT AS EXPECTED'}`);
+    if (step.note) this.say(`       ${step.note}`);
+    return reply;
+  }
+
+  /** An admin command of this executable with `config`; a non-zero exit fails the demo unless `mayFail`. */
+  async admin(config: string, args: string[], mayFail = false): Promise<{ output: string; exitCode: number }> {
+    this.say(`[admin] latch ${args.join(' ')}`);
+    const result = await runSelf(args, config);
+    const output = `${result.stdout}${result.stderr}`.trim();
+    const good = mayFail || result.exitCode === 0;
+    this.ok &&= good;
+    this.say(`${output.replace(/^/gm, '    -> ')}${good ? '' : '   <-- NOT AS EXPECTED'}`);
+    return { output, exitCode: result.exitCode };
+  }
+
+  check(good: boolean, text: string): void {
+    this.ok &&= good;
+    this.say(`${text}${good ? '' : '   <-- NOT AS EXPECTED'}`);
+  }
+}
+
+export const success = (r: Record<string, unknown>) => r.status === 'Success';
+
+/** What kubelet passes as options: Go's json.Marshal of them, keys sorted. */
+export function kubeletOptions(pv: string, size: string): string {
+  return JSON.stringify({
+    'kubernetes.io/fsType': 'ext4',
+    'kubernetes.io/pvOrVolumeName': pv,
+    'kubernetes.io/readwrite': 'rw',
+    size,
+  });
+}
+
+export interface DemoOptions {
+  /** loop (default): two nodes on one host sharing a pool directory; rbd: two nodes on a Ceph cluster, and a fence. */
+  backend?: 'loop' | 'rbd';
+  cephConf?: string;
+  cephKeyring?: string;
+  pool?: string;
+}
+
 /** Exit status 0 when every call answered as expected and nothing was left behind, else 1. */
-export async function demo(_options: object, io: CommandIO): Promise<number> {
+export async function demo(options: DemoOptions, io: CommandIO): Promise<number> {
   if (process.getuid?.() !== 0) throw new LatchError('latch demo needs root: it sets up loop devices and mounts filesystems');
+  if (options.backend === 'rbd') {
+    const { demoRbd } = await import('./demo-rbd.js');
+    return demoRbd(options, io);
+  }
   const work = await mkdtemp('/tmp/latch-demo-');
-  const say = (text: string) => io.out(`${text}\n`);
-  let ok = true;
+  const narrator = new Narrator(io);
+  const say = (text: string) => narrator.say(text);
+  const call = (step: Step) => narrator.call(step);
   try {
     const configFor = async (node: string) => {
       const path = join(work, `config-${node}.json`);
@@ -44,35 +113,11 @@ export async function demo(_options: object, io: CommandIO): Promise<number> {
     const nodeA = await configFor('node-a');
     const nodeB = await configFor('node-b');
     const pv = 'pv-demo';
-    // What kubelet passes: Go's json.Marshal of the options, keys sorted.
-    const options = JSON.stringify({
-      'kubernetes.io/fsType': 'ext4',
-      'kubernetes.io/pvOrVolumeName': pv,
-      'kubernetes.io/readwrite': 'rw',
-      size: '256Mi',
-    });
+    const options = kubeletOptions(pv, '256Mi');
     const globalMount = join(work, `kubelet/plugins/kubernetes.io/flexvolume/${DEFAULT_DRIVER_NAME}/mounts`, pv);
 
     say(`latch demo: a pod with volume ${pv} starts on node-a, stops, and the volume moves to node-b.`);
     say(`Everything lives in ${work}; two configs share its ledger and pool, as two nodes sharing storage would.\n`);
-
-    const call = async (step: Step): Promise<Record<string, unknown>> => {
-      const shown = step.args.map((a) => (a.startsWith('{') ? "'<options json>'" : a === '' ? '""' : a)).join(' ');
-      say(`[${step.who}] latch ${shown}`);
-      const result = await runSelf(step.args, step.config);
-      let reply: Record<string, unknown> = {};
-      try {
-        reply = JSON.parse(result.stdout) as Record<string, unknown>;
-      } catch {
-        reply = { status: 'unparsable', output: result.stdout };
-      }
-      const good = step.expect(reply) && result.stderr === '' && result.exitCode === (reply.status === 'Failure' ? 1 : 0);
-      ok &&= good;
-      say(`    -> ${result.stdout.trim()}  (exit ${result.exitCode})${good ? '' : '   <-- NOT AS EXPECTED'}`);
-      if (step.note) say(`       ${step.note}`);
-      return reply;
-    };
-    const success = (r: Record<string, unknown>) => r.status === 'Success';
 
     say('== Pod starts on node-a');
     await call({ who: 'kubelet node-a', config: nodeA, args: ['init'], expect: success });
@@ -138,26 +183,24 @@ export async function demo(_options: object, io: CommandIO): Promise<number> {
       note: 'a filesystem is there already: mounted, never reformatted',
     });
     const readBack = await readFile(join(globalMount, 'hello.txt'), 'utf8').catch(() => '(missing)');
-    const same = readBack === text;
-    ok &&= same;
-    say(`[pod on node-b] read hello.txt: ${readBack.trim()}${same ? '' : '   <-- NOT WHAT node-a WROTE'}`);
+    narrator.check(readBack === text, `[pod on node-b] read hello.txt: ${readBack.trim()}`);
     await call({ who: 'kubelet node-b', config: nodeB, args: ['unmountdevice', globalMount], expect: success });
     await call({ who: 'controller', config: nodeB, args: ['detach', pv, 'node-b'], expect: success });
     const removed = await runSelf(['volume', 'delete', pv], nodeB);
     say(`[admin] latch volume delete ${pv}\n    -> ${removed.stdout.trim() || removed.stderr.trim()}`);
-    ok &&= removed.exitCode === 0;
+    narrator.ok &&= removed.exitCode === 0;
   } finally {
     await cleanUp(work);
   }
   const leftovers = await leftoversOf(work);
   say(leftovers.length === 0 ? '\nLeft nothing behind: no loop device, no mount, no file.' : `\nLEFT BEHIND: ${leftovers.join(', ')}`);
-  ok &&= leftovers.length === 0;
+  const ok = narrator.ok && leftovers.length === 0;
   say(ok ? 'Demo finished: every call answered as kubelet and the controller expect.' : 'Demo FAILED: see the marked lines above.');
   return ok ? 0 : 1;
 }
 
 /** Runs this same executable (bundle or single-executable build) with its own config. */
-async function runSelf(args: string[], config: string) {
+export async function runSelf(args: string[], config: string) {
   const self = await runningExecutable();
   const [command, prefix] = self.selfContained ? [self.path, []] : [process.execPath, [self.path]];
   const previous = process.env.LATCH_CONFIG;
@@ -171,7 +214,7 @@ async function runSelf(args: string[], config: string) {
 }
 
 /** Unmounts and detaches whatever the demo left (even after a failure), then removes its directory. */
-async function cleanUp(work: string): Promise<void> {
+export async function cleanUp(work: string): Promise<void> {
   const mounts = (await readMountInfo()).filter((m) => m.mountPoint.startsWith(`${work}/`)).reverse();
   for (const m of mounts) await umount(m.mountPoint).catch(() => undefined);
   for (const loop of await listLoopDevices()) {
@@ -180,7 +223,7 @@ async function cleanUp(work: string): Promise<void> {
   await rm(work, { recursive: true, force: true });
 }
 
-async function leftoversOf(work: string): Promise<string[]> {
+export async function leftoversOf(work: string): Promise<string[]> {
   const found: string[] = [];
   if ((await readMountInfo()).some((m) => m.mountPoint.startsWith(`${work}/`))) found.push('a mount');
   if ((await listLoopDevices()).some((l) => l.backingFile.startsWith(`${work}/`))) found.push('a loop device');

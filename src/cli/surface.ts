@@ -55,7 +55,20 @@ export function buildProgram(io: CliIO, exit: (code: number) => void): Command {
     demo: (c) =>
       c
         .description('as root: play a pod start, stop and move between two nodes on a throwaway pool, and clean up')
-        .action(async () => done(await demo({}, io))),
+        .option(
+          '--backend <backend>',
+          'loop (a throwaway pool directory) or rbd (a Ceph cluster: the move and the fence)',
+          valueOf(parseDemoBackend),
+          'loop',
+        )
+        .option('--ceph-conf <file>', 'rbd: the cluster conf', '/etc/ceph/ceph.conf')
+        .option(
+          '--ceph-keyring <file>',
+          'rbd: a keyring of client.admin, to make and remove the demo identities',
+          '/etc/ceph/ceph.client.admin.keyring',
+        )
+        .option('--pool <pool>', 'rbd: an existing pool initialised for rbd', 'latch')
+        .action(async (opts) => done(await demo(opts, io))),
 
     volume: (c) => declareVolume(c.description('create, list, inspect, delete and release volumes'), io, done),
 
@@ -262,4 +275,9 @@ function valueOf<T>(parse: (value: string) => T): (value: string) => T {
       throw err;
     }
   };
+}
+
+function parseDemoBackend(value: string): 'loop' | 'rbd' {
+  if (value === 'loop' || value === 'rbd') return value;
+  throw new LatchError(`--backend must be loop or rbd, not ${JSON.stringify(value)}`);
 }

@@ -61,6 +61,21 @@ export async function clearOwnFence(ctx: Context, name: string, doc: VolumeDoc |
 }
 
 /**
+ * Before this node unmounts a volume it was fenced off: the storage refuses its client, so a filesystem flush would
+ * wait on it for ever (in D state, beyond any signal); the backend makes such waits fail at once instead. Nothing is
+ * lost: nothing this node writes can land any more. Reads the ledger only where the backend can cut a client off.
+ */
+export async function cutOffIfFenced(ctx: Context, name: string): Promise<void> {
+  if (!ctx.backend.cutOff) return;
+  const node = ctx.config.nodeName;
+  const doc = await ctx.ledger.get(name);
+  const fence = doc?.status.fences?.[node];
+  if (!doc || fence?.state !== 'fenced' || fence.clearedAt !== undefined || doc.status.nodes[node]) return;
+  ctx.log.cutOff = true;
+  await ctx.backend.cutOff(name);
+}
+
+/**
  * Lifts the fences of `node` on volume `name` that the node has cleared: the storage serves its old clients again
  * (they are gone) and the record goes. Returns what was lifted and what is still waiting for the node.
  */

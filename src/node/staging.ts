@@ -1,5 +1,6 @@
 // Non-attach mode's layout on a node: one node-private staging mount per volume that every pod bind-mounts from,
 // and the pod a pod volume dir belongs to, read from the path alone (unmount gets nothing else).
+import { cutOffIfFenced } from './fence.js';
 import { rmdir } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import type { Config } from '../config.js';
@@ -30,6 +31,7 @@ export function podKeyOf(podDir: string): string {
  */
 export async function leaveNode(ctx: Context, name: string): Promise<string | undefined> {
   const staging = stagingPath(ctx.config, name);
+  await cutOffIfFenced(ctx, name);
   await umountAll(ctx, staging);
   await rmdir(staging).catch(() => undefined);
   await rmdir(dirname(staging)).catch(() => undefined); // the node's staging dir, once empty

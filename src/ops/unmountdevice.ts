@@ -3,6 +3,7 @@
 import { path } from '../contract/args.js';
 import { failure, success } from '../contract/reply.js';
 import { releaseDevice } from '../node/device.js';
+import { cutOffIfFenced } from '../node/fence.js';
 import { volumeAtPath } from '../node/volume-at-path.js';
 import { defineOp } from './op.js';
 
@@ -19,6 +20,7 @@ export const op = defineOp({
     const name = found.volume;
     ctx.log.volume = name;
     if (found.kind === 'mounted') {
+      await cutOffIfFenced(ctx, name);
       await ctx.system.umount(deviceMountPath);
     } else if ((await ctx.backend.findDevice(name)) === undefined) {
       // Nothing mounted and no device: done, unless a previous call died before confirming the release.

@@ -1,5 +1,6 @@
 // The `rbd` command line tool, as one cephx identity of one cluster: every call names the conf, the id and the
 // keyring file (the key itself never reaches argv, messages or the log) and asks for JSON where there is output.
+import { chmod, writeFile } from 'node:fs/promises';
 import { LatchError } from '../errors.js';
 import { CommandError, run, type RunResult } from './run.js';
 
@@ -162,9 +163,9 @@ export async function rbdLockers(identity: CephIdentity, pool: string, image: st
     .filter((a): a is string => typeof a === 'string');
 }
 
-async function ceph(identity: CephIdentity, args: string[]): Promise<RunResult> {
+async function ceph(identity: CephIdentity, args: string[], okExitCodes: number[] = []): Promise<RunResult> {
   try {
-    return await run('ceph', [...cephClientArgs(identity), ...args]);
+    return await run('ceph', [...cephClientArgs(identity), ...args], { okExitCodes });
   } catch (err) {
     throw redactedError(err);
   }
@@ -200,4 +201,46 @@ export async function cephBlocklist(identity: CephIdentity): Promise<string[]> {
   }
   if (text === '') return [];
   throw new LatchError(`ceph osd blocklist ls printed something that is not a JSON list: ${text.slice(0, 120)}`);
+}
+
+/**
+ * `ceph auth get-or-create ENTITY CAPS... -o FILE` as an identity with auth caps (an admin's): the key goes from Ceph
+ * straight into FILE, made 0600 before, and never through this process.
+ */
+export async function cephAuthGetOrCreate(admin: CephIdentity, entity: string, caps: string[], file: string): Promise<void> {
+  await writeFile(file, '', { mode: 0o600 });
+  await chmod(file, 0o600);
+  await ceph(admin, ['auth', 'get-or-create', entity, ...caps, '-o', file]);
+}
+
+/** Whether the cluster knows the entity (`ceph auth get`, whose output, a keyring, is dropped unread). */
+export async function cephAuthExists(admin: CephIdentity, entity: string): Promise<boolean> {
+  return (await ceph(admin, ['auth', 'get', entity, '-o', '/dev/null'], [ENOENT])).exitCode !== ENOENT;
+}
+
+/** `ceph auth rm ENTITY`; a missing entity is fine. */
+export async function cephAuthRemove(admin: CephIdentity, entity: string): Promise<void> {
+  await ceph(admin, ['auth', 'rm', entity]);
+}
+
+/**
+ * The caps of a node's identity (docs/design/rbd-backend.md, e): what `profile rbd` gives on the monitor minus its
+ * grant to blocklist anyone, and rbd on latch's pool only. Its conf must say `rbd_blocklist_on_break_lock = false`.
+ */
+export function nodeCaps(pool: string): string[] {
+  return ['mon', 'allow service mon r, allow service osd r, allow service pg r', 'osd', `profile rbd pool=${pool}`];
+}
+
+/**
+ * The caps of the fencer: blocklist entries for single IPv4 client instances only (no host, no range), monitor
+ * sessions, and reading the pool's watchers and locks; it cannot write images.
+ */
+export function fencerCaps(pool: string): string[] {
+  return [
+    'mon',
+    'allow service mon r, allow service osd r, allow command "osd blocklist" with addr regex "^[0-9.]+:[0-9]+/[1-9][0-9]*$", ' +
+      'allow command "sessions", allow command "get_command_descriptions"',
+    'osd',
+    `profile rbd-read-only pool=${pool}`,
+  ];
 }

@@ -62,6 +62,8 @@ export class CommandError extends LatchError {
 
 const INITIAL_TIMEOUT_MS = 120_000;
 const KILL_GRACE_MS = 2_000;
+// After SIGKILL, how long to wait for a child before taking it for stuck in the kernel.
+const STUCK_AFTER_KILL_MS = 5_000;
 const GROUP_POLL_MS = 20;
 const MAX_BUFFER = 16 * 1024 * 1024;
 // kubelet's PATH often lacks the sbin directories where losetup, mkfs and friends live.
@@ -148,6 +150,15 @@ export async function run(command: string, args: string[], options: RunOptions =
   let deadline: NodeJS.Timeout | undefined;
   let forceKill: NodeJS.Timeout | undefined;
   let forceKilled: Promise<void> | undefined;
+  // A child in uninterruptible sleep (D state: waiting on a FUSE daemon or a storage client that no longer answers)
+  // outlives SIGKILL until the kernel lets go. The caller must not wait for it past its deadline: it is left behind.
+  let giveUp: NodeJS.Timeout | undefined;
+  let startGivingUp: () => void = () => undefined;
+  const stuck = new Promise<'stuck'>((resolve) => {
+    startGivingUp = () => {
+      giveUp = setTimeout(() => resolve('stuck'), STUCK_AFTER_KILL_MS);
+    };
+  });
   if (pgid !== undefined) {
     running.add(pgid);
     deadline = setTimeout(() => {
@@ -156,6 +167,7 @@ export async function run(command: string, args: string[], options: RunOptions =
       forceKilled = new Promise<void>((resolve) => {
         forceKill = setTimeout(() => {
           signalGroup(pgid, 'SIGKILL');
+          startGivingUp();
           resolve();
         }, KILL_GRACE_MS);
       });
@@ -164,7 +176,22 @@ export async function run(command: string, args: string[], options: RunOptions =
 
   let result;
   try {
-    result = await child;
+    const first = await Promise.race([child, stuck]);
+    if (first === 'stuck') {
+      throw new CommandError(
+        `${showCommand(command, args)} timed out after ${formatDuration(timeoutMs)} and did not exit after SIGKILL: it waits in the ` +
+          'kernel (D state), typically on a FUSE mount or storage that no longer answers; it was left behind',
+        {
+          command,
+          args: [...args],
+          exitCode: undefined,
+          stderrTail: '',
+          timedOut: true,
+          durationMs: Math.round(performance.now() - started),
+        },
+      );
+    }
+    result = first;
     // After a timeout the leader may be gone while other members of its group ignore SIGTERM and hold no pipe:
     // they still get their SIGKILL at the end of the grace period. A group with a live member keeps its id, so
     // this cannot hit a stranger's group.
@@ -172,6 +199,7 @@ export async function run(command: string, args: string[], options: RunOptions =
   } finally {
     clearTimeout(deadline);
     clearTimeout(forceKill);
+    clearTimeout(giveUp);
     if (pgid !== undefined) running.delete(pgid);
   }
 

@@ -46,26 +46,8 @@ export interface CephClusterOptions {
   startTimeoutMs?: number;
 }
 
-/**
- * The mon and osd caps of the two kinds of identity latch needs (measured on Ceph 16, docs/design/rbd-backend.md).
- * A node gets what `profile rbd` gives on the monitor minus its `osd blocklist add` grant (with `profile rbd`, any
- * node could fence any client, or a whole address range). The fencer may add and remove blocklist entries for
- * single client instances (IPv4 `IP:PORT/NONCE` with a non-zero nonce: no whole host, no range), list monitor
- * sessions to find a node's instances, and read watchers and locks, but not write images.
- */
-export function nodeCaps(pool: string): string[] {
-  return ['mon', 'allow service mon r, allow service osd r, allow service pg r', 'osd', `profile rbd pool=${pool}`];
-}
-
-export function fencerCaps(pool: string): string[] {
-  return [
-    'mon',
-    'allow service mon r, allow service osd r, allow command "osd blocklist" with addr regex "^[0-9.]+:[0-9]+/[1-9][0-9]*$", ' +
-      'allow command "sessions", allow command "get_command_descriptions"',
-    'osd',
-    `profile rbd-read-only pool=${pool}`,
-  ];
-}
+// The caps of the two kinds of identity latch needs are the product's own (src/sys/rbd.ts); the tests use them as is.
+import { fencerCaps, nodeCaps } from '../../src/sys/rbd.js';
 
 export interface CephClient {
   /** The cephx id, e.g. "node-a". */

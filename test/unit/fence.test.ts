@@ -187,7 +187,10 @@ describe('fencing a node off a volume (node services on fake nodes)', () => {
     assert.equal((await liftClearedFence(a.context(), fencer, 'pv-1', 'node-a')) !== undefined, true);
     assert.ok(fencer.refused.has('10.0.0.1:0/111'), 'an uncleared fence is not lifted');
 
+    a.fake.calls.length = 0;
     succeeded(await a.call('unmountdevice', [globalPath]));
+    const order = a.fake.calls.map((c) => c.method).filter((m) => m === 'cutOff' || m === 'umount');
+    assert.deepEqual(order, ['cutOff', 'umount'], "the fenced client is cut off before the filesystem's unmount could wait on it");
     assert.equal(await a.fake.backend.findDevice('pv-1'), undefined);
     assert.ok((await cluster.mustDoc('pv-1')).status.fences?.['node-a']?.clearedAt, 'cleared after the release');
     assert.deepEqual(await liftClearedFence(a.context(), fencer, 'pv-1', 'node-a'), { lifted: ['10.0.0.1:0/111'] });
