@@ -5,7 +5,6 @@
 // reads what node-a wrote; node-a comes back and clears its mapping; the fence is lifted. Everything it made (the
 // identities, the image, the directories) goes at the end. It needs an admin keyring for the cluster and an existing
 // pool initialised for rbd.
-import { spawn } from 'node:child_process';
 import { mkdir, mkdtemp, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DEFAULT_DRIVER_NAME } from '../config.js';
@@ -14,7 +13,7 @@ import { abortFuseConnection, fuseMountsAt, killAndWait, rbdFusePids } from '../
 import { readMountInfo } from '../sys/mounts.js';
 import { cephAuthExists, cephAuthGetOrCreate, cephAuthRemove, fencerCaps, nodeCaps, rbdInfo, type CephIdentity } from '../sys/rbd.js';
 import { run } from '../sys/run.js';
-import { cleanUp, kubeletOptions, leftoversOf, Narrator, success, type DemoOptions } from './demo.js';
+import { cleanUp, kubeletOptions, leftoversOf, Narrator, success, type DemoOptions } from './demo-script.js';
 import type { CommandIO } from './io.js';
 
 const NODES = ['node-a', 'node-b'] as const;
@@ -173,25 +172,13 @@ export async function demoRbd(options: DemoOptions, io: CommandIO): Promise<numb
 /**
  * Whether a write by the fenced node fails, as it should. It may also wait instead, in D state, on a client the
  * cluster no longer answers (measured: a write that needs a journal commit does): nothing reaches the image either
- * way, and the node's unmountdevice aborts the client, which ends the wait. So the write runs detached and is judged
- * after a few seconds, never waited for.
+ * way. run() gives up on such a child after its deadline; the node's unmountdevice later aborts the client, which
+ * ends the wait.
  */
 async function writeRefused(file: string): Promise<boolean> {
-  const child = spawn('dd', ['if=/dev/zero', `of=${file}`, 'bs=4096', 'count=1', 'oflag=direct,dsync', 'conv=notrunc'], {
-    stdio: 'ignore',
-    detached: true,
-  });
-  const code = await new Promise<number | null | 'waiting'>((resolve) => {
-    const timer = setTimeout(() => resolve('waiting'), 10_000);
-    child.once('exit', (status) => {
-      clearTimeout(timer);
-      resolve(status);
-    });
-    child.once('error', () => resolve(null));
-  });
-  child.unref();
-  if (code === 'waiting') child.kill('SIGKILL'); // it goes once unmountdevice aborts the client
-  return code !== 0;
+  const args = ['if=/dev/zero', `of=${file}`, 'bs=4096', 'count=1', 'oflag=direct,dsync', 'conv=notrunc'];
+  const result = await run('dd', args, { timeoutMs: 5_000, okExitCodes: [1] }).catch(() => undefined);
+  return result === undefined || result.exitCode !== 0;
 }
 
 /** After a failure: rbd-fuse mounts under the demo's dir are aborted (a fenced one would hang umount), then their daemons killed. */
