@@ -18,7 +18,7 @@ import { ticketId } from '../../src/ledger/ids.js';
 import { Ledger } from '../../src/ledger/ledger.js';
 import type { NodePhase, VolumeDoc } from '../../src/ledger/types.js';
 import { openStore } from '../../src/store/index.js';
-import { rbdFusePids } from '../../src/sys/fuse.js';
+import { rbdFuseProcesses, rbdFusePids } from '../../src/sys/fuse.js';
 import { listLoopDevices } from '../../src/sys/loop.js';
 import { readMountInfo } from '../../src/sys/mounts.js';
 import { run } from '../../src/sys/run.js';
@@ -239,8 +239,7 @@ describe('doctor on a one-host Ceph cluster', { skip }, () => {
   async function leftovers(mountDir: string): Promise<{ mounts: string[]; loops: string[]; pids: number[] }> {
     const mounts = (await readMountInfo()).filter((m) => m.mountPoint.startsWith(`${mountDir}/`)).map((m) => m.mountPoint);
     const loops = (await listLoopDevices()).filter((l) => l.backingFile.startsWith(`${mountDir}/`)).map((l) => l.device);
-    const pids: number[] = [];
-    for (const m of mounts) pids.push(...(await rbdFusePids(m)));
+    const pids = (await rbdFuseProcesses()).filter((p) => p.argv.some((a) => a.startsWith(`${mountDir}/`))).map((p) => p.pid);
     return { mounts, loops, pids };
   }
 
@@ -312,41 +311,53 @@ describe('doctor on a one-host Ceph cluster', { skip }, () => {
     },
   );
 
-  it('a mapping left behind without a hold, and a dead one: errors whose fixes clear them', { timeout: 120_000 }, async () => {
-    const s = await setup(node);
-    // Left behind: mapped by the backend, but the ledger never learnt of it (a driver whose state was lost).
-    await s.backend.create('vol-left', 64 * 1024 ** 2);
-    const device = await s.backend.attach('vol-left');
-    // Dead: an rbd-fuse of the layout's kind, killed, its mount left behind.
-    await ceph.rbd(['create', '--size', '64M', `${ceph.pool}/vol-dead`]);
-    const fuse = await ceph.startRbdFuse(node, join(s.mountDir, 'vol-dead'), { image: 'vol-dead' });
-    process.kill(fuse.pid, 'SIGKILL');
-    while ((await rbdFusePids(fuse.mountpoint)).length > 0) await new Promise((r) => setTimeout(r, 50));
+  it(
+    'mappings left behind without a hold (one of them hung), and a dead one: errors whose fixes clear them',
+    { timeout: 120_000 },
+    async () => {
+      const s = await setup(node);
+      // Left behind: mapped by the backend, but the ledger never learnt of it (a driver whose state was lost).
+      await s.backend.create('vol-left', 64 * 1024 ** 2);
+      const device = await s.backend.attach('vol-left');
+      // Hung: the same, its rbd-fuse stopped; like a fenced one it answers nothing, and a stat of its mount would hang.
+      await s.backend.create('vol-hung', 64 * 1024 ** 2);
+      await s.backend.attach('vol-hung');
+      const [hungPid] = await rbdFusePids(join(s.mountDir, 'vol-hung'));
+      process.kill(defined(hungPid, 'the rbd-fuse of vol-hung'), 'SIGSTOP');
+      // Dead: an rbd-fuse of the layout's kind, killed, its mount left behind.
+      await ceph.rbd(['create', '--size', '64M', `${ceph.pool}/vol-dead`]);
+      const fuse = await ceph.startRbdFuse(node, join(s.mountDir, 'vol-dead'), { image: 'vol-dead' });
+      process.kill(fuse.pid, 'SIGKILL');
+      while ((await rbdFusePids(fuse.mountpoint)).length > 0) await new Promise((r) => setTimeout(r, 50));
 
-    const report = await doctor(s);
-    const found = problems(report);
-    assert.deepEqual(
-      found.map((f) => [f.check, f.severity]),
-      [
-        ['rbd-mappings', 'error'],
-        ['rbd-mappings', 'error'],
-      ],
-      show(found),
-    );
-    const left = defined(found.find((f) => f.message.includes('vol-left')));
-    assert.match(
-      left.message,
-      new RegExp(`^stale rbd mapping of vol-left \\(${device}, FUSE mount \\S+, rbd-fuse pid \\d+\\): the ledger has no hold`),
-    );
-    const dead = defined(found.find((f) => f.message.includes('vol-dead')));
-    assert.match(dead.message, /^stale rbd mapping of vol-dead \(FUSE mount \S+\): .*its FUSE mount has no rbd-fuse process/);
+      const report = await doctor(s);
+      const found = problems(report);
+      assert.deepEqual(
+        found.map((f) => [f.check, f.severity]),
+        [
+          ['rbd-mappings', 'error'],
+          ['rbd-mappings', 'error'],
+          ['rbd-mappings', 'error'],
+        ],
+        show(found),
+      );
+      const left = defined(found.find((f) => f.message.includes('vol-left')));
+      assert.match(
+        left.message,
+        new RegExp(`^stale rbd mapping of vol-left \\(${device}, FUSE mount \\S+, rbd-fuse pid \\d+\\): the ledger has no hold`),
+      );
+      const hung = defined(found.find((f) => f.message.includes('vol-hung')));
+      assert.match(hung.message, new RegExp(`rbd-fuse pid ${hungPid}\\): the ledger has no hold`));
+      const dead = defined(found.find((f) => f.message.includes('vol-dead')));
+      assert.match(dead.message, /^stale rbd mapping of vol-dead \(FUSE mount \S+\): .*its FUSE mount has no rbd-fuse process/);
 
-    // The printed fixes, run as they are, clear both.
-    for (const f of [left, dead]) await run('sh', ['-c', defined(f.fix)], { timeoutMs: 30_000, okExitCodes: [1] });
-    assert.deepEqual(await leftovers(s.mountDir), { mounts: [], loops: [], pids: [] });
-    const again = await doctor(s);
-    assert.deepEqual(problems(again), [], show(problems(again)));
-  });
+      // The printed fixes, run as they are, clear all three.
+      for (const f of [left, hung, dead]) await run('sh', ['-c', defined(f.fix)], { timeoutMs: 30_000, okExitCodes: [1] });
+      assert.deepEqual(await leftovers(s.mountDir), { mounts: [], loops: [], pids: [] });
+      const again = await doctor(s);
+      assert.deepEqual(problems(again), [], show(problems(again)));
+    },
+  );
 
   it('a cluster that does not answer: an error within the deadline, not a hang', { timeout: 90_000 }, async (t) => {
     // The node's conf, its monitor moved to a port nothing listens on.

@@ -34,7 +34,7 @@ function nodeCapsCommand(clientId: string, pool: string, keyring: string): strin
 // deadline a little later (so not even a client stuck elsewhere can hang doctor).
 const CEPH_TIMEOUT_S = 10;
 const RUN_DEADLINE_MS = (CEPH_TIMEOUT_S + 5) * 1000;
-const RBD_TIMEOUTS = [
+const CLIENT_TIMEOUTS = [
   '--client-mount-timeout',
   String(CEPH_TIMEOUT_S),
   '--rados-mon-op-timeout',
@@ -289,7 +289,7 @@ async function cephCall(
   args: string[],
   okExitCodes: number[] = [],
 ): Promise<Outcome> {
-  const timeouts = command === 'ceph' ? ['--connect-timeout', String(CEPH_TIMEOUT_S), ...RBD_TIMEOUTS] : RBD_TIMEOUTS;
+  const timeouts = command === 'ceph' ? ['--connect-timeout', String(CEPH_TIMEOUT_S), ...CLIENT_TIMEOUTS] : CLIENT_TIMEOUTS;
   try {
     return { result: await run(command, [...cephClientArgs(identity), ...timeouts, ...args], { timeoutMs: RUN_DEADLINE_MS, okExitCodes }) };
   } catch (err) {
