@@ -115,7 +115,12 @@ export async function startRbdFuse(options: RbdFuseOptions): Promise<void> {
 
 /** The live rbd-fuse processes serving `mountPoint` (by their command line in /proc, never by the mount). */
 export async function rbdFusePids(mountPoint: string): Promise<number[]> {
-  const pids: number[] = [];
+  return (await rbdFuseProcesses()).filter((p) => p.argv.includes(mountPoint)).map((p) => p.pid);
+}
+
+/** Every live rbd-fuse process on this host with its command line, from /proc (what doctor looks for leftovers in). */
+export async function rbdFuseProcesses(): Promise<{ pid: number; argv: string[] }[]> {
+  const found: { pid: number; argv: string[] }[] = [];
   for (const entry of await readdir('/proc')) {
     if (!/^[0-9]+$/.test(entry) || Number(entry) === process.pid) continue;
     let argv: string[];
@@ -124,10 +129,10 @@ export async function rbdFusePids(mountPoint: string): Promise<number[]> {
     } catch {
       continue;
     }
-    if (basename(argv[0] ?? '') !== 'rbd-fuse' || !argv.includes(mountPoint)) continue;
-    if (await isAlive(Number(entry))) pids.push(Number(entry));
+    if (basename(argv[0] ?? '') !== 'rbd-fuse') continue;
+    if (await isAlive(Number(entry))) found.push({ pid: Number(entry), argv });
   }
-  return pids;
+  return found;
 }
 
 /** Whether `pid` runs (a zombie does not: it is only waiting for its parent to reap it). */

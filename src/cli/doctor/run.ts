@@ -8,6 +8,7 @@ import { agreement, checkLedgerAgainstKernel, readInventory } from './ledger.js'
 import { checkLoopSupport } from './loop.js';
 import { checkPlugin } from './plugin.js';
 import { checkPool } from './pool.js';
+import { checkRbd, checkRbdMappings, type RbdConfig } from './rbd.js';
 import { doctorReport, type DoctorReport, type Finding } from './report.js';
 import { checkTools } from './tools.js';
 
@@ -34,14 +35,22 @@ export async function runDoctor(options: DoctorOptions = {}): Promise<DoctorRepo
   await checkTools(config, env, add);
   await checkLoopSupport(add);
   await checkPlugin(config, options, env, add);
+  const rbd = config?.backend.type === 'rbd' ? (config as RbdConfig) : undefined;
+  if (rbd) await checkRbd(rbd, env, add);
   if (config) {
     const ctx = (options.context ?? createContext)(config);
     const held = await readInventory(ctx, config, add);
     if (held) {
-      await checkPool(config, held, add);
       const stuckAfter = options.stuckAfterSeconds ?? DEFAULT_STUCK_AFTER_SECONDS;
-      const problems = checkLedgerAgainstKernel(held, add) + checkDetaching(held, stuckAfter, options.now ?? ctx.clock, add);
-      if (problems === 0) add(agreement(held));
+      const detaching = () => checkDetaching(held, stuckAfter, options.now ?? ctx.clock, add);
+      if (rbd) {
+        // The volumes' bytes are in Ceph: no pool directory to size, and the devices are rbd mappings.
+        const mappings = await checkRbdMappings(rbd, held, add);
+        if (mappings.problems + detaching() === 0) add(mappings.agreement);
+      } else {
+        await checkPool(config, held, add);
+        if (checkLedgerAgainstKernel(held, add) + detaching() === 0) add(agreement(held));
+      }
     }
   } else {
     add({
