@@ -352,7 +352,8 @@ EOF
   only_the_driver_in "$PLUGINS" "$DRIVER"
   [[ -f $LATCH_TMP/ready ]] || fail 'no readiness file'
   grep -q "latch-entrypoint: wrote $config for node node-7" "$out"
-  grep -q "^installed $DRIVER" "$out"
+  grep -q "^latch-entrypoint: installed $DRIVER (sha256 [0-9a-f]\{12\}); plugin dir $PLUGINS: given in \$LATCH_VOLUME_PLUGIN_DIR" "$out" ||
+    fail "$(cat "$out")"
   grep -q '^latch doctor on node node-7' "$out" || fail "no doctor report: $(cat "$out")"
 
   kill -TERM "$ENTRYPOINT_PID"
@@ -371,7 +372,7 @@ EOF
 
   # A new pod: installs again, which changes nothing.
   start_entrypoint
-  grep -q 'nothing changed, so kubelet does not re-probe' "$out" || fail "$(cat "$out")"
+  grep -q "^latch-entrypoint: unchanged $DRIVER" "$out" || fail "$(cat "$out")"
   kill -TERM "$ENTRYPOINT_PID"
   wait "$ENTRYPOINT_PID"
 }
