@@ -14,11 +14,11 @@ import { parseConfig } from '../config.js';
 import { LatchError } from '../errors.js';
 import type { Preset } from './presets.js';
 
-export const NAMESPACE = 'latch-system';
+const NAMESPACE = 'latch-system';
 const NAME = 'latch';
 const LABELS = { 'app.kubernetes.io/name': NAME };
 /** Where the detecting DaemonSet mounts the host's /. */
-export const HOST_ROOT_MOUNT = '/host';
+const HOST_ROOT_MOUNT = '/host';
 
 /** What every node gets without --cluster-config: the file store, attach mode unless the control plane is managed. */
 export function defaultClusterConfig(preset?: Preset): Record<string, unknown> {
