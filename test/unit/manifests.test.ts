@@ -63,7 +63,7 @@ function captureIO(env: NodeJS.ProcessEnv = {}): CommandIO & { printed: () => st
 /** What `latch install --print-manifests` prints with these options (and the committed file's image). */
 async function generated(options: Partial<PrintManifestsOptions> = {}): Promise<string> {
   const io = captureIO();
-  await printManifests({ image: `latch:${PACKAGE_VERSION}`, output: 'yaml', ...options }, io);
+  await printManifests({ image: `latch:${PACKAGE_VERSION}`, output: 'table', ...options }, io);
   return io.printed();
 }
 
@@ -402,7 +402,7 @@ describe('bad input gets a clear message', () => {
     await assert.rejects(generated({ image: 'a b' }), /--image "a b" must be an image reference/);
     const io = captureIO();
     await assert.rejects(
-      installOrPrintManifests({ printManifests: true, hostRoot: '/host', output: 'yaml' }, io),
+      installOrPrintManifests({ printManifests: true, hostRoot: '/host', output: 'table' }, io),
       /--host-root is for installing on a node/,
     );
     await assert.rejects(installOrPrintManifests({ image: 'x', clusterConfig: 'y', output: 'table' }, io), {
