@@ -79,9 +79,9 @@ export function buildProgram(io: CliIO, exit: (code: number) => void): Command {
             `  4. ${DEFAULT_PLUGIN_DIR} (kubelet's default)`,
             'Installing the same build again changes nothing, so kubelet does not re-probe.',
             '',
-            'With --print-manifests it installs nothing and prints the cluster install for kubectl apply -f -:',
-            "without a preset the DaemonSet detects each node's plugin dir; a preset pins it. Presets:",
-            ...PRESETS.map((p) => `  ${p.name.padEnd(10)} ${p.pluginDir}  (${p.title})`),
+            'With --print-manifests it installs nothing and prints the cluster install for kubectl apply -f -, as',
+            "YAML (-o json: one List). Without a preset the DaemonSet detects each node's plugin dir; a preset pins it:",
+            ...PRESETS.map((p) => `  ${p.name.padEnd(10)} ${p.title}: ${p.pluginDir}`),
           ].join('\n'),
         )
         .option('--plugin-dir <dir>', "kubelet's FlexVolume plugin directory (default: detected)")
