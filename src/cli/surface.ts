@@ -74,7 +74,7 @@ export function buildProgram(io: CliIO, exit: (code: number) => void): Command {
             '',
             'The plugin dir: --plugin-dir or --preset, else $LATCH_VOLUME_PLUGIN_DIR, else what kubelet on this host uses:',
             '  1. its --volume-plugin-dir flag (from the command line of the running kubelet, or k3s --kubelet-arg)',
-            '  2. volumePluginDir in its --config file',
+            '  2. volumePluginDir in its --config-dir drop-ins (*.conf), else in its --config file',
             `  3. ${OPENSHIFT_PLUGIN_DIR}, if it exists (OpenShift 4)`,
             `  4. ${DEFAULT_PLUGIN_DIR} (kubelet's default)`,
             'Installing the same build again changes nothing, so kubelet does not re-probe.',

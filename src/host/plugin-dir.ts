@@ -94,7 +94,8 @@ async function chooseOnHost(
 
 /**
  * kubelet's plugin dir, in kubelet's own order of precedence: its --volume-plugin-dir flag, then volumePluginDir in
- * its --config file, then (no kubelet setting) the OpenShift 4 directory if it exists, else kubelet's default.
+ * its --config-dir drop-ins, then in its --config file, then (no kubelet setting) the OpenShift 4 directory if it
+ * exists, else kubelet's default.
  */
 export async function detectPluginDir(paths: DetectionPaths): Promise<PluginDirChoice> {
   const kubelets = await findKubelets(paths.procRoot);
@@ -112,9 +113,21 @@ export async function detectPluginDir(paths: DetectionPaths): Promise<PluginDirC
         reason: `${who} runs with --volume-plugin-dir=${flag}`,
       };
     }
+    // kubelet's own order: flags, then the drop-ins of --config-dir, then the --config file.
+    const dropInDir = flagValue(kubelet.argv, 'config-dir');
+    const dropIn = dropInDir === undefined ? undefined : await dropInPluginDir(paths, kubelet.pid, dropInDir);
+    if (dropIn) {
+      return {
+        dir: checkDir(dropIn.dir, `volumePluginDir in ${dropIn.file}`),
+        source: 'kubelet-config',
+        reason: `volumePluginDir in ${dropIn.file}, a drop-in of the --config-dir of ${who}`,
+      };
+    }
     const configFlag = flagValue(kubelet.argv, 'config');
     if (!configFlag) {
-      why = `${who} has neither --volume-plugin-dir nor --config`;
+      why = dropInDir
+        ? `${who} has no --volume-plugin-dir, no --config, and no volumePluginDir in its --config-dir ${dropInDir}`
+        : `${who} has neither --volume-plugin-dir nor --config`;
     } else {
       const found = await readKubeletConfig(paths, kubelet.pid, configFlag);
       if (found.error) {
@@ -182,11 +195,15 @@ async function findKubelets(procRoot: string): Promise<KubeletProcess[]> {
     } else if (/^k3s(-server|-agent)?$/.test(comm) || program === 'k3s' || /^k3s-(server|agent)$/.test(program)) {
       if (!argv.slice(1).some((a) => a === 'server' || a === 'agent')) continue; // k3s kubectl, k3s crictl...
       const kubeletArgs = flagValues(argv, 'kubelet-arg').map((a) => (a.startsWith('-') ? a : `--${a}`));
-      found.push({ pid, argv: ['kubelet', ...kubeletArgs], label: 'k3s' });
+      // k3s 1.32 and later give kubelet this drop-in directory, with /etc/rancher/k3s/kubelet.conf copied into it
+      // (k3s-io/k3s#2116); a --kubelet-arg config-dir=... comes after it and wins, as in kubelet.
+      found.push({ pid, argv: ['kubelet', `--config-dir=${K3S_KUBELET_DROP_INS}`, ...kubeletArgs], label: 'k3s' });
     }
   }
   return found;
 }
+
+const K3S_KUBELET_DROP_INS = '/var/lib/rancher/k3s/agent/etc/kubelet.conf.d';
 
 /** The value of a Go flag in an argv: -name=value, --name=value, -name value or --name value (the last one wins). */
 export function flagValue(argv: readonly string[], name: string): string | undefined {
@@ -227,7 +244,7 @@ async function readKubeletConfig(
       path = resolve('/', path);
     }
   }
-  const candidates = [join(procRoot, String(pid), 'root', path), hostRoot === undefined ? path : await resolveUnderRoot(hostRoot, path)];
+  const candidates = await asKubeletSeesIt({ procRoot, hostRoot }, pid, path);
   let error = '';
   for (const candidate of candidates) {
     try {
@@ -283,6 +300,53 @@ function yamlScalar(raw: string): string {
 function checkDir(dir: string, what: string): string {
   if (!isAbsolute(dir) || dir.includes('\0')) throw new LatchError(`${what} ${JSON.stringify(dir)} must be an absolute path`);
   return normalize(dir).replace(/(.)\/+$/, '$1');
+}
+
+/** Where this process finds a path of kubelet's: through /proc/<pid>/root, then under the host root or as it is. */
+async function asKubeletSeesIt({ procRoot, hostRoot }: Pick<DetectionPaths, 'procRoot' | 'hostRoot'>, pid: number, path: string) {
+  return [join(procRoot, String(pid), 'root', path), hostRoot === undefined ? path : await resolveUnderRoot(hostRoot, path)];
+}
+
+/**
+ * volumePluginDir from kubelet's --config-dir drop-ins: the *.conf files below it, walked in lexical order (as
+ * kubelet walks them), the last one that sets it winning. A directory that cannot be read sets nothing, as for
+ * kubelet, which then fails to start anyway.
+ */
+async function dropInPluginDir(paths: DetectionPaths, pid: number, dir: string): Promise<{ dir: string; file: string } | undefined> {
+  for (const candidate of await asKubeletSeesIt(paths, pid, isAbsolute(dir) ? dir : resolve('/', dir))) {
+    let files: string[];
+    try {
+      files = await confFiles(candidate);
+    } catch {
+      continue;
+    }
+    let found: { dir: string; file: string } | undefined;
+    for (const file of files) {
+      let value: string | undefined;
+      try {
+        value = kubeletConfigPluginDir(await readFile(join(candidate, file), 'utf8'));
+      } catch {
+        continue; // gone meanwhile
+      }
+      if (value) found = { dir: value, file: join(dir, file) };
+    }
+    return found;
+  }
+  return undefined;
+}
+
+/** The *.conf files below a directory, relative to it, in the order of Go's filepath.WalkDir (lexical, depth first). */
+async function confFiles(dir: string, prefix = ''): Promise<string[]> {
+  const entries = (await readdir(join(dir, prefix), { withFileTypes: true })).sort((a, b) =>
+    a.name < b.name ? -1 : a.name > b.name ? 1 : 0,
+  );
+  const files: string[] = [];
+  for (const entry of entries) {
+    const name = join(prefix, entry.name);
+    if (entry.isDirectory()) files.push(...(await confFiles(dir, name)));
+    else if (entry.name.endsWith('.conf')) files.push(name);
+  }
+  return files;
 }
 
 async function checkHostRoot(hostRoot: string): Promise<string> {

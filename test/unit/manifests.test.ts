@@ -491,7 +491,51 @@ describe("the DaemonSet's detection: latch install --host-root on a fake host", 
     const fallback = await choosePluginDir(undefined, plain.env, { hostRoot: plain.root });
     assert.equal(fallback.source, 'default');
     assert.equal(fallback.dir, presetNamed('k3s').pluginDir);
-    assert.match(fallback.reason, /k3s \(pid 90\) has neither --volume-plugin-dir nor --config/);
+    assert.match(
+      fallback.reason,
+      /k3s \(pid 90\) has no --volume-plugin-dir, no --config, and no volumePluginDir in its --config-dir \/var\/lib\/rancher\/k3s\/agent\/etc\/kubelet\.conf\.d/,
+    );
+
+    // k3s 1.32+ copies /etc/rancher/k3s/kubelet.conf into its drop-in directory, which it gives kubelet.
+    const withConfig = fakeHostRoot(
+      { 90: ['/usr/local/bin/k3s', 'server'] },
+      {
+        'var/lib/rancher/k3s/agent/etc/kubelet.conf.d/00-k3s-defaults.conf': 'kind: KubeletConfiguration\nmaxPods: 110\n',
+        'var/lib/rancher/k3s/agent/etc/kubelet.conf.d/10-cli-config.conf': 'volumePluginDir: /var/lib/k3s-flex\n',
+      },
+    );
+    const fromDropIn = await choosePluginDir(undefined, withConfig.env, { hostRoot: withConfig.root });
+    assert.equal(fromDropIn.dir, '/var/lib/k3s-flex');
+    assert.equal(
+      fromDropIn.reason,
+      'volumePluginDir in /var/lib/rancher/k3s/agent/etc/kubelet.conf.d/10-cli-config.conf, a drop-in of the --config-dir of k3s (pid 90)',
+    );
+  });
+
+  test("kubelet's --config-dir drop-ins: *.conf files walked in lexical order, the last setting wins, over --config", async () => {
+    const drop = 'etc/kubernetes/kubelet.conf.d';
+    const { root, env } = fakeHostRoot(
+      { 5: ['/usr/bin/kubelet', '--config=/etc/kubernetes/kubelet.yaml', '--config-dir', '/etc/kubernetes/kubelet.conf.d'] },
+      {
+        'etc/kubernetes/kubelet.yaml': 'volumePluginDir: /from/config\n',
+        [`${drop}/10-a.conf`]: 'volumePluginDir: /from/a\n',
+        [`${drop}/20-b/x.conf`]: '{"volumePluginDir": "/from/b"}',
+        [`${drop}/30-c.conf`]: 'maxPods: 10\n',
+        [`${drop}/99-z.yaml`]: 'volumePluginDir: /not/a/conf/file\n',
+      },
+    );
+    const choice = await choosePluginDir(undefined, env, { hostRoot: root });
+    assert.equal(choice.dir, '/from/b');
+    assert.equal(
+      choice.reason,
+      'volumePluginDir in /etc/kubernetes/kubelet.conf.d/20-b/x.conf, a drop-in of the --config-dir of kubelet (pid 5)',
+    );
+
+    rmSync(join(root, drop, '20-b'), { recursive: true });
+    assert.equal((await choosePluginDir(undefined, env, { hostRoot: root })).dir, '/from/a');
+    rmSync(join(root, drop), { recursive: true });
+    const fromConfig = await choosePluginDir(undefined, env, { hostRoot: root });
+    assert.equal(fromConfig.dir, '/from/config', 'no drop-in directory: the config file');
   });
 
   test('without a kubelet setting, the OpenShift directory is looked for on the host, not in the pod', async () => {
