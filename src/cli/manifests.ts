@@ -37,7 +37,23 @@ export async function installOrPrintManifests(
   }
   const only = [options.image !== undefined && '--image', options.clusterConfig !== undefined && '--cluster-config'].filter(Boolean);
   if (only.length > 0) throw new LatchError(`${only.join(' and ')} only ${only.length > 1 ? 'apply' : 'applies'} with --print-manifests`);
-  return install(options, io);
+  try {
+    return await install(options, io);
+  } catch (err) {
+    // kubelet's default plugin dir is on /usr, read-only on Flatcar, CoreOS, COS, RHCOS and k3OS.
+    if (isCode(err, 'EROFS')) {
+      throw new LatchError(
+        `the plugin dir is on a read-only file system (${errorMessage(err)}): kubelet cannot use it either. ` +
+          'Start kubelet (and KCM, for attach mode) with a writable plugin dir, e.g. --volume-plugin-dir=/var/lib/kubelet/volumeplugins ' +
+          '(latch install --preset flatcar), or pass the one it already uses with --plugin-dir or --preset',
+      );
+    }
+    throw err;
+  }
+}
+
+function isCode(err: unknown, code: string): boolean {
+  return err instanceof Error && (err as NodeJS.ErrnoException).code === code;
 }
 
 export async function printManifests(options: PrintManifestsOptions, io: CommandIO): Promise<void> {

@@ -5,7 +5,18 @@
 // runs it, on a fake host; the Dockerfile and the entrypoint checked statically (no Docker engine here).
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, readlinkSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import {
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  rmSync,
+  statSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -412,6 +423,29 @@ describe('bad input gets a clear message', () => {
       choosePluginDir(undefined, {}, { hostRoot: '/nonexistent-host-root' }),
       /--host-root \/nonexistent-host-root is not a directory/,
     );
+  });
+});
+
+describe('a read-only plugin dir', () => {
+  const notRoot = process.getuid?.() !== 0 ? 'needs root for a read-only bind mount' : false;
+
+  test('install says so and what to do, and leaves nothing behind', { skip: notRoot }, async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'latch-ro-'));
+    const plugins = join(dir, 'exec');
+    mkdirSync(join(plugins, 'latch~loop'), { recursive: true });
+    execFileSync('mount', ['--bind', plugins, plugins]);
+    try {
+      execFileSync('mount', ['-o', 'remount,bind,ro', plugins]);
+      const io = captureIO({ LATCH_CONFIG: join(dir, 'none.json') });
+      await assert.rejects(installOrPrintManifests({ pluginDir: plugins, output: 'table' }, io), {
+        name: 'LatchError',
+        message: /^the plugin dir is on a read-only file system \(EROFS.*\): kubelet cannot use it either\. .*--preset flatcar/,
+      });
+      assert.deepEqual(readdirSync(join(plugins, 'latch~loop')), []);
+    } finally {
+      execFileSync('umount', [plugins]);
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
 
