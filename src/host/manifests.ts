@@ -148,7 +148,9 @@ function daemonSet(options: ManifestOptions & { pluginDir: string | undefined; a
   const volumes: Record<string, unknown>[] = [];
   if (pluginDir === undefined) {
     env.push({ name: 'LATCH_HOST_ROOT', value: HOST_ROOT_MOUNT });
-    mounts.push({ name: 'host-root', mountPath: HOST_ROOT_MOUNT });
+    // HostToContainer: the host's later unmounts (kubelet's, of pod volumes) reach this copy of its mounts too;
+    // otherwise the pod would keep every filesystem mounted at its start busy, loop devices included.
+    mounts.push({ name: 'host-root', mountPath: HOST_ROOT_MOUNT, mountPropagation: 'HostToContainer' });
     volumes.push(hostDir('host-root', '/', 'Directory'));
   } else {
     env.push({ name: 'LATCH_VOLUME_PLUGIN_DIR', value: pluginDir });

@@ -211,6 +211,9 @@ describe('install/daemonset.yaml gives latch what it needs', () => {
     assert.ok(mount, "the host's / is not mounted");
     assert.deepEqual(volumes.get(mount.name)?.hostPath, { path: '/', type: 'Directory' });
     assert.notEqual(mount.readOnly, true, 'the driver is written under it');
+    // Without it, the pod's copy of the host's mounts would keep every volume mounted at its start busy after
+    // kubelet unmounts it on the host (a loop device that cannot be freed, a filesystem still mounted).
+    assert.equal(mount.mountPropagation, 'HostToContainer');
   });
 
   test('hostPath mounts for /var/lib/latch, /var/log/latch and /etc/latch, each at the same path', () => {
