@@ -5,6 +5,7 @@ import { readFile } from 'node:fs/promises';
 import { DRIVER_NAME_PATTERN } from '../config.js';
 import { LatchError, errorMessage } from '../errors.js';
 import { buildManifests, defaultClusterConfig, manifestsJson, manifestsYaml } from '../host/manifests.js';
+import { choosePluginDir } from '../host/plugin-dir.js';
 import type { Preset } from '../host/presets.js';
 import { VERSION } from '../version.js';
 import { install, type InstallOptions } from './install.js';
@@ -58,14 +59,11 @@ function isCode(err: unknown, code: string): boolean {
 
 export async function printManifests(options: PrintManifestsOptions, io: CommandIO): Promise<void> {
   const { preset } = options;
-  if (preset && options.pluginDir !== undefined && options.pluginDir.replace(/(.)\/+$/, '$1') !== preset.pluginDir) {
-    throw new LatchError(
-      `--plugin-dir ${options.pluginDir} conflicts with --preset ${preset.name}, whose plugin dir is ${preset.pluginDir}: give only one of them`,
-    );
-  }
-  if (options.pluginDir !== undefined && !options.pluginDir.startsWith('/')) {
-    throw new LatchError(`--plugin-dir ${JSON.stringify(options.pluginDir)} must be an absolute path`);
-  }
+  // Pinned to a directory: checked and compared with the preset's as for an install (nothing of this host is read).
+  const pinned =
+    preset !== undefined || options.pluginDir !== undefined
+      ? (await choosePluginDir(options.pluginDir, {}, preset ? { preset } : {})).dir
+      : undefined;
   if (options.driver !== undefined && !DRIVER_NAME_PATTERN.test(options.driver)) {
     throw new LatchError(`--driver ${JSON.stringify(options.driver)} must be vendor/driver (lower-case letters, digits, '.', '-')`);
   }
@@ -73,7 +71,7 @@ export async function printManifests(options: PrintManifestsOptions, io: Command
   if (!/^[^\s]+$/.test(image)) throw new LatchError(`--image ${JSON.stringify(image)} must be an image reference without spaces`);
   const manifests = buildManifests({
     ...(preset && { preset }),
-    ...(options.pluginDir !== undefined && { pluginDir: options.pluginDir.replace(/(.)\/+$/, '$1') }),
+    ...(pinned !== undefined && { pluginDir: pinned }),
     ...(options.driver !== undefined && { driver: options.driver }),
     image,
     ...(await clusterConfig(options.clusterConfig, preset)),

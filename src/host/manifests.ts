@@ -39,7 +39,7 @@ export function defaultClusterConfig(preset?: Preset): Record<string, unknown> {
 export interface ManifestOptions {
   /** Pins the DaemonSet to the preset's plugin dir, and adds what the distribution needs. */
   preset?: Preset;
-  /** Pins the DaemonSet to this plugin dir (without a preset, or the preset's own). */
+  /** Pins the DaemonSet to this plugin dir (with a preset, the preset's own). */
   pluginDir?: string;
   /** The installer image. */
   image: string;
@@ -62,7 +62,7 @@ export function buildManifests(options: ManifestOptions): Manifest[] {
   }
   // The same validation a node applies, with a stand-in node name: a mistake shows now, not on every node.
   const config = parseConfig({ ...options.clusterConfig, nodeName: 'node-name' }, options.clusterConfigSource);
-  const pluginDir = options.preset?.pluginDir ?? options.pluginDir;
+  const pluginDir = options.pluginDir ?? options.preset?.pluginDir;
   const manifests: Manifest[] = [
     {
       comment: 'The installer is privileged and uses hostPath volumes.',
