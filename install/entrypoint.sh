@@ -6,7 +6,8 @@
 #
 # Environment: NODE_NAME (required, from spec.nodeName), LATCH_CONFIG (default /etc/latch/config.json),
 # LATCH_CONFIG_TEMPLATE (default /etc/latch-template/config.json; when missing, an existing config is kept and only
-# its nodeName is set), LATCH_VOLUME_PLUGIN_DIR (else latch install detects the plugin dir), LATCH_DRIVER (vendor/driver),
+# its nodeName is set), LATCH_VOLUME_PLUGIN_DIR (the plugin dir, when the DaemonSet is pinned to one),
+# LATCH_HOST_ROOT (where the host's / is mounted, when the DaemonSet detects the plugin dir), LATCH_DRIVER (vendor/driver),
 # LATCH_READY_FILE (default /tmp/latch-installed: written once installed, for the readiness probe),
 # LATCH (the latch executable, default: latch on PATH).
 set -eu
@@ -39,16 +40,18 @@ chmod 0644 "$tmp"
 mv -f "$tmp" "$config"
 log "wrote $config for node $NODE_NAME${base:+ (from $base)}"
 
-if [ -n "${LATCH_DRIVER:-}" ]; then
-  "$latch" install --driver "$LATCH_DRIVER"
-else
-  "$latch" install
-fi
+set -- install -o json
+if [ -n "${LATCH_DRIVER:-}" ]; then set -- "$@" --driver "$LATCH_DRIVER"; fi
+if [ -n "${LATCH_HOST_ROOT:-}" ]; then set -- "$@" --host-root "$LATCH_HOST_ROOT"; fi
+result=$("$latch" "$@")
 : >"$ready"
+log "$(printf '%s' "$result" | jq -r '"\(.action) \(.path) (sha256 \(.sha256[0:12])); plugin dir \(.pluginDir): \(.reason)"')"
+# The plugin dir as this container reaches it (under the host root when detecting): the driver's grandparent.
+plugin_dir=$(dirname "$(dirname "$(printf '%s' "$result" | jq -r .path)")")
 
 # For `kubectl logs`: what doctor sees from inside this container (the tools it checks are the image's; run
 # `<plugin dir>/latch~loop/loop doctor` on the host for the host's view). Its findings never stop the pod.
-"$latch" doctor || log "latch doctor reported findings (exit $?); see above"
+"$latch" doctor --plugin-dir "$plugin_dir" || log "latch doctor reported findings (exit $?); see above"
 
 sleeper=""
 trap 'log "stopping; the driver stays installed"; [ -n "$sleeper" ] && kill "$sleeper" 2>/dev/null; exit 0' TERM INT

@@ -11,6 +11,7 @@ import { basename, dirname, join } from 'node:path';
 import { LatchError } from '../errors.js';
 import { CHUNK, driverPath, fileDigest, installedState, runningExecutable, shortDigest } from '../host/driver-file.js';
 import { choosePluginDir } from '../host/plugin-dir.js';
+import type { Preset } from '../host/presets.js';
 import { formatSize } from '../size.js';
 import { syncDir } from '../sys/files.js';
 import { driverNameFrom } from './driver-name.js';
@@ -22,15 +23,22 @@ const STALE_TEMP_MS = 10 * 60 * 1000;
 
 export interface InstallOptions {
   pluginDir?: string;
+  /** --preset: a distribution's plugin dir (src/host/presets.ts). */
+  preset?: Preset;
+  /** --host-root: the host's / is mounted there (the DaemonSet's pod); detect and write the host's plugin dir under it. */
+  hostRoot?: string;
   driver?: string;
   output: OutputFormat;
 }
 
 export async function install(options: InstallOptions, io: CommandIO): Promise<void> {
   const driver = driverNameFrom(options.driver, io);
-  const choice = await choosePluginDir(options.pluginDir, io.env);
+  const choice = await choosePluginDir(options.pluginDir, io.env, {
+    ...(options.preset && { preset: options.preset }),
+    ...(options.hostRoot !== undefined && { hostRoot: options.hostRoot }),
+  });
   const source = await runningExecutable();
-  const result = await installDriver({ pluginDir: choice.dir, driverName: driver.name, source: source.path });
+  const result = await installDriver({ pluginDir: choice.localDir, driverName: driver.name, source: source.path });
   if (options.output === 'json') {
     io.out(
       formatJson({

@@ -6,13 +6,14 @@ import { DEFAULT_DRIVER_NAME } from '../config.js';
 import { LatchError } from '../errors.js';
 import { FS_TYPES } from '../filesystems.js';
 import { DEFAULT_PLUGIN_DIR, OPENSHIFT_PLUGIN_DIR } from '../host/plugin-dir.js';
+import { PRESET_NAMES, PRESETS, presetNamed } from '../host/presets.js';
 import { TICKET_TYPES } from '../ledger/types.js';
 import { VERSION } from '../version.js';
 import { ADMIN_COMMANDS, type AdminCommandName } from './command-names.js';
 import { demo } from './demo.js';
 import { doctor, parseSeconds } from './doctor.js';
 import { DEFAULT_STUCK_AFTER_SECONDS } from './doctor/detaching.js';
-import { install } from './install.js';
+import { DEFAULT_IMAGE, installOrPrintManifests } from './manifests.js';
 import type { CliIO, CommandIO } from './io.js';
 import { ledgerMigrate, parseStoreName } from './ledger/migrate.js';
 import { nodeCheck } from './node/check.js';
@@ -85,18 +86,27 @@ export function buildProgram(io: CliIO, exit: (code: number) => void): Command {
           'after',
           [
             '',
-            'The plugin dir: --plugin-dir, else $LATCH_VOLUME_PLUGIN_DIR, else what kubelet on this host uses:',
-            '  1. its --volume-plugin-dir flag (from the command line of the running kubelet)',
-            '  2. volumePluginDir in its --config file',
+            'The plugin dir: --plugin-dir or --preset, else $LATCH_VOLUME_PLUGIN_DIR, else what kubelet on this host uses:',
+            '  1. its --volume-plugin-dir flag (from the command line of the running kubelet, or k3s --kubelet-arg)',
+            '  2. volumePluginDir in its --config-dir drop-ins (*.conf), else in its --config file',
             `  3. ${OPENSHIFT_PLUGIN_DIR}, if it exists (OpenShift 4)`,
             `  4. ${DEFAULT_PLUGIN_DIR} (kubelet's default)`,
             'Installing the same build again changes nothing, so kubelet does not re-probe.',
+            '',
+            'With --print-manifests it installs nothing and prints the cluster install for kubectl apply -f -, as',
+            "YAML (-o json: one List). Without a preset the DaemonSet detects each node's plugin dir; a preset pins it:",
+            ...PRESETS.map((p) => `  ${p.name.padEnd(10)} ${p.title}: ${p.pluginDir}`),
           ].join('\n'),
         )
         .option('--plugin-dir <dir>', "kubelet's FlexVolume plugin directory (default: detected)")
+        .option('--preset <name>', `a distribution's plugin dir: ${PRESET_NAMES.join(', ')}`, valueOf(presetNamed))
         .option(...DRIVER)
+        .option('--host-root <dir>', "the host's / is mounted here (the DaemonSet's pod): detect and install the host's plugin dir")
+        .option('--print-manifests', 'print the Kubernetes manifests of the cluster install instead of installing')
+        .option('--image <ref>', `with --print-manifests: the installer image (default ${DEFAULT_IMAGE})`)
+        .option('--cluster-config <file>', 'with --print-manifests: the config.json every node gets, without nodeName (default: built in)')
         .option(...OUTPUT)
-        .action(async (opts) => done(await install(opts, io))),
+        .action(async (opts) => done(await installOrPrintManifests(opts, io))),
 
     uninstall: (c) =>
       c

@@ -326,33 +326,37 @@ EOF
 
 # ---- the DaemonSet's entrypoint ----------------------------------------------------------------------------------
 
+# start_entrypoint NAME=VALUE... -- runs install/entrypoint.sh with BUILD_A as latch, node-7 as the node, the
+# config at $config from $template, and the given environment, output in $out; returns once it sleeps
+# (ENTRYPOINT_PID, SLEEPER).
+start_entrypoint() {
+  env NODE_NAME=node-7 LATCH_CONFIG="$config" LATCH_CONFIG_TEMPLATE="$template" LATCH_READY_FILE="$LATCH_TMP/ready" \
+    LATCH="$BUILD_A" "$@" sh "$LATCH_REPO_ROOT/install/entrypoint.sh" >"$out" 2>&1 &
+  ENTRYPOINT_PID=$!
+  latch_on_teardown "kill $ENTRYPOINT_PID 2>/dev/null; true"
+  local i
+  SLEEPER=""
+  for ((i = 0; i < 300; i++)); do
+    SLEEPER=$(ps -o pid= --ppid "$ENTRYPOINT_PID" -o comm= | awk '$2 == "sleep" { print $1 }')
+    [[ -n $SLEEPER ]] && return 0
+    kill -0 "$ENTRYPOINT_PID" 2>/dev/null || fail "the entrypoint exited: $(cat "$out")"
+    sleep 0.1
+  done
+  fail "the entrypoint did not reach its sleep: $(cat "$out")"
+}
+
 @test "entrypoint: writes this node's config, installs, runs doctor, sleeps; on TERM exits 0 and the driver stays" {
   local template="$LATCH_TMP/template/config.json" config="$LATCH_TMP/etc-latch/config.json" out="$LATCH_TMP/entrypoint.out"
   mkdir -p "$(dirname "$template")"
   jq 'del(.nodeName)' "$LATCH_CONFIG" >"$template"
-  start_entrypoint() {
-    NODE_NAME=node-7 LATCH_CONFIG="$config" LATCH_CONFIG_TEMPLATE="$template" LATCH_VOLUME_PLUGIN_DIR="$PLUGINS" \
-      LATCH_READY_FILE="$LATCH_TMP/ready" LATCH="$BUILD_A" sh "$LATCH_REPO_ROOT/install/entrypoint.sh" >"$out" 2>&1 &
-    ENTRYPOINT_PID=$!
-    latch_on_teardown "kill $ENTRYPOINT_PID 2>/dev/null; true"
-    local i
-    SLEEPER=""
-    for ((i = 0; i < 300; i++)); do
-      SLEEPER=$(ps -o pid= --ppid "$ENTRYPOINT_PID" -o comm= | awk '$2 == "sleep" { print $1 }')
-      [[ -n $SLEEPER ]] && return 0
-      kill -0 "$ENTRYPOINT_PID" 2>/dev/null || fail "the entrypoint exited: $(cat "$out")"
-      sleep 0.1
-    done
-    fail "the entrypoint did not reach its sleep: $(cat "$out")"
-  }
-
-  start_entrypoint
+  start_entrypoint LATCH_VOLUME_PLUGIN_DIR="$PLUGINS"
   jq -e --slurpfile t "$template" '. == ($t[0] + {nodeName: "node-7"})' "$config" || fail "config: $(cat "$config")"
   cmp "$DRIVER" "$BUILD_A"
   only_the_driver_in "$PLUGINS" "$DRIVER"
   [[ -f $LATCH_TMP/ready ]] || fail 'no readiness file'
   grep -q "latch-entrypoint: wrote $config for node node-7" "$out"
-  grep -q "^installed $DRIVER" "$out"
+  grep -q "^latch-entrypoint: installed $DRIVER (sha256 [0-9a-f]\{12\}); plugin dir $PLUGINS: given in \$LATCH_VOLUME_PLUGIN_DIR" "$out" ||
+    fail "$(cat "$out")"
   grep -q '^latch doctor on node node-7' "$out" || fail "no doctor report: $(cat "$out")"
 
   kill -TERM "$ENTRYPOINT_PID"
@@ -370,10 +374,48 @@ EOF
   cmp "$DRIVER" "$BUILD_A"
 
   # A new pod: installs again, which changes nothing.
-  start_entrypoint
-  grep -q 'nothing changed, so kubelet does not re-probe' "$out" || fail "$(cat "$out")"
+  start_entrypoint LATCH_VOLUME_PLUGIN_DIR="$PLUGINS"
+  grep -q "^latch-entrypoint: unchanged $DRIVER" "$out" || fail "$(cat "$out")"
   kill -TERM "$ENTRYPOINT_PID"
   wait "$ENTRYPOINT_PID"
+}
+
+@test "entrypoint, detecting (no preset): kubelet's plugin dir is found and written under LATCH_HOST_ROOT; doctor checks it there" {
+  local template="$LATCH_TMP/template/config.json" config="$LATCH_TMP/etc-latch/config.json" out="$LATCH_TMP/entrypoint.out"
+  local host="$LATCH_TMP/host"
+  mkdir -p "$(dirname "$template")" "$host/etc/kubernetes"
+  jq 'del(.nodeName)' "$LATCH_CONFIG" >"$template"
+  plant_kubelet 1 /sbin/init
+  plant_kubelet 4242 /usr/bin/kubelet --config /etc/kubernetes/kubelet.yaml
+  printf 'kind: KubeletConfiguration\nvolumePluginDir: /var/lib/kubelet/volumeplugins\n' >"$host/etc/kubernetes/kubelet.yaml"
+  local installed="$host/var/lib/kubelet/volumeplugins/latch~loop/loop"
+
+  start_entrypoint LATCH_HOST_ROOT="$host"
+  cmp "$installed" "$BUILD_A"
+  grep -q "^latch-entrypoint: installed $installed (sha256 [0-9a-f]\{12\}); plugin dir /var/lib/kubelet/volumeplugins: volumePluginDir in /etc/kubernetes/kubelet.yaml, the config file of kubelet (pid 4242)" "$out" ||
+    fail "$(cat "$out")"
+  grep -q "plugin dir $host/var/lib/kubelet/volumeplugins (given with --plugin-dir)" "$out" || fail "doctor looked elsewhere: $(cat "$out")"
+  [[ ! -e $LATCH_DEFAULT_PLUGIN_DIR && ! -e /var/lib/kubelet/volumeplugins/latch~loop ]] || fail 'installed outside the host root'
+  kill -TERM "$ENTRYPOINT_PID"
+  wait "$ENTRYPOINT_PID"
+}
+
+@test "install --print-manifests: the built executable prints install/daemonset.yaml; a preset pins its directory" {
+  run --separate-stderr "$BUILD_A" install --print-manifests
+  assert_success
+  [[ -z $stderr ]] || fail "stderr: $stderr"
+  diff <(printf '%s\n' "$output") "$LATCH_REPO_ROOT/install/daemonset.yaml" || fail 'install/daemonset.yaml is not the generated output'
+
+  run --separate-stderr "$BUILD_A" install --print-manifests --preset gke --image registry.example/latch:1 -o json
+  assert_success
+  jq -e '[.items[] | select(.kind == "DaemonSet")][0].spec.template.spec
+      | (.volumes[] | select(.name == "plugin-dir") | .hostPath.path) == "/home/kubernetes/flexvolume"
+        and .containers[0].image == "registry.example/latch:1"' <<<"$output" || fail "$output"
+
+  run --separate-stderr "$BUILD_A" install --print-manifests --preset eks
+  assert_failure 1
+  [[ $stderr == *'unknown preset "eks": use one of upstream, openshift, gke, aks, rke, k3s, flatcar'* ]] || fail "stderr: $stderr"
+  [[ -z $output ]] || fail "printed: $output"
 }
 
 # ---- the self-contained build ------------------------------------------------------------------------------------
@@ -395,6 +437,14 @@ EOF
   run --separate-stderr "$LATCH_EXEC" version
   assert_success
   assert_output "$("$LATCH_BIN" version)"
+}
+
+@test "sea: prints the same manifests (its yaml library is evaluated from the string build.mjs embeds)" {
+  require_sea
+  run --separate-stderr "$LATCH_SEA" install --print-manifests
+  assert_success
+  [[ -z $stderr ]] || fail "stderr: $stderr"
+  diff <(printf '%s\n' "$output") "$LATCH_REPO_ROOT/install/daemonset.yaml" || fail 'differs from install/daemonset.yaml'
 }
 
 @test "sea: installs itself (the executable, not a script), and doctor finds it identical" {

@@ -1,19 +1,39 @@
-// install/: the DaemonSet manifest checked offline against the Kubernetes schemas (kubernetes-models: the OpenAPI
-// validation of each kind, plus TypeScript's excess-property check of its types, which catches the misspelled
-// fields a schema with open objects lets through), then against what latch needs; the Dockerfile and the
-// entrypoint checked statically (no Docker engine here).
+// install/: the manifests `latch install --print-manifests` generates (install/daemonset.yaml, and every preset's)
+// checked offline against the Kubernetes schemas (kubernetes-models: the OpenAPI validation of each kind, plus
+// TypeScript's excess-property check of its types, which catches the misspelled fields a schema with open objects
+// lets through), then against what latch needs; plugin-dir detection through a host root, as the DaemonSet's pod
+// runs it, on a fake host; the Dockerfile and the entrypoint checked statically (no Docker engine here).
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
+import {
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  rmSync,
+  statSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { describe, test } from 'node:test';
+import { after, before, describe, test } from 'node:test';
 import ts from 'typescript';
 import { parseAllDocuments } from 'yaml';
 import { DaemonSet } from 'kubernetes-models/apps/v1/DaemonSet';
 import { ConfigMap } from 'kubernetes-models/v1/ConfigMap';
 import { Namespace } from 'kubernetes-models/v1/Namespace';
 import { ServiceAccount } from 'kubernetes-models/v1/ServiceAccount';
+import { Role } from 'kubernetes-models/rbac.authorization.k8s.io/v1/Role';
+import { RoleBinding } from 'kubernetes-models/rbac.authorization.k8s.io/v1/RoleBinding';
+import { install } from '../../src/cli/install.js';
+import type { CommandIO } from '../../src/cli/io.js';
+import { installOrPrintManifests, printManifests, type PrintManifestsOptions } from '../../src/cli/manifests.js';
 import { parseConfig } from '../../src/config.js';
+import { choosePluginDir, resolveUnderRoot } from '../../src/host/plugin-dir.js';
+import { PRESETS, PRESET_NAMES, presetNamed } from '../../src/host/presets.js';
 import { defined } from '../fixtures/defined.js';
 
 const ROOT = resolve(__dirname, '../..');
@@ -27,7 +47,36 @@ const KINDS: Record<string, { model: new (data: any) => { validate(): void }; ty
   'v1/ServiceAccount': { model: ServiceAccount, type: 'IServiceAccount', module: 'kubernetes-models/v1/ServiceAccount' },
   'v1/ConfigMap': { model: ConfigMap, type: 'IConfigMap', module: 'kubernetes-models/v1/ConfigMap' },
   'apps/v1/DaemonSet': { model: DaemonSet, type: 'IDaemonSet', module: 'kubernetes-models/apps/v1/DaemonSet' },
+  'rbac.authorization.k8s.io/v1/Role': { model: Role, type: 'IRole', module: 'kubernetes-models/rbac.authorization.k8s.io/v1/Role' },
+  'rbac.authorization.k8s.io/v1/RoleBinding': {
+    model: RoleBinding,
+    type: 'IRoleBinding',
+    module: 'kubernetes-models/rbac.authorization.k8s.io/v1/RoleBinding',
+  },
 };
+
+/** The package's version: the built executable's default image is latch:<version>, and so is the committed file's. */
+const PACKAGE_VERSION = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')).version as string;
+
+/** A CommandIO that keeps what the command prints. */
+function captureIO(env: NodeJS.ProcessEnv = {}): CommandIO & { printed: () => string } {
+  let text = '';
+  return {
+    out: (t) => {
+      text += t;
+    },
+    env,
+    context: () => assert.fail('--print-manifests needs no context'),
+    printed: () => text,
+  };
+}
+
+/** What `latch install --print-manifests` prints with these options (and the committed file's image). */
+async function generated(options: Partial<PrintManifestsOptions> = {}): Promise<string> {
+  const io = captureIO();
+  await printManifests({ image: `latch:${PACKAGE_VERSION}`, output: 'table', ...options }, io);
+  return io.printed();
+}
 
 function loadManifest(text = readFileSync(MANIFEST, 'utf8')): Doc[] {
   const docs = parseAllDocuments(text);
@@ -146,10 +195,29 @@ describe('install/daemonset.yaml gives latch what it needs', () => {
     assert.notEqual(pod.hostNetwork, true);
   });
 
-  test('hostPath mounts for the plugin dir, /var/lib/latch, /var/log/latch and /etc/latch, each at the same path', () => {
-    const pluginDir = env.get('LATCH_VOLUME_PLUGIN_DIR')?.value;
-    assert.equal(pluginDir, '/usr/libexec/kubernetes/kubelet-plugins/volume/exec');
-    for (const path of [pluginDir, '/var/lib/latch', '/var/log/latch', '/etc/latch']) {
+  test('install/daemonset.yaml is exactly what `latch install --print-manifests` generates', async () => {
+    const expected = await generated();
+    assert.ok(
+      readFileSync(MANIFEST, 'utf8') === expected,
+      'install/daemonset.yaml differs from the generated manifests: npm run build && bin/latch install --print-manifests > install/daemonset.yaml',
+    );
+  });
+
+  test("it detects the plugin dir on the node: the host's pid namespace and / at /host, and no plugin dir of its own", () => {
+    assert.equal(pod.hostPID, true);
+    assert.equal(env.get('LATCH_VOLUME_PLUGIN_DIR'), undefined);
+    assert.equal(env.get('LATCH_HOST_ROOT')?.value, '/host');
+    const mount = mountOf('/host');
+    assert.ok(mount, "the host's / is not mounted");
+    assert.deepEqual(volumes.get(mount.name)?.hostPath, { path: '/', type: 'Directory' });
+    assert.notEqual(mount.readOnly, true, 'the driver is written under it');
+    // Without it, the pod's copy of the host's mounts would keep every volume mounted at its start busy after
+    // kubelet unmounts it on the host (a loop device that cannot be freed, a filesystem still mounted).
+    assert.equal(mount.mountPropagation, 'HostToContainer');
+  });
+
+  test('hostPath mounts for /var/lib/latch, /var/log/latch and /etc/latch, each at the same path', () => {
+    for (const path of ['/var/lib/latch', '/var/log/latch', '/etc/latch']) {
       const mount = mountOf(path);
       assert.ok(mount, `nothing is mounted at ${path}`);
       assert.notEqual(mount.readOnly, true, `${path} must be writable`);
@@ -199,6 +267,332 @@ describe('install/daemonset.yaml gives latch what it needs', () => {
     for (const d of docs.filter((d) => d.kind !== 'Namespace')) assert.equal(d.metadata.namespace, ns, d.kind);
     for (const [k, v] of Object.entries(ds.spec.selector.matchLabels)) assert.equal(ds.spec.template.metadata.labels[k], v);
     assert.equal(pod.serviceAccountName, docs.find((d) => d.kind === 'ServiceAccount')!.metadata.name);
+  });
+});
+
+/** The plugin-dir volume of a pinned DaemonSet: its hostPath, its mount and the env the entrypoint reads. */
+function pinnedPluginDir(docs: Doc[]): { hostPath: Doc | undefined; mountPath: string | undefined; env: string | undefined } {
+  const pod = daemonSet(docs).spec.template.spec;
+  const container = pod.containers[0];
+  const volume = pod.volumes.find((v: Doc) => v.name === 'plugin-dir');
+  return {
+    hostPath: volume?.hostPath,
+    mountPath: container.volumeMounts.find((m: Doc) => m.name === 'plugin-dir')?.mountPath,
+    env: container.env.find((e: Doc) => e.name === 'LATCH_VOLUME_PLUGIN_DIR')?.value,
+  };
+}
+
+function tolerationKeys(docs: Doc[]): string[] {
+  return (daemonSet(docs).spec.template.spec.tolerations ?? []).map((t: Doc) => `${t.key} ${t.operator} ${t.effect}`);
+}
+
+const CONTROL_PLANE_TOLERATIONS = [
+  'node-role.kubernetes.io/control-plane Exists NoSchedule',
+  'node-role.kubernetes.io/master Exists NoSchedule',
+];
+
+describe('every preset generates valid manifests pinned to its plugin dir', () => {
+  test('the presets: the layouts the issue names, each an absolute directory, names unique', () => {
+    assert.deepEqual(PRESET_NAMES, ['upstream', 'openshift', 'gke', 'aks', 'rke', 'k3s', 'flatcar']);
+    const dirs = Object.fromEntries(PRESETS.map((p) => [p.name, p.pluginDir]));
+    assert.deepEqual(dirs, {
+      upstream: '/usr/libexec/kubernetes/kubelet-plugins/volume/exec',
+      openshift: '/etc/kubernetes/kubelet-plugins/volume/exec',
+      gke: '/home/kubernetes/flexvolume',
+      aks: '/etc/kubernetes/volumeplugins',
+      rke: '/var/lib/kubelet/volumeplugins',
+      k3s: '/usr/libexec/kubernetes/kubelet-plugins/volume/exec',
+      flatcar: '/var/lib/kubelet/volumeplugins',
+    });
+    for (const preset of PRESETS) assert.ok(preset.notes.length > 0, `${preset.name} says what else differs`);
+  });
+
+  for (const preset of PRESETS) {
+    test(`--preset ${preset.name}: schemas, types, hostPath ${preset.pluginDir}, tolerations as its attach mode`, async () => {
+      const text = await generated({ preset });
+      assert.match(text, new RegExp(`^# Generated by \`latch install --print-manifests --preset ${preset.name}\``));
+      const docs = loadManifest(text);
+      validateSchemas(docs);
+      assert.deepEqual(typeErrors(docs), []);
+
+      assert.deepEqual(pinnedPluginDir(docs), {
+        hostPath: { path: preset.pluginDir, type: 'DirectoryOrCreate' },
+        mountPath: preset.pluginDir,
+        env: preset.pluginDir,
+      });
+      const pod = daemonSet(docs).spec.template.spec;
+      assert.equal(pod.hostPID, undefined, 'a pinned DaemonSet needs no host pid namespace');
+      assert.ok(!pod.volumes.some((v: Doc) => v.hostPath?.path === '/'), "a pinned DaemonSet does not mount the host's /");
+
+      const config = JSON.parse(defined(docs.find((d) => d.kind === 'ConfigMap')).data['config.json']);
+      assert.equal(config.attach, !preset.managedControlPlane, 'managed control planes cannot run the driver: attach is off');
+      assert.deepEqual(tolerationKeys(docs), config.attach ? CONTROL_PLANE_TOLERATIONS : []);
+
+      const kinds = docs.map(kindOf);
+      if (preset.privilegedScc) {
+        const role = defined(docs.find((d) => d.kind === 'Role'));
+        assert.deepEqual(role.rules, [
+          {
+            apiGroups: ['security.openshift.io'],
+            resources: ['securitycontextconstraints'],
+            resourceNames: ['privileged'],
+            verbs: ['use'],
+          },
+        ]);
+        const binding = defined(docs.find((d) => d.kind === 'RoleBinding'));
+        assert.equal(binding.roleRef.name, role.metadata.name);
+        assert.deepEqual(binding.subjects, [{ kind: 'ServiceAccount', name: pod.serviceAccountName, namespace: role.metadata.namespace }]);
+      } else {
+        assert.ok(!kinds.includes('rbac.authorization.k8s.io/v1/Role'), 'no RBAC where none is needed');
+      }
+    });
+  }
+
+  test('--plugin-dir without a preset pins a custom directory; --driver reaches the entrypoint', async () => {
+    const docs = loadManifest(await generated({ pluginDir: '/srv/kubelet/plugins/', driver: 'acme/disk' }));
+    validateSchemas(docs);
+    assert.deepEqual(pinnedPluginDir(docs).hostPath, { path: '/srv/kubelet/plugins', type: 'DirectoryOrCreate' });
+    const env = daemonSet(docs).spec.template.spec.containers[0].env;
+    assert.equal(env.find((e: Doc) => e.name === 'LATCH_DRIVER')?.value, 'acme/disk');
+  });
+
+  test('--cluster-config: its content goes to every node, and "attach": false drops the control-plane tolerations', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'latch-manifests-'));
+    try {
+      const file = join(dir, 'cluster.json');
+      writeFileSync(file, JSON.stringify({ attach: false, maxSize: '10Gi' }));
+      const docs = loadManifest(await generated({ clusterConfig: file }));
+      validateSchemas(docs);
+      assert.deepEqual(JSON.parse(defined(docs.find((d) => d.kind === 'ConfigMap')).data['config.json']), {
+        attach: false,
+        maxSize: '10Gi',
+      });
+      assert.deepEqual(tolerationKeys(docs), []);
+      assert.deepEqual(tolerationKeys(loadManifest(await generated())), CONTROL_PLANE_TOLERATIONS);
+
+      writeFileSync(file, JSON.stringify({ nodeName: 'node-1' }));
+      await assert.rejects(generated({ clusterConfig: file }), /sets nodeName: every node sets its own/);
+      writeFileSync(file, JSON.stringify({ attach: 'yes' }));
+      await assert.rejects(generated({ clusterConfig: file }), (err: Error) => err.message.includes(file) && /attach/.test(err.message));
+      writeFileSync(file, '{"attach":');
+      await assert.rejects(generated({ clusterConfig: file }), new RegExp(`--cluster-config ${file}: .*JSON`));
+      await assert.rejects(generated({ clusterConfig: join(dir, 'missing.json') }), /--cluster-config .*missing\.json: ENOENT/);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test('-o json prints the same objects as one List that kubectl applies', async () => {
+    const io = captureIO();
+    await printManifests({ image: `latch:${PACKAGE_VERSION}`, output: 'json', preset: presetNamed('openshift') }, io);
+    const list = JSON.parse(io.printed());
+    assert.equal(list.kind, 'List');
+    assert.deepEqual(list.items, loadManifest(await generated({ preset: presetNamed('openshift') })));
+  });
+});
+
+describe('bad input gets a clear message', () => {
+  test('an unknown preset lists the valid ones', () => {
+    assert.throws(() => presetNamed('openshfit'), {
+      name: 'LatchError',
+      message: 'unknown preset "openshfit": use one of upstream, openshift, gke, aks, rke, k3s, flatcar',
+    });
+  });
+
+  test('a preset and a --plugin-dir that names another directory conflict; the same directory does not', async () => {
+    const gke = presetNamed('gke');
+    await assert.rejects(generated({ preset: gke, pluginDir: '/var/lib/kubelet/volumeplugins' }), {
+      name: 'LatchError',
+      message:
+        '--plugin-dir /var/lib/kubelet/volumeplugins conflicts with --preset gke, whose plugin dir is /home/kubernetes/flexvolume: give only one of them',
+    });
+    assert.match(await generated({ preset: gke, pluginDir: '/home/kubernetes/flexvolume/' }), /path: \/home\/kubernetes\/flexvolume\n/);
+    await assert.rejects(choosePluginDir('/elsewhere', {}, { preset: gke }), /--plugin-dir \/elsewhere conflicts with --preset gke/);
+  });
+
+  test('a relative --plugin-dir, a bad --driver or --image, and options that belong to the other mode', async () => {
+    await assert.rejects(generated({ pluginDir: 'plugins' }), /--plugin-dir "plugins" must be an absolute path/);
+    await assert.rejects(generated({ driver: 'Latch' }), /--driver "Latch" must be vendor\/driver/);
+    await assert.rejects(generated({ image: 'a b' }), /--image "a b" must be an image reference/);
+    const io = captureIO();
+    await assert.rejects(
+      installOrPrintManifests({ printManifests: true, hostRoot: '/host', output: 'table' }, io),
+      /--host-root is for installing on a node/,
+    );
+    await assert.rejects(installOrPrintManifests({ image: 'x', clusterConfig: 'y', output: 'table' }, io), {
+      message: '--image and --cluster-config only apply with --print-manifests',
+    });
+    await assert.rejects(
+      choosePluginDir(undefined, {}, { hostRoot: '/nonexistent-host-root' }),
+      /--host-root \/nonexistent-host-root is not a directory/,
+    );
+  });
+});
+
+describe('a read-only plugin dir', () => {
+  const notRoot = process.getuid?.() !== 0 ? 'needs root for a read-only bind mount' : false;
+
+  test('install says so and what to do, and leaves nothing behind', { skip: notRoot }, async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'latch-ro-'));
+    const plugins = join(dir, 'exec');
+    mkdirSync(join(plugins, 'latch~loop'), { recursive: true });
+    execFileSync('mount', ['--bind', plugins, plugins]);
+    try {
+      execFileSync('mount', ['-o', 'remount,bind,ro', plugins]);
+      const io = captureIO({ LATCH_CONFIG: join(dir, 'none.json') });
+      await assert.rejects(installOrPrintManifests({ pluginDir: plugins, output: 'table' }, io), {
+        name: 'LatchError',
+        message: /^the plugin dir is on a read-only file system \(EROFS.*\): kubelet cannot use it either\. .*--preset flatcar/,
+      });
+      assert.deepEqual(readdirSync(join(plugins, 'latch~loop')), []);
+    } finally {
+      execFileSync('umount', [plugins]);
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe("the DaemonSet's detection: latch install --host-root on a fake host", () => {
+  let base: string;
+  let n = 0;
+  before(() => {
+    base = mkdtempSync(join(tmpdir(), 'latch-host-root-'));
+  });
+  after(() => {
+    rmSync(base, { recursive: true, force: true });
+  });
+
+  /** A host's / with a proc/ holding the given processes, and the files given (path under / to content). */
+  function fakeHostRoot(processes: Record<number, string[]>, files: Record<string, string> = {}): { root: string; env: NodeJS.ProcessEnv } {
+    const root = join(base, `host-${++n}`);
+    for (const [pid, argv] of Object.entries(processes)) {
+      mkdirSync(join(root, 'proc', pid), { recursive: true });
+      writeFileSync(join(root, 'proc', pid, 'cmdline'), `${argv.join('\0')}\0`);
+      writeFileSync(join(root, 'proc', pid, 'comm'), `${(argv[0] ?? '').split('/').pop()}\n`);
+    }
+    mkdirSync(join(root, 'proc'), { recursive: true });
+    for (const [path, text] of Object.entries(files)) {
+      mkdirSync(join(root, path, '..'), { recursive: true });
+      writeFileSync(join(root, path), text);
+    }
+    // The pod reads kubelet's command line from the host's pid namespace; here, from the fake proc/.
+    return { root, env: { LATCH_PROC_ROOT: join(root, 'proc'), LATCH_CONFIG: join(root, 'etc/latch/config.json') } };
+  }
+
+  test("kubelet's config file is read from the host root, and the driver is written to the host's plugin dir there", async () => {
+    const { root, env } = fakeHostRoot(
+      { 1: ['/sbin/init'], 412: ['/usr/bin/kubelet', '--config=/var/lib/kubelet/config.yaml', '--v=2'] },
+      { 'var/lib/kubelet/config.yaml': 'kind: KubeletConfiguration\nvolumePluginDir: /var/lib/kubelet/volumeplugins\n' },
+    );
+    const choice = await choosePluginDir(undefined, env, { hostRoot: root });
+    assert.equal(choice.dir, '/var/lib/kubelet/volumeplugins', 'the host path, as kubelet names it');
+    assert.equal(choice.source, 'kubelet-config');
+    assert.equal(choice.localDir, join(root, 'var/lib/kubelet/volumeplugins'));
+
+    const io = captureIO(env);
+    await install({ hostRoot: root, output: 'json' }, io);
+    const result = JSON.parse(io.printed());
+    assert.equal(result.pluginDir, '/var/lib/kubelet/volumeplugins');
+    assert.equal(result.path, join(root, 'var/lib/kubelet/volumeplugins/latch~loop/loop'));
+    assert.equal(statSync(result.path).mode & 0o777, 0o755);
+    assert.equal(readFileSync(result.path, 'utf8'), readFileSync(defined(process.argv[1]), 'utf8'), 'the running file was copied');
+  });
+
+  test("the flag wins, and the host's absolute symbolic links are followed under the host root, not in the pod", async () => {
+    const { root, env } = fakeHostRoot({ 7: ['kubelet', '--volume-plugin-dir', '/home/kubernetes/flexvolume'] });
+    mkdirSync(join(root, 'var/home'), { recursive: true });
+    symlinkSync('/var/home', join(root, 'home')); // absolute, as on hosts where /home -> /var/home
+    const choice = await choosePluginDir(undefined, env, { hostRoot: root });
+    assert.equal(choice.dir, '/home/kubernetes/flexvolume');
+    assert.equal(choice.source, 'kubelet-flag');
+    assert.equal(choice.localDir, join(root, 'var/home/kubernetes/flexvolume'));
+    assert.equal(readlinkSync(join(root, 'home')), '/var/home', 'the host is untouched');
+
+    symlinkSync('loop', join(root, 'var/loop'));
+    mkdirSync(join(root, 'x'));
+    symlinkSync('/var/loop', join(root, 'x/y'));
+    await assert.rejects(resolveUnderRoot(root, '/var/loop/a'), /too many levels of symbolic links/);
+    assert.equal(await resolveUnderRoot(root, '/../../etc/../etc/kubelet'), join(root, 'etc/kubelet'), 'never above the host root');
+  });
+
+  test('k3s: kubelet runs inside the k3s process; its --kubelet-arg volume-plugin-dir is read', async () => {
+    const { root, env } = fakeHostRoot({
+      88: ['/usr/local/bin/k3s', 'kubectl', 'get', 'pods', '--kubelet-arg=volume-plugin-dir=/not/a/server'],
+      90: ['/usr/local/bin/k3s', 'server', '--kubelet-arg', 'max-pods=200', '--kubelet-arg=volume-plugin-dir=/var/lib/rancher/flex'],
+    });
+    const choice = await choosePluginDir(undefined, env, { hostRoot: root });
+    assert.equal(choice.dir, '/var/lib/rancher/flex');
+    assert.match(choice.reason, /^k3s \(pid 90\) runs with --volume-plugin-dir=\/var\/lib\/rancher\/flex$/);
+
+    const plain = fakeHostRoot({ 90: ['/usr/local/bin/k3s', 'agent', '--server', 'https://10.0.0.1:6443'] });
+    const fallback = await choosePluginDir(undefined, plain.env, { hostRoot: plain.root });
+    assert.equal(fallback.source, 'default');
+    assert.equal(fallback.dir, presetNamed('k3s').pluginDir);
+    assert.match(
+      fallback.reason,
+      /k3s \(pid 90\) has no --volume-plugin-dir, no --config, and no volumePluginDir in its --config-dir \/var\/lib\/rancher\/k3s\/agent\/etc\/kubelet\.conf\.d/,
+    );
+
+    // k3s 1.32+ copies /etc/rancher/k3s/kubelet.conf into its drop-in directory, which it gives kubelet.
+    const withConfig = fakeHostRoot(
+      { 90: ['/usr/local/bin/k3s', 'server'] },
+      {
+        'var/lib/rancher/k3s/agent/etc/kubelet.conf.d/00-k3s-defaults.conf': 'kind: KubeletConfiguration\nmaxPods: 110\n',
+        'var/lib/rancher/k3s/agent/etc/kubelet.conf.d/10-cli-config.conf': 'volumePluginDir: /var/lib/k3s-flex\n',
+      },
+    );
+    const fromDropIn = await choosePluginDir(undefined, withConfig.env, { hostRoot: withConfig.root });
+    assert.equal(fromDropIn.dir, '/var/lib/k3s-flex');
+    assert.equal(
+      fromDropIn.reason,
+      'volumePluginDir in /var/lib/rancher/k3s/agent/etc/kubelet.conf.d/10-cli-config.conf, a drop-in of the --config-dir of k3s (pid 90)',
+    );
+  });
+
+  test("kubelet's --config-dir drop-ins: *.conf files walked in lexical order, the last setting wins, over --config", async () => {
+    const drop = 'etc/kubernetes/kubelet.conf.d';
+    const { root, env } = fakeHostRoot(
+      { 5: ['/usr/bin/kubelet', '--config=/etc/kubernetes/kubelet.yaml', '--config-dir', '/etc/kubernetes/kubelet.conf.d'] },
+      {
+        'etc/kubernetes/kubelet.yaml': 'volumePluginDir: /from/config\n',
+        [`${drop}/10-a.conf`]: 'volumePluginDir: /from/a\n',
+        [`${drop}/20-b/x.conf`]: '{"volumePluginDir": "/from/b"}',
+        [`${drop}/30-c.conf`]: 'maxPods: 10\n',
+        [`${drop}/99-z.yaml`]: 'volumePluginDir: /not/a/conf/file\n',
+      },
+    );
+    const choice = await choosePluginDir(undefined, env, { hostRoot: root });
+    assert.equal(choice.dir, '/from/b');
+    assert.equal(
+      choice.reason,
+      'volumePluginDir in /etc/kubernetes/kubelet.conf.d/20-b/x.conf, a drop-in of the --config-dir of kubelet (pid 5)',
+    );
+
+    rmSync(join(root, drop, '20-b'), { recursive: true });
+    assert.equal((await choosePluginDir(undefined, env, { hostRoot: root })).dir, '/from/a');
+    rmSync(join(root, drop), { recursive: true });
+    const fromConfig = await choosePluginDir(undefined, env, { hostRoot: root });
+    assert.equal(fromConfig.dir, '/from/config', 'no drop-in directory: the config file');
+  });
+
+  test('without a kubelet setting, the OpenShift directory is looked for on the host, not in the pod', async () => {
+    const { root, env } = fakeHostRoot({ 3: ['kubelet'] });
+    assert.equal((await choosePluginDir(undefined, env, { hostRoot: root })).source, 'default');
+    mkdirSync(join(root, 'etc/kubernetes/kubelet-plugins/volume/exec'), { recursive: true });
+    const choice = await choosePluginDir(undefined, env, { hostRoot: root });
+    assert.equal(choice.source, 'openshift');
+    assert.equal(choice.localDir, join(root, 'etc/kubernetes/kubelet-plugins/volume/exec'));
+  });
+
+  test('a preset pins the directory under the host root too', async () => {
+    const { root, env } = fakeHostRoot({ 7: ['kubelet', '--volume-plugin-dir=/detected'] });
+    const choice = await choosePluginDir(undefined, env, { hostRoot: root, preset: presetNamed('aks') });
+    assert.deepEqual(choice, {
+      dir: '/etc/kubernetes/volumeplugins',
+      source: 'preset',
+      reason: 'preset aks',
+      localDir: join(root, 'etc/kubernetes/volumeplugins'),
+    });
   });
 });
 
