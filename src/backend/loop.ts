@@ -14,6 +14,7 @@ import { mountedSources } from '../sys/mounts.js';
 import { detachLoop, listLoopDevices, loopDeviceInfo, loopNumber, refreshLoopCapacity, setupLoop, type LoopDevice } from '../sys/loop.js';
 import type { Backend, ReadableImage, SnapshotBackend, SnapshotInfo } from './types.js';
 import { syncDir } from '../sys/files.js';
+import { processExists } from '../sys/processes.js';
 import { cloneFile, extentUsage, type CloneMethod } from '../sys/clone.js';
 
 export interface LoopBackendOptions {
@@ -446,14 +447,5 @@ async function removeDeadTemps(dir: string): Promise<void> {
     const pid = /^\..*\.(\d+)\.[0-9a-f]+\.tmp$/.exec(file)?.[1];
     if (pid === undefined || processExists(Number(pid))) continue;
     await unlink(join(dir, file)).catch(() => undefined);
-  }
-}
-
-function processExists(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
   }
 }

@@ -12,6 +12,7 @@ import { hostname } from 'node:os';
 import { link, open, readFile, rename, stat, unlink, utimes } from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { LatchError } from '../errors.js';
+import { processExists } from '../sys/processes.js';
 import { lockPath, type BackupTarget } from './layout.js';
 
 export interface LockOptions {
@@ -140,15 +141,6 @@ async function isStale(path: string, holder: LockOwner | undefined, staleAfterMs
     return Date.now() - (await stat(path)).mtimeMs > staleAfterMs;
   } catch {
     return false;
-  }
-}
-
-function processExists(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
   }
 }
 

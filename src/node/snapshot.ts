@@ -9,6 +9,7 @@ import { LatchError, NotSupportedError } from '../errors.js';
 import { hasSnapshots, type ReadableImage, type SnapshotBackend, type SnapshotInfo } from '../backend/types.js';
 import type { VolumeDoc } from '../ledger/types.js';
 import { thawLeftover, withFrozenFilesystem } from '../sys/freeze.js';
+import { processExists } from '../sys/processes.js';
 import { withVolumeLock } from './lock.js';
 
 /** Where a volume is, as far as this node is concerned. */
@@ -84,6 +85,20 @@ export async function snapshotVolume(
   });
 }
 
+// A backup of a volume in use reads a temporary snapshot `latch-backup-<node>-<pid>-<random>`, removed when the backup
+// ends. A backup killed before that leaves it behind: the next backup of the volume on that node removes those
+// whose process is gone.
+const TEMP_SNAPSHOT_PREFIX = 'latch-backup-';
+
+async function removeLeftoverSnapshots(ctx: Context, backend: SnapshotBackend, volume: string): Promise<void> {
+  const mine = `${TEMP_SNAPSHOT_PREFIX}${ctx.config.nodeName}-`;
+  for (const snap of await backend.listSnapshots(volume)) {
+    if (!snap.name.startsWith(mine)) continue;
+    const pid = Number(/^(\d+)-[0-9a-f]+$/.exec(snap.name.slice(mine.length))?.[1]);
+    if (Number.isSafeInteger(pid) && pid > 0 && !processExists(pid)) await backend.deleteSnapshot(volume, snap.name);
+  }
+}
+
 /** Where the device's filesystem is mounted read-write on this node (any of its mounts freezes the filesystem). */
 async function writableMountOf(ctx: Context, device: string): Promise<string | undefined> {
   const mine = (await ctx.system.readMountInfo()).filter((m) => m.source === device && !m.options.includes('ro'));
@@ -140,7 +155,8 @@ export async function openBackupSource(ctx: Context, volume: string, fromSnapsho
       };
     }
   }
-  const name = `latch-backup-${Date.now().toString(36)}-${randomBytes(3).toString('hex')}`;
+  await removeLeftoverSnapshots(ctx, backend, volume);
+  const name = `${TEMP_SNAPSHOT_PREFIX}${ctx.config.nodeName}-${process.pid}-${randomBytes(3).toString('hex')}`;
   const { consistency } = await snapshotVolume(ctx, volume, name);
   let image: ReadableImage;
   try {

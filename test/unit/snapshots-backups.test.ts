@@ -3,7 +3,7 @@
 // filesystem frozen, and is mountable and fsck-clean; `latch backup create` of an idle and of a mounted volume,
 // restored onto another node's loop device byte for byte; a volume in use on another node is refused.
 import assert from 'node:assert/strict';
-import { execFileSync, spawn } from 'node:child_process';
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import {
   closeSync,
@@ -281,11 +281,20 @@ describe('snapshots and backups of volumes in use', { skip: notRoot || noXfs }, 
   });
 
   it('backup create of the mounted volume goes through a frozen snapshot, which it removes; restored on another node byte for byte', async () => {
+    // What a backup SIGKILLed on this node leaves: its temporary snapshot, named after its (now gone) process.
+    const deadPid = spawnSync('true').pid;
+    await (ctx.backend as LoopBackend).createSnapshot('vol', `latch-backup-node-a-${deadPid}-abcdef`);
+    await (ctx.backend as LoopBackend).createSnapshot('vol', `latch-backup-node-b-${deadPid}-abcdef`);
     printed = '';
     await backupCreate({ volume: 'vol', name: 'online', output: 'table' }, io);
     assert.match(printed, /backup online of volume vol created .*\(frozen, from snapshot latch-backup-/);
     const snapshots = await (ctx.backend as LoopBackend).listSnapshots('vol');
-    assert.ok(!snapshots.some((s) => s.name.startsWith('latch-backup-')), 'the temporary snapshot is gone');
+    assert.deepEqual(
+      snapshots.filter((s) => s.name.startsWith('latch-backup-')).map((s) => s.name),
+      [`latch-backup-node-b-${deadPid}-abcdef`],
+      "its own temporary snapshot and this node's dead one are gone; another node's is not this node's to judge",
+    );
+    await (ctx.backend as LoopBackend).deleteSnapshot('vol', `latch-backup-node-b-${deadPid}-abcdef`);
     assert.equal((await verifyBackup({ target: { type: 'dir', path: targetDir }, name: 'online' })).ok, true);
   });
 
