@@ -16,7 +16,7 @@ import { syncDir } from '../sys/files.js';
 import { DEFAULT_CHUNK_SIZE, chunkExists, chunkLength, isAllZero, sha256, storeChunk } from './chunks.js';
 import { readExactly, readdirOrEmpty, removeTempFiles } from './files.js';
 import { backupsDir, checkBackupName, checkTarget, chunkPath, chunksDir, type BackupTarget } from './layout.js';
-import { withTargetLock, type LockOptions } from './lock.js';
+import { withTargetLock, type HeldLock, type LockOptions } from './lock.js';
 import { MANIFEST_FORMAT, listBackups, manifestExists, publishManifest, type BackupStats, type Manifest } from './manifest.js';
 import { openImage } from './source.js';
 
@@ -55,91 +55,120 @@ export async function createBackup(options: CreateBackupOptions): Promise<Manife
   await checkTarget(target);
   const node = options.node;
 
-  return withTargetLock(target, `backup ${name} of volume ${volume}`, { ...options.lock, node }, async (lock) => {
-    await mkdir(chunksDir(target), { recursive: true });
-    await mkdir(backupsDir(target), { recursive: true });
-    await removeTempFiles(backupsDir(target));
-    for (const shard of await readdirOrEmpty(chunksDir(target))) await removeTempFiles(`${chunksDir(target)}/${shard}`);
-    if (await manifestExists(target, name)) throw new LatchError(`a backup named ${name} already exists in ${target.path}`);
-    const parent = (await listBackups(target, volume)).filter((b) => b.manifest).at(-1)?.name;
+  return withTargetLock(target, `backup ${name} of volume ${volume}`, { ...options.lock, node }, (lock) =>
+    writeBackup(options, { name, chunkSize, createdAt, now, node }, lock).catch((err: unknown) => {
+      throw targetFault(target, err);
+    }),
+  );
+}
 
-    const { handle, sizeBytes } = await openImage(options.source);
-    const stats: BackupStats = { dataChunks: 0, holeChunks: 0, newChunks: 0, newBytesStored: 0, presentChunks: 0, dataBytes: 0 };
-    const chunks: (string | null)[] = [];
-    const whole = createHash('sha256');
-    const touchedShards = new Set<string>();
-    const seen = new Set<string>();
-    const parallel = Math.max(1, options.parallel ?? 4);
-    const inFlight = new Set<Promise<void>>();
-    let failure: Error | undefined;
-    try {
-      const total = Math.ceil(sizeBytes / chunkSize);
-      for (let index = 0; index < total; index++) {
-        const length = chunkLength(sizeBytes, chunkSize, index);
-        const data = await readExactly(handle, length, index * chunkSize, options.sourceDescription ?? options.source);
-        whole.update(data);
-        if (isAllZero(data)) {
-          chunks.push(null);
-          stats.holeChunks++;
+/** A target that is full, read-only or not ours to write is the admin's to fix: say so, and that nothing was published. */
+function targetFault(target: BackupTarget, err: unknown): unknown {
+  const code = (err as NodeJS.ErrnoException).code;
+  const what: Record<string, string> = {
+    ENOSPC: 'is full',
+    EDQUOT: 'is over its quota',
+    EROFS: 'is read-only',
+    EACCES: 'cannot be written by this process',
+    EPERM: 'cannot be written by this process',
+  };
+  if (code === undefined || !(code in what)) return err;
+  return new LatchError(
+    `the backup target ${target.path} ${what[code]} (${(err as Error).message}); the backup was abandoned and nothing was published`,
+    { cause: err },
+  );
+}
+
+async function writeBackup(
+  options: CreateBackupOptions,
+  settled: { name: string; chunkSize: number; createdAt: string; now: () => number; node: string | undefined },
+  lock: HeldLock,
+): Promise<Manifest> {
+  const { target, volume } = options;
+  const { name, chunkSize, createdAt, now, node } = settled;
+  await mkdir(chunksDir(target), { recursive: true });
+  await mkdir(backupsDir(target), { recursive: true });
+  await removeTempFiles(backupsDir(target));
+  for (const shard of await readdirOrEmpty(chunksDir(target))) await removeTempFiles(`${chunksDir(target)}/${shard}`);
+  if (await manifestExists(target, name)) throw new LatchError(`a backup named ${name} already exists in ${target.path}`);
+  const parent = (await listBackups(target, volume)).filter((b) => b.manifest).at(-1)?.name;
+
+  const { handle, sizeBytes } = await openImage(options.source);
+  const stats: BackupStats = { dataChunks: 0, holeChunks: 0, newChunks: 0, newBytesStored: 0, presentChunks: 0, dataBytes: 0 };
+  const chunks: (string | null)[] = [];
+  const whole = createHash('sha256');
+  const touchedShards = new Set<string>();
+  const seen = new Set<string>();
+  const parallel = Math.max(1, options.parallel ?? 4);
+  const inFlight = new Set<Promise<void>>();
+  let failure: Error | undefined;
+  try {
+    const total = Math.ceil(sizeBytes / chunkSize);
+    for (let index = 0; index < total; index++) {
+      const length = chunkLength(sizeBytes, chunkSize, index);
+      const data = await readExactly(handle, length, index * chunkSize, options.sourceDescription ?? options.source);
+      whole.update(data);
+      if (isAllZero(data)) {
+        chunks.push(null);
+        stats.holeChunks++;
+      } else {
+        const hash = sha256(data);
+        chunks.push(hash);
+        stats.dataChunks++;
+        stats.dataBytes += length;
+        if (seen.has(hash) || (await chunkExists(target, hash))) {
+          stats.presentChunks++;
         } else {
-          const hash = sha256(data);
-          chunks.push(hash);
-          stats.dataChunks++;
-          stats.dataBytes += length;
-          if (seen.has(hash) || (await chunkExists(target, hash))) {
-            stats.presentChunks++;
-          } else {
-            seen.add(hash);
-            stats.newChunks++;
-            touchedShards.add(dirname(chunkPath(target, hash)));
-            const job: Promise<void> = storeChunk(target, hash, data).then(
-              (bytes) => {
-                stats.newBytesStored += bytes;
-                inFlight.delete(job);
-              },
-              (err: unknown) => {
-                failure ??= err instanceof Error ? err : new Error(String(err));
-                inFlight.delete(job);
-              },
-            );
-            inFlight.add(job);
-            if (inFlight.size >= parallel) await Promise.race(inFlight);
-          }
           seen.add(hash);
+          stats.newChunks++;
+          touchedShards.add(dirname(chunkPath(target, hash)));
+          const job: Promise<void> = storeChunk(target, hash, data).then(
+            (bytes) => {
+              stats.newBytesStored += bytes;
+              inFlight.delete(job);
+            },
+            (err: unknown) => {
+              failure ??= err instanceof Error ? err : new Error(String(err));
+              inFlight.delete(job);
+            },
+          );
+          inFlight.add(job);
+          if (inFlight.size >= parallel) await Promise.race(inFlight);
         }
-        if (failure !== undefined) throw failure;
-        await options.onChunk?.(index, total);
+        seen.add(hash);
       }
-      await Promise.all(inFlight);
       if (failure !== undefined) throw failure;
-    } finally {
-      await Promise.allSettled(inFlight);
-      await handle.close();
+      await options.onChunk?.(index, total);
     }
+    await Promise.all(inFlight);
+    if (failure !== undefined) throw failure;
+  } finally {
+    await Promise.allSettled(inFlight);
+    await handle.close();
+  }
 
-    for (const shard of touchedShards) await syncDir(shard);
-    await syncDir(chunksDir(target));
-    await options.beforePublish?.();
-    await lock.check();
-    const manifest: Manifest = {
-      format: MANIFEST_FORMAT,
-      name,
-      volume,
-      sizeBytes,
-      chunkSize,
-      compression: 'brotli',
-      chunks,
-      imageSha256: whole.digest('hex'),
-      createdAt,
-      completedAt: new Date(now()).toISOString(),
-      source: options.sourceDescription ?? options.source,
-      node: node ?? hostname(),
-      ...(parent !== undefined && { parent }),
-      stats,
-    };
-    await publishManifest(target, manifest);
-    return manifest;
-  });
+  for (const shard of touchedShards) await syncDir(shard);
+  await syncDir(chunksDir(target));
+  await options.beforePublish?.();
+  await lock.check();
+  const manifest: Manifest = {
+    format: MANIFEST_FORMAT,
+    name,
+    volume,
+    sizeBytes,
+    chunkSize,
+    compression: 'brotli',
+    chunks,
+    imageSha256: whole.digest('hex'),
+    createdAt,
+    completedAt: new Date(now()).toISOString(),
+    source: options.sourceDescription ?? options.source,
+    node: node ?? hostname(),
+    ...(parent !== undefined && { parent }),
+    stats,
+  };
+  await publishManifest(target, manifest);
+  return manifest;
 }
 
 /** `<volume>-<yyyymmdd>-<hhmmss>` in UTC: sorts by time, and fits the name rules. */

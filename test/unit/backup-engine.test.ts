@@ -2,7 +2,7 @@
 // delete and gc, damaged manifests, the target's lock, and backups interrupted by an exception or a SIGKILL.
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import {
   closeSync,
@@ -397,5 +397,24 @@ describe("the target's lock", () => {
     utimesSync(lockPath(target), old, old);
     await createBackup({ target, source: image.path, volume: 'v', name: 'after', chunkSize: CHUNK, lock: { waitMs: 300 } });
     assert.equal(existsSync(lockPath(target)), false, 'released after use');
+  });
+});
+
+describe('a full target', { skip: process.getuid?.() !== 0 ? 'needs root to mount a small tmpfs' : false }, () => {
+  it('fails with a message that says so, publishes nothing, and leaves no temp files', async () => {
+    const path = freshDir('full');
+    execFileSync('mount', ['-t', 'tmpfs', '-o', 'size=256k', 'latch-test-full', path]);
+    try {
+      const target: BackupTarget = { type: 'dir', path };
+      await assert.rejects(
+        createBackup({ target, source: makeImage(DATA).path, volume: 'v', name: 'big', chunkSize: CHUNK }),
+        new RegExp(`the backup target ${path} is full .*nothing was published`),
+      );
+      assert.deepEqual(await listBackups(target), []);
+      assert.deepEqual(tempFiles(target), []);
+      assert.equal(existsSync(lockPath(target)), false);
+    } finally {
+      execFileSync('umount', [path]);
+    }
   });
 });
