@@ -76,10 +76,13 @@ export async function withTargetLock<T>(
 
   let lost = false;
   const heartbeat = setInterval(() => {
-    void readOwner(path).then((now) => {
-      if (now === 'gone' || now === undefined || now.token !== owner.token) lost = true;
-      else void utimes(path, new Date(), new Date()).catch(() => undefined);
-    });
+    readOwner(path)
+      .then((now) => {
+        if (now === 'gone' || now === undefined || now.token !== owner.token) lost = true;
+        else return utimes(path, new Date(), new Date());
+      })
+      // A share that does not answer now may answer at the next beat; check() before publishing decides.
+      .catch(() => undefined);
   }, options.heartbeatMs ?? DEFAULT_HEARTBEAT_MS);
   heartbeat.unref();
   const held: HeldLock = {

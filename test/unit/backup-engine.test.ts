@@ -377,6 +377,35 @@ describe('interrupted backups', () => {
 });
 
 describe("the target's lock", () => {
+  it('is kept fresh by a heartbeat, and a writer whose lock was taken over publishes nothing', async () => {
+    const target = freshTarget();
+    const image = makeImage(DATA);
+    const old = new Date(Date.now() - 60_000);
+    let refreshed = false;
+    await assert.rejects(
+      createBackup({
+        target,
+        source: image.path,
+        volume: 'v',
+        name: 'usurped',
+        chunkSize: CHUNK,
+        lock: { heartbeatMs: 20 },
+        onChunk: async (i) => {
+          if (i === 1) utimesSync(lockPath(target), old, old);
+          if (i === 10) refreshed = statSync(lockPath(target)).mtimeMs > old.getTime() + 1000;
+          // Another node decided this writer was dead and took the lock over.
+          if (i === 20)
+            writeFileSync(lockPath(target), JSON.stringify({ host: 'elsewhere', pid: 1, purpose: 'gc', startedAt: '', token: 'theirs' }));
+          await new Promise((r) => setTimeout(r, 10));
+        },
+      }),
+      /lost the lock of the backup target .*nothing was published/,
+    );
+    assert.ok(refreshed, 'the heartbeat touched the lock');
+    assert.deepEqual(await listBackups(target), []);
+    assert.ok(existsSync(lockPath(target)), "the new holder's lock is left alone");
+  });
+
   it('waits for a live holder and names it, and takes over a lock untouched for too long', async () => {
     const target = freshTarget();
     const image = makeImage([1]);

@@ -2,7 +2,7 @@
 // from its image file; one in use here through a snapshot taken with its filesystem frozen; one in use on another
 // node is refused, naming that node (through a ticket and the node agent, later).
 import { createBackup } from '../../backup/create.js';
-import { checkBackupName } from '../../backup/layout.js';
+import { checkBackupName, checkTarget } from '../../backup/layout.js';
 import { checkVolumeName } from '../../names.js';
 import { openBackupSource } from '../../node/snapshot.js';
 import { formatSize } from '../../size.js';
@@ -22,6 +22,8 @@ export async function backupCreate(options: BackupCreateOptions, io: CommandIO):
   const volume = checkVolumeName(options.volume);
   if (options.name !== undefined) checkBackupName(options.name);
   const target = backupTargetOf(config);
+  // Before a snapshot is taken for it (on an ext4 pool, a full copy): a missing target fails at once.
+  await checkTarget(target);
   const ctx = io.context(config);
   const source = await openBackupSource(ctx, volume, options.fromSnapshot);
   let manifest;
