@@ -305,7 +305,9 @@ export class LoopBackend implements Backend, SnapshotBackend {
         sizeBytes: meta?.sizeBytes ?? stats.size,
         sharing: method,
         allocatedBytes: allocated,
-        exclusiveBytes: usage ? Math.max(0, Math.min(allocated, usage.allocated) - usage.shared) : allocated,
+        // A reflink whose extents filefrag cannot report: unknown, rather than all of it.
+        ...(method === 'copy' && { exclusiveBytes: allocated }),
+        ...(usage && { exclusiveBytes: Math.max(0, Math.min(allocated, usage.allocated) - usage.shared) }),
       });
     }
     return list.sort((a, b) => a.createdAt.localeCompare(b.createdAt) || a.name.localeCompare(b.name));
