@@ -81,6 +81,10 @@ class Scratch {
     this.mounts.push(dir);
   }
 
+  isMounted(dir: string): boolean {
+    return this.mounts.includes(dir);
+  }
+
   umount(dir: string): void {
     execFileSync('umount', [dir]);
     this.mounts.splice(this.mounts.indexOf(dir), 1);
@@ -88,17 +92,18 @@ class Scratch {
 
   cleanup(): void {
     if (this.made === undefined) return;
+    // Best effort, every one of them: a mount a test already undid must not keep the others mounted.
+    const attempt = (command: string, args: string[]) => {
+      try {
+        execFileSync(command, args, { stdio: 'ignore' });
+        return true;
+      } catch {
+        return false;
+      }
+    };
     for (const dir of [...this.mounts].reverse()) {
-      try {
-        execFileSync('fsfreeze', ['--unfreeze', dir], { stdio: 'ignore' });
-      } catch {
-        // not frozen
-      }
-      try {
-        execFileSync('umount', [dir], { stdio: 'ignore' });
-      } catch {
-        execFileSync('umount', ['-l', dir], { stdio: 'ignore' });
-      }
+      attempt('fsfreeze', ['--unfreeze', dir]);
+      if (!attempt('umount', [dir])) attempt('umount', ['-l', dir]);
     }
     rmSync(this.root, { recursive: true, force: true });
   }
@@ -221,13 +226,7 @@ describe('snapshots and backups of volumes in use', { skip: notRoot || noXfs }, 
   });
   after(async () => {
     // The mounts first (the volume's own among them), then its loop device, then the pool's filesystem.
-    if (mnt) {
-      try {
-        execFileSync('umount', [mnt], { stdio: 'ignore' });
-      } catch {
-        // already unmounted by a test
-      }
-    }
+    if (mnt && scratch.isMounted(mnt)) scratch.umount(mnt);
     await ctx?.backend.release('vol').catch(() => undefined);
     scratch.cleanup();
   });
