@@ -9,6 +9,7 @@
 //   node/               context.ts and below
 //   context.ts, host/   ledger/, backend/, store/, sys/
 //   ledger/, backend/   store/, sys/ (siblings: not each other)
+//   backup/             sys/ (the backup engine: chunks, manifests, the target's lock; used by node/ and cli/)
 //   store/              contract/, base
 //   sys/                base only
 //   contract/           base only
@@ -30,6 +31,7 @@ const BACKEND = '^src/backend/';
 const STORE = '^src/store/';
 const SYS = '^src/sys/';
 const HOST = '^src/host/';
+const BACKUP = '^src/backup/';
 const CLI = '^src/cli/';
 const MAIN = '^src/main[.]ts$';
 const ENTRY = '^src/(bin|sea)[.]ts$';
@@ -70,6 +72,12 @@ module.exports = {
       [STORE, SYS, CONTRACT, BASE],
       'backend/ sits on store/ and sys/; not on ledger/ (its sibling) or anything above.',
     ),
+    layer(
+      'backup',
+      BACKUP,
+      [SYS, BASE],
+      'backup/ (the backup engine) works on files and devices by path: sys/ and base modules only; node/ and cli/ use it.',
+    ),
     layer('context', CONTEXT, BELOW_NODE, 'context.ts, the composition root, builds the context from ledger, backend, store and sys.'),
     layer(
       'host',
@@ -77,13 +85,13 @@ module.exports = {
       BELOW_NODE,
       'host/ (what install, doctor and uninstall share) uses ledger, backend, store, sys; only cli/ uses it.',
     ),
-    layer('node', NODE, [CONTEXT, ...BELOW_NODE], 'node/ services work on a context; they never import ops, protocol or cli.'),
+    layer('node', NODE, [CONTEXT, BACKUP, ...BELOW_NODE], 'node/ services work on a context; they never import ops, protocol or cli.'),
     layer('ops', OPS, [NODE, CONTEXT, ...BELOW_NODE], 'ops/ use node services and the layers below; never protocol/ or cli/.'),
     layer('protocol', PROTOCOL, [OPS, NODE, CONTEXT, ...BELOW_NODE], 'protocol/ runs one FlexVolume call: ops and below, never cli/.'),
     layer(
       'cli',
       CLI,
-      [HOST, NODE, CONTEXT, ...BELOW_NODE],
+      [HOST, NODE, CONTEXT, BACKUP, ...BELOW_NODE],
       'cli/ sits beside ops/: it may use node, host and below, never ops/ or protocol/.',
     ),
     layer('main', MAIN, [PROTOCOL, CLI, CONTRACT, BASE], 'main.ts picks protocol (a FlexVolume call) or cli (an admin command).'),
@@ -92,7 +100,10 @@ module.exports = {
       name: 'layer-unplaced',
       comment: 'A module outside every layer: put it in one (and name it in .dependency-cruiser.cjs if it is a new one).',
       severity: 'error',
-      from: { path: '^src/', pathNot: [BASE, CONTRACT, CONTEXT, PROTOCOL, OPS, NODE, LEDGER, BACKEND, STORE, SYS, HOST, CLI, MAIN, ENTRY] },
+      from: {
+        path: '^src/',
+        pathNot: [BASE, CONTRACT, CONTEXT, PROTOCOL, OPS, NODE, LEDGER, BACKEND, STORE, SYS, HOST, BACKUP, CLI, MAIN, ENTRY],
+      },
       to: {},
     },
     {

@@ -42,6 +42,12 @@ export interface RbdBackendConfig {
 }
 type BackendConfig = { type: 'loop' } | RbdBackendConfig;
 
+/** Where `latch backup` writes: an existing directory, local or a shared mount (NFS, CephFS) every node sees. */
+export interface BackupTargetConfig {
+  type: 'dir';
+  path: string;
+}
+
 export interface Config {
   /** Where the configuration came from: a file path, or "built-in defaults". */
   source: string;
@@ -63,6 +69,8 @@ export interface Config {
   store: StoreConfig;
   /** Where volumes' bytes live: image files in poolDir (loop, the default) or RBD images in a Ceph pool. */
   backend: BackendConfig;
+  /** Where backups go; unset: `latch backup` refuses, saying so. */
+  backupTarget?: BackupTargetConfig;
 }
 
 // Plugin directories that kubelet watches: nothing of ours but the driver itself may live below them.
@@ -158,6 +166,10 @@ function buildSchema() {
       commandTimeout: z.number().int().min(1).max(3600).default(120),
       store: store.default({ type: 'file' }),
       backend: backend.default({ type: 'loop' }),
+      backupTarget: z
+        .object({ type: z.literal('dir'), path: absolutePath })
+        .strict()
+        .optional(),
     })
     .strict();
 }

@@ -5,7 +5,8 @@
 // The node clients, and the ones still to come, are described in node-client.ts.
 // Fencing is the fencer's (rbd-fencer.ts); this side records which client instance serves each mapping, so that a
 // fence can name it even after the node lost contact with the cluster.
-import { mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { randomBytes } from 'node:crypto';
+import { mkdir, readFile, rename, rm, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { LatchError } from '../errors.js';
 import { checkVolumeName } from '../names.js';
@@ -15,16 +16,21 @@ import {
   isClientInstance,
   rbdClones,
   rbdCreate,
+  rbdExportSnapshot,
   rbdInfo,
   rbdRemove,
   rbdResize,
+  rbdSnapCreate,
+  rbdSnapList,
+  rbdSnapRemove,
   rbdSnapshots,
+  rbdUsage,
   rbdWatchers,
   type CephIdentity,
 } from '../sys/rbd.js';
 import { RbdFuseLoopClient } from './rbd-fuse-loop.js';
 import type { NodeClient } from './node-client.js';
-import type { Backend } from './types.js';
+import type { Backend, ReadableImage, SnapshotInfo } from './types.js';
 
 export interface RbdBackendOptions extends CephIdentity {
   pool: string;
@@ -212,5 +218,63 @@ export class RbdBackend implements Backend {
       () => `another latch call has been mapping or unmapping ${this.spec(image)} on this node for over ${MAPPING_LOCK_WAIT_MS / 1000} s`,
       fn,
     );
+  }
+
+  // Snapshots (issue 14): Ceph's own, so taking one costs nothing until the image changes. Reading one for a backup
+  // exports it to a sparse file in the node's mountDir (the rbd-fuse client maps images, not snapshots), removed on
+  // release. Kept at the end of the class, in one block.
+
+  async createSnapshot(volume: string, name: string): Promise<SnapshotInfo> {
+    const image = checkVolumeName(volume);
+    checkVolumeName(name, 'snapshot name', 200);
+    if ((await rbdInfo(this.identity, this.pool, image)) === undefined)
+      throw new LatchError(`volume ${volume} has no image ${this.spec(image)}`);
+    if (!(await rbdSnapCreate(this.identity, this.pool, image, name)))
+      throw new LatchError(`volume ${volume} already has a snapshot named ${name}`);
+    const made = (await this.listSnapshots(volume)).find((s) => s.name === name);
+    if (!made) throw new LatchError(`rbd snap create ${this.spec(image)}@${name} succeeded, but rbd snap ls does not show it`);
+    return made;
+  }
+
+  async listSnapshots(volume: string): Promise<SnapshotInfo[]> {
+    const image = checkVolumeName(volume);
+    const snaps = await rbdSnapList(this.identity, this.pool, image);
+    const used = snaps.length > 0 ? await rbdUsage(this.identity, this.pool, image) : new Map<string, number>();
+    return snaps.map((s) => {
+      const usedBytes = used.get(s.name);
+      return {
+        volume,
+        name: s.name,
+        createdAt: s.timestamp ? new Date(s.timestamp).toISOString() : '',
+        sizeBytes: s.size,
+        sharing: 'native' as const,
+        ...(usedBytes !== undefined && { allocatedBytes: usedBytes, exclusiveBytes: usedBytes }),
+      };
+    });
+  }
+
+  async deleteSnapshot(volume: string, name: string): Promise<void> {
+    await rbdSnapRemove(this.identity, this.pool, checkVolumeName(volume), checkVolumeName(name, 'snapshot name', 200));
+  }
+
+  async openSnapshot(volume: string, name: string): Promise<ReadableImage> {
+    const image = checkVolumeName(volume);
+    checkVolumeName(name, 'snapshot name', 200);
+    const snap = (await rbdSnapList(this.identity, this.pool, image)).find((s) => s.name === name);
+    if (!snap) throw new LatchError(`volume ${volume} has no snapshot named ${name} (latch snapshot list ${volume})`);
+    await mkdir(this.mountDir, { recursive: true, mode: 0o700 });
+    const file = join(this.mountDir, `.export-${image}@${name}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
+    // An export reads the whole snapshot: allow it about 20 MB/s, and never less than 10 minutes.
+    await rbdExportSnapshot(this.identity, this.pool, image, name, file, Math.max(600_000, snap.size / 20_000)).catch(
+      async (err: unknown) => {
+        await unlink(file).catch(() => undefined);
+        throw err;
+      },
+    );
+    return {
+      path: file,
+      description: `snapshot ${name} of volume ${volume} (${this.spec(image)}@${name}, exported)`,
+      release: () => unlink(file).catch(() => undefined),
+    };
   }
 }

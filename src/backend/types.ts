@@ -55,3 +55,55 @@ export interface Fencer {
   /** Lets the storage serve those clients again (after the node has cleared its mapping). Repeating it is harmless. */
   lift(clients: string[]): Promise<void>;
 }
+
+/** A point-in-time copy of a volume, as `latch snapshot list` shows it. */
+export interface SnapshotInfo {
+  volume: string;
+  name: string;
+  createdAt: string;
+  /** The volume's size when the snapshot was taken. */
+  sizeBytes: number;
+  /**
+   * How it shares space with the volume: 'reflink' (a copy-on-write clone of the image: costs only what changes
+   * afterwards), 'copy' (a sparse full copy: the pool's filesystem cannot clone), 'native' (the storage's own).
+   */
+  sharing: 'reflink' | 'copy' | 'native';
+  /** Bytes it occupies, shared ones included (loop: st_blocks), when known. */
+  allocatedBytes?: number;
+  /** Of those, bytes no other file shares (what deleting it frees), when known. */
+  exclusiveBytes?: number;
+}
+
+/** A readable file or device with a snapshot's (or an idle volume's) bytes, and how to let go of it. */
+export interface ReadableImage {
+  path: string;
+  /** What it is, in words, for a backup's manifest. */
+  description: string;
+  release(): Promise<void>;
+}
+
+/**
+ * Snapshots: optional, a backend without them cannot take snapshots or back up a volume in use. Point-in-time only at
+ * the storage level: making the filesystem consistent (fsfreeze) is the caller's (node/snapshot.ts).
+ */
+export interface SnapshotBackend {
+  /** Takes snapshot `name` of the volume; refuses a name that is taken. Never leaves a half-made snapshot visible. */
+  createSnapshot(volume: string, name: string): Promise<SnapshotInfo>;
+  /** The volume's snapshots, oldest first, with their real space. */
+  listSnapshots(volume: string): Promise<SnapshotInfo[]>;
+  /** Removes it; a missing snapshot is fine. */
+  deleteSnapshot(volume: string, name: string): Promise<void>;
+  /** Its bytes as a readable file or device, for a backup. */
+  openSnapshot(volume: string, name: string): Promise<ReadableImage>;
+  /**
+   * The volume's own storage as a readable file while no device is set up for it, when the backend has one (loop:
+   * the image file); undefined when it has not (then back up through a snapshot).
+   */
+  idleImage?(volume: string): Promise<ReadableImage | undefined>;
+}
+
+/** Whether the backend can take snapshots. */
+export function hasSnapshots(backend: Backend): backend is Backend & SnapshotBackend {
+  const b = backend as Partial<SnapshotBackend>;
+  return typeof b.createSnapshot === 'function' && typeof b.listSnapshots === 'function';
+}

@@ -24,6 +24,13 @@ import { ticketList } from './ticket/list.js';
 import { ticketRemove } from './ticket/remove.js';
 import { uninstall } from './uninstall.js';
 import { version } from './version.js';
+import { backupCreate } from './backup/create.js';
+import { backupDelete } from './backup/delete.js';
+import { backupList } from './backup/list.js';
+import { backupVerify } from './backup/verify.js';
+import { snapshotCreate } from './snapshot/create.js';
+import { snapshotDelete } from './snapshot/delete.js';
+import { snapshotList } from './snapshot/list.js';
 import { volumeCreate } from './volume/create.js';
 import { volumeDelete } from './volume/delete.js';
 import { volumeExpand } from './volume/expand.js';
@@ -78,6 +85,11 @@ export function buildProgram(io: CliIO, exit: (code: number) => void): Command {
     ledger: (c) => declareLedger(c.description('move the ledger between stores'), io, done),
 
     node: (c) => declareNode(c.description('what the ledger holds on a node: may it be drained or deleted now?'), io, done),
+
+    snapshot: (c) => declareSnapshot(c.description("create, list and delete a volume's snapshots, on the node the volume is on"), io, done),
+
+    backup: (c) =>
+      declareBackup(c.description('create, list, verify and delete backups in the backup target (config: backupTarget)'), io, done),
 
     install: (c) =>
       c
@@ -264,6 +276,59 @@ function declareNode(node: Command, io: CommandIO, done: Done): void {
     .description('lift the fences of a node that has cleared its old mappings: the storage stops refusing its old clients')
     .option('--volume <volume>', 'only this volume')
     .action(async (name: string, opts) => done(await nodeUnfence({ node: name, ...opts }, io)));
+}
+
+function declareSnapshot(snapshot: Command, io: CommandIO, done: Done): void {
+  const where =
+    'Runs on the node the volume is on: an idle volume is copied directly; one mounted here is frozen (fsfreeze) while ' +
+    'the copy is cut; one in use on another node is refused with that node named (auto-attach through a ticket comes ' +
+    'with the node agent).';
+  snapshot
+    .command('create <volume> <name>')
+    .description(`take a consistent snapshot of a volume (a reflink clone where the pool can, else a sparse copy; rbd: its own). ${where}`)
+    .option(...OUTPUT)
+    .action(async (volume: string, name: string, opts) => done(await snapshotCreate({ volume, name, ...opts }, io)));
+
+  snapshot
+    .command('list <volume>')
+    .description("list a volume's snapshots with their real space: allocated, and exclusive (what deleting it frees)")
+    .option(...OUTPUT)
+    .action(async (volume: string, opts) => done(await snapshotList({ volume, ...opts }, io)));
+
+  snapshot
+    .command('delete <volume> <name>')
+    .description("delete one of a volume's snapshots")
+    .action(async (volume: string, name: string) => done(await snapshotDelete({ volume, name }, io)));
+}
+
+function declareBackup(backup: Command, io: CommandIO, done: Done): void {
+  backup
+    .command('create <volume>')
+    .description(
+      'back a volume up: only chunks the target does not hold yet are written (compressed), then its manifest. ' +
+        'Runs on the node the volume is on, like latch snapshot create; an interrupted backup never shows in list',
+    )
+    .option('--name <name>', 'the backup name (default: <volume>-<yyyymmdd>-<hhmmss>, UTC)')
+    .option('--from-snapshot <snapshot>', 'back up this existing snapshot of the volume instead of its current state')
+    .option(...OUTPUT)
+    .action(async (volume: string, opts) => done(await backupCreate({ volume, ...opts }, io)));
+
+  backup
+    .command('list [volume]')
+    .description('list the complete backups in the target (of one volume, or all); damaged manifests are shown as such')
+    .option(...OUTPUT)
+    .action(async (volume: string | undefined, opts) => done(await backupList({ ...(volume !== undefined && { volume }), ...opts }, io)));
+
+  backup
+    .command('verify <name>')
+    .description("read every chunk of a backup back and check its hash and the image's checksum. Exit 1 if anything is missing or damaged")
+    .option(...OUTPUT)
+    .action(async (name: string, opts) => done(await backupVerify({ name, ...opts }, io)));
+
+  backup
+    .command('delete <name>')
+    .description('delete a backup, then the chunks no other backup needs')
+    .action(async (name: string) => done(await backupDelete({ name }, io)));
 }
 
 /** --driver, as install and uninstall take it. */

@@ -244,3 +244,70 @@ export function fencerCaps(pool: string): string[] {
     `profile rbd-read-only pool=${pool}`,
   ];
 }
+
+export interface RbdSnapshot {
+  name: string;
+  size: number;
+  /** When it was taken, as rbd prints it (a date string), if it does. */
+  timestamp?: string;
+}
+
+/** `rbd snap create pool/image@snap`; returns false when a snapshot of that name already exists. */
+export async function rbdSnapCreate(identity: CephIdentity, pool: string, image: string, snap: string): Promise<boolean> {
+  const { exitCode } = await rbd(identity, ['snap', 'create', '--no-progress', `${imageSpec(pool, image)}@${snap}`], [EEXIST]);
+  return exitCode !== EEXIST;
+}
+
+/** The image's user snapshots, oldest first; an image that does not exist has none. */
+export async function rbdSnapList(identity: CephIdentity, pool: string, image: string): Promise<RbdSnapshot[]> {
+  const { stdout, exitCode } = await rbd(identity, ['snap', 'ls', '--format', 'json', imageSpec(pool, image)], [ENOENT]);
+  if (exitCode === ENOENT) return [];
+  const snaps = parseJson<{ name?: unknown; size?: unknown; timestamp?: unknown }[]>(`rbd snap ls ${imageSpec(pool, image)}`, stdout);
+  return snaps.flatMap((s) =>
+    typeof s.name === 'string'
+      ? [
+          {
+            name: s.name,
+            size: typeof s.size === 'number' ? s.size : 0,
+            ...(typeof s.timestamp === 'string' && { timestamp: s.timestamp }),
+          },
+        ]
+      : [],
+  );
+}
+
+/** `rbd snap rm pool/image@snap`; a missing snapshot (or image) is fine. */
+export async function rbdSnapRemove(identity: CephIdentity, pool: string, image: string, snap: string): Promise<void> {
+  await rbd(identity, ['snap', 'rm', '--no-progress', `${imageSpec(pool, image)}@${snap}`], [ENOENT]);
+}
+
+/** `rbd du`: bytes used by the image and by each of its snapshots (by name; the head image under ''). */
+export async function rbdUsage(identity: CephIdentity, pool: string, image: string): Promise<Map<string, number>> {
+  const { stdout } = await rbd(identity, ['du', '--format', 'json', imageSpec(pool, image)]);
+  const du = parseJson<{ images?: { name?: unknown; snapshot?: unknown; used_size?: unknown }[] }>(
+    `rbd du ${imageSpec(pool, image)}`,
+    stdout,
+  );
+  const used = new Map<string, number>();
+  for (const entry of du.images ?? []) {
+    if (typeof entry.used_size !== 'number') continue;
+    used.set(typeof entry.snapshot === 'string' ? entry.snapshot : '', entry.used_size);
+  }
+  return used;
+}
+
+/** `rbd export pool/image@snap FILE`: the snapshot's bytes into a local (sparse) file; `timeoutMs` bounds it. */
+export async function rbdExportSnapshot(
+  identity: CephIdentity,
+  pool: string,
+  image: string,
+  snap: string,
+  file: string,
+  timeoutMs: number,
+): Promise<void> {
+  try {
+    await run('rbd', [...cephClientArgs(identity), 'export', '--no-progress', `${imageSpec(pool, image)}@${snap}`, file], { timeoutMs });
+  } catch (err) {
+    throw redactedError(err);
+  }
+}

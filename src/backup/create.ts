@@ -1,0 +1,178 @@
+// Creating a backup: read the source chunk by chunk, hash each, store only the chunks the target does not have yet,
+// then publish the manifest. Incremental by content: the target already holds every unchanged chunk, so a second
+// backup moves only what changed (and chunks that other volumes already stored). Nothing tracks dirty blocks, so
+// every backup reads and hashes the whole source; only new chunks are compressed and written.
+//
+// Crash safety: chunks appear only complete (temp, fsync, rename); the manifest is written last (temp, fsync,
+// rename, directory fsync), after the directories of the new chunks are fsynced. A backup killed at any point has
+// no manifest, so `list` never shows it; its stored chunks are reused by the next backup or removed by gc, and its
+// temp files are removed by the next writer (all writers hold the target's lock).
+import { hostname } from 'node:os';
+import { dirname } from 'node:path';
+import { createHash } from 'node:crypto';
+import { mkdir } from 'node:fs/promises';
+import { LatchError } from '../errors.js';
+import { syncDir } from '../sys/files.js';
+import { DEFAULT_CHUNK_SIZE, chunkExists, chunkLength, isAllZero, sha256, storeChunk } from './chunks.js';
+import { readExactly, readdirOrEmpty, removeTempFiles } from './files.js';
+import { backupsDir, checkBackupName, checkTarget, chunkPath, chunksDir, type BackupTarget } from './layout.js';
+import { withTargetLock, type HeldLock, type LockOptions } from './lock.js';
+import { MANIFEST_FORMAT, listBackups, manifestExists, publishManifest, type BackupStats, type Manifest } from './manifest.js';
+import { openImage } from './source.js';
+
+export interface CreateBackupOptions {
+  target: BackupTarget;
+  /** A readable block device or image file holding the volume's bytes, ideally a snapshot (it must not change). */
+  source: string;
+  volume: string;
+  /** The backup's name; default `<volume>-<UTC date>-<time>`. */
+  name?: string | undefined;
+  /** What `source` is, in words, for the manifest (default: its path). */
+  sourceDescription?: string | undefined;
+  /** This node's name, for the manifest and the target's lock. */
+  node?: string | undefined;
+  chunkSize?: number | undefined;
+  /** Chunks compressed and written at once (default 4). */
+  parallel?: number | undefined;
+  /** Runs after every chunk is stored and before the manifest is published: throw to abandon (e.g. the source changed). */
+  beforePublish?: (() => Promise<void>) | undefined;
+  /** Called after each chunk is read (tests use it to interrupt a backup midway). */
+  onChunk?: ((index: number, total: number) => void | Promise<void>) | undefined;
+  lock?: LockOptions | undefined;
+  /** The clock (ms since the epoch); default Date.now. */
+  now?: (() => number) | undefined;
+}
+
+export async function createBackup(options: CreateBackupOptions): Promise<Manifest> {
+  const { target, volume } = options;
+  const now = options.now ?? Date.now;
+  const createdAt = new Date(now()).toISOString();
+  const name = checkBackupName(options.name ?? defaultBackupName(volume, createdAt));
+  const chunkSize = options.chunkSize ?? DEFAULT_CHUNK_SIZE;
+  if (!Number.isSafeInteger(chunkSize) || chunkSize < 4096 || chunkSize % 4096 !== 0) {
+    throw new LatchError(`chunk size must be a positive multiple of 4096 bytes, got ${chunkSize}`);
+  }
+  await checkTarget(target);
+  const node = options.node;
+
+  return withTargetLock(target, `backup ${name} of volume ${volume}`, { ...options.lock, node }, (lock) =>
+    writeBackup(options, { name, chunkSize, createdAt, now, node }, lock).catch((err: unknown) => {
+      throw targetFault(target, err);
+    }),
+  );
+}
+
+/** A target that is full, read-only or not ours to write is the admin's to fix: say so, and that nothing was published. */
+function targetFault(target: BackupTarget, err: unknown): unknown {
+  const code = (err as NodeJS.ErrnoException).code;
+  const what: Record<string, string> = {
+    ENOSPC: 'is full',
+    EDQUOT: 'is over its quota',
+    EROFS: 'is read-only',
+    EACCES: 'cannot be written by this process',
+    EPERM: 'cannot be written by this process',
+  };
+  if (code === undefined || !(code in what)) return err;
+  return new LatchError(
+    `the backup target ${target.path} ${what[code]} (${(err as Error).message}); the backup was abandoned and nothing was published`,
+    { cause: err },
+  );
+}
+
+async function writeBackup(
+  options: CreateBackupOptions,
+  settled: { name: string; chunkSize: number; createdAt: string; now: () => number; node: string | undefined },
+  lock: HeldLock,
+): Promise<Manifest> {
+  const { target, volume } = options;
+  const { name, chunkSize, createdAt, now, node } = settled;
+  await mkdir(chunksDir(target), { recursive: true });
+  await mkdir(backupsDir(target), { recursive: true });
+  await removeTempFiles(backupsDir(target));
+  for (const shard of await readdirOrEmpty(chunksDir(target))) await removeTempFiles(`${chunksDir(target)}/${shard}`);
+  if (await manifestExists(target, name)) throw new LatchError(`a backup named ${name} already exists in ${target.path}`);
+  const parent = (await listBackups(target, volume)).filter((b) => b.manifest).at(-1)?.name;
+
+  const { handle, sizeBytes } = await openImage(options.source);
+  const stats: BackupStats = { dataChunks: 0, holeChunks: 0, newChunks: 0, newBytesStored: 0, presentChunks: 0, dataBytes: 0 };
+  const chunks: (string | null)[] = [];
+  const whole = createHash('sha256');
+  const touchedShards = new Set<string>();
+  const seen = new Set<string>();
+  const parallel = Math.max(1, options.parallel ?? 4);
+  const inFlight = new Set<Promise<void>>();
+  let failure: Error | undefined;
+  try {
+    const total = Math.ceil(sizeBytes / chunkSize);
+    for (let index = 0; index < total; index++) {
+      const length = chunkLength(sizeBytes, chunkSize, index);
+      const data = await readExactly(handle, length, index * chunkSize, options.sourceDescription ?? options.source);
+      whole.update(data);
+      if (isAllZero(data)) {
+        chunks.push(null);
+        stats.holeChunks++;
+      } else {
+        const hash = sha256(data);
+        chunks.push(hash);
+        stats.dataChunks++;
+        stats.dataBytes += length;
+        if (seen.has(hash) || (await chunkExists(target, hash))) {
+          stats.presentChunks++;
+        } else {
+          seen.add(hash);
+          stats.newChunks++;
+          touchedShards.add(dirname(chunkPath(target, hash)));
+          const job: Promise<void> = storeChunk(target, hash, data).then(
+            (bytes) => {
+              stats.newBytesStored += bytes;
+              inFlight.delete(job);
+            },
+            (err: unknown) => {
+              failure ??= err instanceof Error ? err : new Error(String(err));
+              inFlight.delete(job);
+            },
+          );
+          inFlight.add(job);
+          if (inFlight.size >= parallel) await Promise.race(inFlight);
+        }
+        seen.add(hash);
+      }
+      if (failure !== undefined) throw failure;
+      await options.onChunk?.(index, total);
+    }
+    await Promise.all(inFlight);
+    if (failure !== undefined) throw failure;
+  } finally {
+    await Promise.allSettled(inFlight);
+    await handle.close();
+  }
+
+  for (const shard of touchedShards) await syncDir(shard);
+  await syncDir(chunksDir(target));
+  await options.beforePublish?.();
+  await lock.check();
+  const manifest: Manifest = {
+    format: MANIFEST_FORMAT,
+    name,
+    volume,
+    sizeBytes,
+    chunkSize,
+    compression: 'brotli',
+    chunks,
+    imageSha256: whole.digest('hex'),
+    createdAt,
+    completedAt: new Date(now()).toISOString(),
+    source: options.sourceDescription ?? options.source,
+    node: node ?? hostname(),
+    ...(parent !== undefined && { parent }),
+    stats,
+  };
+  await publishManifest(target, manifest);
+  return manifest;
+}
+
+/** `<volume>-<yyyymmdd>-<hhmmss>` in UTC: sorts by time, and fits the name rules. */
+function defaultBackupName(volume: string, createdAt: string): string {
+  const compact = createdAt.replace(/[-:]/g, '').replace(/\..*$/, '').replace('T', '-').toLowerCase();
+  return `${volume.slice(0, 180)}-${compact}`;
+}

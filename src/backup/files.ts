@@ -1,0 +1,64 @@
+// The careful ways the engine writes and reads files in a target that may be a network share.
+import { constants } from 'node:fs';
+import { open, readdir, rename, unlink } from 'node:fs/promises';
+import type { FileHandle } from 'node:fs/promises';
+import { basename, dirname, join } from 'node:path';
+import { LatchError } from '../errors.js';
+import { syncDir } from '../sys/files.js';
+import { TEMP_SUFFIX, tempPathFor } from './layout.js';
+
+/**
+ * Writes `data` to `path` so that a reader sees the old state or the whole new file, never a part: a private temp
+ * file, fsync, rename over, fsync of the directory (the rename itself must survive a power loss). `syncDirectory`
+ * false leaves that last step to the caller (many chunks in one directory share one directory fsync).
+ */
+export async function writeFileAtomic(path: string, data: Uint8Array | string, syncDirectory = true): Promise<void> {
+  const dir = dirname(path);
+  const temp = tempPathFor(dir, basename(path));
+  const handle = await open(temp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o600);
+  try {
+    try {
+      await handle.writeFile(data);
+      await handle.sync();
+    } finally {
+      await handle.close();
+    }
+    await rename(temp, path);
+  } catch (err) {
+    await unlink(temp).catch(() => undefined);
+    throw err;
+  }
+  if (syncDirectory) await syncDir(dir);
+}
+
+/** Reads exactly `length` bytes at `position`; a short read means the source shrank underneath. */
+export async function readExactly(handle: FileHandle, length: number, position: number, what: string): Promise<Buffer> {
+  const buffer = Buffer.allocUnsafe(length);
+  let done = 0;
+  while (done < length) {
+    const { bytesRead } = await handle.read(buffer, done, length - done, position + done);
+    if (bytesRead === 0) throw new LatchError(`${what} ended at byte ${position + done}, before its size; did it shrink while being read?`);
+    done += bytesRead;
+  }
+  return buffer;
+}
+
+/** Removes the temp files of dead writers in `dir` (only call this holding the target's lock). Returns how many. */
+export async function removeTempFiles(dir: string): Promise<number> {
+  let removed = 0;
+  for (const name of await readdirOrEmpty(dir)) {
+    if (!name.endsWith(TEMP_SUFFIX)) continue;
+    await unlink(join(dir, name)).catch(() => undefined);
+    removed++;
+  }
+  return removed;
+}
+
+export async function readdirOrEmpty(dir: string): Promise<string[]> {
+  try {
+    return await readdir(dir);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return [];
+    throw err;
+  }
+}

@@ -1,0 +1,126 @@
+// A backup's manifest: everything needed to restore it, and a checksum of itself so that a damaged manifest is
+// reported as damaged rather than restored wrong. Written last, atomically: a backup without one does not exist.
+import { createHash } from 'node:crypto';
+import { readFile } from 'node:fs/promises';
+import { LatchError } from '../errors.js';
+import { writeFileAtomic, readdirOrEmpty } from './files.js';
+import { MANIFEST_SUFFIX, backupsDir, checkBackupName, isChunkHash, manifestPath, type BackupTarget } from './layout.js';
+
+export const MANIFEST_FORMAT = 'latch-backup/v1';
+
+export interface BackupStats {
+  /** Chunks with data / all-zero chunks (holes: recorded, not stored). */
+  dataChunks: number;
+  holeChunks: number;
+  /** Data chunks this backup stored, and the bytes it wrote for them (compressed). */
+  newChunks: number;
+  newBytesStored: number;
+  /** Data chunks already in the target (from earlier backups, other volumes, or earlier in this one). */
+  presentChunks: number;
+  /** Bytes of the source that are not holes. */
+  dataBytes: number;
+}
+
+export interface Manifest {
+  format: typeof MANIFEST_FORMAT;
+  name: string;
+  volume: string;
+  sizeBytes: number;
+  chunkSize: number;
+  /** How chunk files are compressed. */
+  compression: 'brotli';
+  /** The sha256 of each chunk's uncompressed bytes, in order; null for an all-zero chunk (a hole). */
+  chunks: (string | null)[];
+  /** sha256 of the whole image, holes included. */
+  imageSha256: string;
+  createdAt: string;
+  completedAt: string;
+  /** What was read: an image file, a snapshot or a device, in words. */
+  source: string;
+  node?: string;
+  /** The volume's previous complete backup in this target, when there was one. */
+  parent?: string;
+  stats: BackupStats;
+}
+
+/** Writes the manifest, which makes the backup exist. Refuses a name that is taken. */
+export async function publishManifest(target: BackupTarget, manifest: Manifest): Promise<void> {
+  const body = JSON.stringify(manifest);
+  const checksum = createHash('sha256').update(body).digest('hex');
+  await writeFileAtomic(manifestPath(target, manifest.name), `${JSON.stringify({ ...manifest, checksum })}\n`);
+}
+
+/** Whether a manifest of that name exists (complete or not readable). */
+export async function manifestExists(target: BackupTarget, name: string): Promise<boolean> {
+  try {
+    await readFile(manifestPath(target, name));
+    return true;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return false;
+    throw err;
+  }
+}
+
+/** Reads and checks a manifest: a missing backup and a damaged manifest are errors that say which. */
+export async function readManifest(target: BackupTarget, name: string): Promise<Manifest> {
+  const path = manifestPath(target, name);
+  let text: string;
+  try {
+    text = await readFile(path, 'utf8');
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') {
+      throw new LatchError(`backup ${name} does not exist in ${target.path} (latch backup list shows the backups)`);
+    }
+    throw err;
+  }
+  return parseManifest(text, name, path);
+}
+
+function parseManifest(text: string, name: string, path: string): Manifest {
+  const corrupt = (why: string) =>
+    new LatchError(`the manifest of backup ${name} (${path}) is corrupted: ${why}; this backup cannot be used`);
+  let parsed: Record<string, unknown>;
+  try {
+    parsed = JSON.parse(text) as Record<string, unknown>;
+  } catch {
+    throw corrupt('it is not JSON');
+  }
+  if (parsed === null || typeof parsed !== 'object') throw corrupt('it is not a JSON object');
+  const { checksum, ...body } = parsed;
+  if (createHash('sha256').update(JSON.stringify(body)).digest('hex') !== checksum) throw corrupt('its checksum does not match');
+  const m = body as unknown as Manifest;
+  if (m.format !== MANIFEST_FORMAT) throw corrupt(`unknown format ${JSON.stringify(m.format)}`);
+  if (m.name !== name) throw corrupt(`it names itself ${JSON.stringify(m.name)}`);
+  if (!Number.isSafeInteger(m.sizeBytes) || m.sizeBytes < 0 || !Number.isSafeInteger(m.chunkSize) || m.chunkSize < 1) {
+    throw corrupt('bad size or chunk size');
+  }
+  if (!Array.isArray(m.chunks) || m.chunks.length !== Math.ceil(m.sizeBytes / m.chunkSize)) throw corrupt('wrong number of chunks');
+  if (!m.chunks.every((c) => c === null || isChunkHash(c))) throw corrupt('a chunk entry is not a sha256');
+  if (m.compression !== 'brotli') throw corrupt(`unknown compression ${JSON.stringify(m.compression)}`);
+  return m;
+}
+
+export interface ListedBackup {
+  name: string;
+  manifest?: Manifest;
+  /** Why the manifest cannot be used, when it cannot. */
+  error?: string;
+}
+
+/** Every complete backup in the target (optionally of one volume), oldest first; damaged manifests with their error. */
+export async function listBackups(target: BackupTarget, volume?: string): Promise<ListedBackup[]> {
+  const listed: ListedBackup[] = [];
+  for (const file of await readdirOrEmpty(backupsDir(target))) {
+    if (!file.endsWith(MANIFEST_SUFFIX) || file.startsWith('.')) continue;
+    const name = file.slice(0, -MANIFEST_SUFFIX.length);
+    try {
+      checkBackupName(name);
+      listed.push({ name, manifest: await readManifest(target, name) });
+    } catch (err) {
+      if (err instanceof LatchError) listed.push({ name, error: err.message });
+      else throw err;
+    }
+  }
+  const filtered = volume === undefined ? listed : listed.filter((b) => b.manifest === undefined || b.manifest.volume === volume);
+  return filtered.sort((a, b) => (a.manifest?.createdAt ?? '').localeCompare(b.manifest?.createdAt ?? '') || a.name.localeCompare(b.name));
+}

@@ -1,0 +1,116 @@
+// Restoring a backup onto a block device or into an image file. Every chunk's hash is checked as it is read, and
+// the whole image's checksum at the end; a damaged backup stops the restore with an error naming the chunk (what was
+// written so far stays: the destination is not usable, and the caller must not hand it to a workload).
+//
+// Holes stay holes: an image file is emptied first (truncated to 0, then to the size: all holes) and only data
+// chunks are written; on a block device the hole ranges are zeroed with `blkdiscard --zeroout`, which a loop device
+// turns into holes punched in its image file (zeros are written where the device cannot).
+import { createHash } from 'node:crypto';
+import { constants } from 'node:fs';
+import { open, stat } from 'node:fs/promises';
+import { LatchError } from '../errors.js';
+import { blockDeviceSize } from '../sys/blockdev.js';
+import { zeroRange } from '../sys/zero.js';
+import { chunkLength, readChunk } from './chunks.js';
+import { checkTarget, type BackupTarget } from './layout.js';
+import { readManifest } from './manifest.js';
+
+export interface RestoreOptions {
+  target: BackupTarget;
+  name: string;
+  /** A block device (at least the backup's size), or an image file path. */
+  destination: string;
+  /** An existing image file is refused unless this is set (a block device is always overwritten: the caller chose it). */
+  overwriteFile?: boolean | undefined;
+  /** Chunks read ahead and decompressed at once (default 4). */
+  parallel?: number | undefined;
+}
+
+export interface RestoreReport {
+  name: string;
+  sizeBytes: number;
+  dataChunks: number;
+  holeChunks: number;
+  bytesWritten: number;
+}
+
+export async function restoreBackup(options: RestoreOptions): Promise<RestoreReport> {
+  const { target, name, destination } = options;
+  await checkTarget(target);
+  const manifest = await readManifest(target, name);
+  const { sizeBytes, chunkSize } = manifest;
+
+  const existing = await stat(destination).catch((err: NodeJS.ErrnoException) => {
+    if (err.code === 'ENOENT') return undefined;
+    throw err;
+  });
+  const isDevice = existing?.isBlockDevice() ?? false;
+  if (existing && !isDevice && !existing.isFile()) throw new LatchError(`${destination} is neither a block device nor a regular file`);
+  if (existing?.isFile() && !options.overwriteFile) {
+    throw new LatchError(`${destination} already exists; refusing to overwrite a file without being told to`);
+  }
+  if (isDevice) {
+    const deviceBytes = await blockDeviceSize(destination);
+    if (deviceBytes < sizeBytes) {
+      throw new LatchError(`${destination} holds ${deviceBytes} bytes, less than the ${sizeBytes} of backup ${name}`);
+    }
+  }
+
+  const handle = await open(destination, isDevice ? 'r+' : constants.O_RDWR | constants.O_CREAT | constants.O_NOFOLLOW, 0o600);
+  const report: RestoreReport = { name, sizeBytes, dataChunks: 0, holeChunks: 0, bytesWritten: 0 };
+  try {
+    if (!isDevice) {
+      await handle.truncate(0);
+      await handle.truncate(sizeBytes);
+    }
+    const whole = createHash('sha256');
+    const parallel = Math.max(1, options.parallel ?? 4);
+    // Read-ahead: chunk i + parallel - 1 is read and decompressed while chunk i is written.
+    const pending = new Map<number, ReturnType<typeof readChunk>>();
+    const fetch = (index: number) => {
+      const hash = manifest.chunks[index];
+      if (index < manifest.chunks.length && typeof hash === 'string' && !pending.has(index)) {
+        pending.set(index, readChunk(target, hash, chunkLength(sizeBytes, chunkSize, index)));
+      }
+    };
+    let holeStart: number | undefined;
+    const flushHoles = async (end: number) => {
+      if (holeStart !== undefined && isDevice) await zeroRange(handle, destination, holeStart, end - holeStart);
+      holeStart = undefined;
+    };
+    for (let index = 0; index < manifest.chunks.length; index++) {
+      for (let ahead = index; ahead < index + parallel; ahead++) fetch(ahead);
+      const offset = index * chunkSize;
+      const length = chunkLength(sizeBytes, chunkSize, index);
+      const hash = manifest.chunks[index];
+      if (hash === null || hash === undefined) {
+        whole.update(Buffer.alloc(length));
+        report.holeChunks++;
+        holeStart ??= offset;
+        continue;
+      }
+      await flushHoles(offset);
+      const read = await pending.get(index);
+      pending.delete(index);
+      if (!read?.ok) {
+        throw new LatchError(
+          `backup ${name}: chunk ${index} (${hash}) is ${read?.problem ?? 'missing'} (${read?.detail ?? ''}); ` +
+            `the restore to ${destination} is incomplete and must not be used`,
+        );
+      }
+      whole.update(read.data);
+      let written = 0;
+      while (written < length) written += (await handle.write(read.data, written, length - written, offset + written)).bytesWritten;
+      report.dataChunks++;
+      report.bytesWritten += length;
+    }
+    await flushHoles(sizeBytes);
+    await handle.sync();
+    if (whole.digest('hex') !== manifest.imageSha256) {
+      throw new LatchError(`backup ${name}: the restored image does not match the manifest's checksum; the restore must not be used`);
+    }
+  } finally {
+    await handle.close();
+  }
+  return report;
+}

@@ -1,0 +1,449 @@
+// The backup engine (src/backup/) on image files in temp dirs: holes, dedup, incremental backups, verify, restore,
+// delete and gc, damaged manifests, the target's lock, and backups interrupted by an exception or a SIGKILL.
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync, spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import {
+  closeSync,
+  ftruncateSync,
+  openSync,
+  writeSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+  copyFileSync,
+  unlinkSync,
+  utimesSync,
+  existsSync,
+} from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createBackup } from '../../src/backup/create.js';
+import { collectGarbage, deleteBackup } from '../../src/backup/delete.js';
+import { chunkPath, lockPath, type BackupTarget } from '../../src/backup/layout.js';
+import { listBackups, readManifest } from '../../src/backup/manifest.js';
+import { restoreBackup } from '../../src/backup/restore.js';
+import { verifyBackup } from '../../src/backup/verify.js';
+import { bundleForNode } from '../fixtures/bundle.js';
+import { trackChild } from '../fixtures/tracked-children.js';
+
+const CHUNK = 64 * 1024;
+const CHUNKS = 64;
+const SIZE = CHUNK * CHUNKS;
+
+let work: string;
+let workerJs: string;
+
+before(async () => {
+  work = mkdtempSync(join(tmpdir(), 'latch-backup-engine-'));
+  workerJs = join(work, 'backup-worker.cjs');
+  await bundleForNode('test/fixtures/backup-worker.ts', workerJs);
+});
+after(() => {
+  if (work) rmSync(work, { recursive: true, force: true });
+});
+
+let counter = 0;
+function freshDir(what: string): string {
+  return mkdtempSync(join(work, `${what}-${counter++}-`));
+}
+
+function freshTarget(): BackupTarget {
+  return { type: 'dir', path: freshDir('target') };
+}
+
+/** An image of CHUNKS chunks: `dataChunks` of them random (compressible halves), the rest zero. Written sparse. */
+function makeImage(dataChunks: number[]): { path: string; bytes: Buffer } {
+  const bytes = Buffer.alloc(SIZE);
+  for (const i of dataChunks) {
+    randomBytes(CHUNK / 2).copy(bytes, i * CHUNK);
+    bytes.fill(i + 1, i * CHUNK + CHUNK / 2, (i + 1) * CHUNK);
+  }
+  const path = join(freshDir('image'), 'volume.img');
+  writeFileSync(path, Buffer.alloc(0));
+  writeImage(path, bytes);
+  return { path, bytes };
+}
+
+/** Writes only the non-zero chunks, so the file is sparse like a pool image. */
+function writeImage(path: string, bytes: Buffer): void {
+  const fd = openSync(path, 'r+');
+  ftruncateSync(fd, bytes.length);
+  for (let i = 0; i < bytes.length / CHUNK; i++) {
+    const chunk = bytes.subarray(i * CHUNK, (i + 1) * CHUNK);
+    if (chunk.some((b) => b !== 0)) writeSync(fd, chunk, 0, CHUNK, i * CHUNK);
+  }
+  closeSync(fd);
+}
+
+function storedChunks(target: BackupTarget): string[] {
+  const dir = join(target.path, 'chunks');
+  if (!existsSync(dir)) return [];
+  return readdirSync(dir).flatMap((shard) => readdirSync(join(dir, shard)).filter((f) => !f.endsWith('.tmp')));
+}
+
+function tempFiles(target: BackupTarget): string[] {
+  const found: string[] = [];
+  const walk = (dir: string) => {
+    for (const entry of readdirSync(dir, { withFileTypes: true })) {
+      if (entry.isDirectory()) walk(join(dir, entry.name));
+      else if (entry.name.endsWith('.tmp')) found.push(entry.name);
+    }
+  };
+  walk(target.path);
+  return found;
+}
+
+const DATA = Array.from({ length: 40 }, (_, i) => (i * 3) % CHUNKS).sort((a, b) => a - b);
+
+describe('create, list and restore', () => {
+  it('stores data chunks once, records holes without storing them, and restores identical bytes, sparse', async () => {
+    const target = freshTarget();
+    const image = makeImage([...new Set(DATA)]);
+    const dataCount = new Set(DATA).size;
+    const manifest = await createBackup({ target, source: image.path, volume: 'vol-a', name: 'one', chunkSize: CHUNK });
+    assert.equal(manifest.stats.dataChunks, dataCount);
+    assert.equal(manifest.stats.holeChunks, CHUNKS - dataCount);
+    assert.equal(manifest.stats.newChunks, dataCount);
+    assert.equal(manifest.chunks.filter((c) => c === null).length, CHUNKS - dataCount);
+    assert.equal(storedChunks(target).length, dataCount, 'one file per data chunk, none for holes');
+    assert.ok(manifest.stats.newBytesStored < dataCount * CHUNK * 0.75, `compressed: ${manifest.stats.newBytesStored}`);
+    assert.deepEqual(
+      (await listBackups(target)).map((b) => b.name),
+      ['one'],
+    );
+
+    const out = join(freshDir('restore'), 'restored.img');
+    const report = await restoreBackup({ target, name: 'one', destination: out });
+    assert.equal(report.dataChunks, dataCount);
+    assert.ok(readFileSync(out).equals(image.bytes), 'restored bytes are identical');
+    const allocated = statSync(out).blocks * 512;
+    assert.ok(
+      allocated <= dataCount * CHUNK + 64 * 1024,
+      `restored file is sparse: ${allocated} bytes allocated for ${dataCount * CHUNK} of data`,
+    );
+
+    await assert.rejects(restoreBackup({ target, name: 'one', destination: out }), /already exists/);
+    writeFileSync(out, 'garbage');
+    await restoreBackup({ target, name: 'one', destination: out, overwriteFile: true });
+    assert.ok(readFileSync(out).equals(image.bytes), 'an overwritten file is restored exactly');
+  });
+
+  it('second backup of a lightly changed image writes only the changed chunks; another volume with the same data writes none', async () => {
+    const target = freshTarget();
+    const image = makeImage(DATA);
+    const first = await createBackup({ target, source: image.path, volume: 'vol-a', name: 'a1', chunkSize: CHUNK });
+    const before = storedChunks(target).length;
+
+    const changed = [0, 9, 30];
+    for (const i of changed) randomBytes(100).copy(image.bytes, i * CHUNK + 10);
+    writeImage(image.path, image.bytes);
+    const second = await createBackup({ target, source: image.path, volume: 'vol-a', name: 'a2', chunkSize: CHUNK });
+    assert.equal(second.stats.newChunks, changed.length, 'only the changed chunks were stored');
+    assert.equal(second.stats.presentChunks, second.stats.dataChunks - changed.length);
+    assert.ok(second.stats.newBytesStored < first.stats.newBytesStored / 5, 'bytes written follow the change');
+    assert.equal(storedChunks(target).length, before + changed.length);
+    assert.equal(second.parent, 'a1');
+
+    const copy = join(freshDir('image'), 'copy.img');
+    copyFileSync(image.path, copy);
+    const other = await createBackup({ target, source: copy, volume: 'vol-b', name: 'b1', chunkSize: CHUNK });
+    assert.equal(other.stats.newChunks, 0, 'dedup across volumes');
+    assert.equal(other.parent, undefined, "vol-b's first backup has no parent");
+    assert.deepEqual(
+      (await listBackups(target, 'vol-a')).map((b) => b.name),
+      ['a1', 'a2'],
+    );
+
+    const out = join(freshDir('restore'), 'a1.img');
+    await restoreBackup({ target, name: 'a1', destination: out });
+    assert.ok(!readFileSync(out).equals(image.bytes), 'a1 is the image before the change');
+    const out2 = join(freshDir('restore'), 'a2.img');
+    await restoreBackup({ target, name: 'a2', destination: out2 });
+    assert.ok(readFileSync(out2).equals(image.bytes), 'a2 is the image after it');
+  });
+
+  it('refuses a taken name, a missing target and a source that is neither a file nor a block device', async () => {
+    const target = freshTarget();
+    const image = makeImage([1, 2]);
+    await createBackup({ target, source: image.path, volume: 'v', name: 'same', chunkSize: CHUNK });
+    await assert.rejects(createBackup({ target, source: image.path, volume: 'v', name: 'same', chunkSize: CHUNK }), /already exists/);
+    await assert.rejects(
+      createBackup({ target: { type: 'dir', path: join(work, 'no-such-share') }, source: image.path, volume: 'v', chunkSize: CHUNK }),
+      /does not exist.*mount the share/,
+    );
+    await assert.rejects(
+      createBackup({ target, source: work, volume: 'v', chunkSize: CHUNK }),
+      /neither a regular file nor a block device/,
+    );
+    await assert.rejects(createBackup({ target, source: image.path, volume: 'v', name: '../escape', chunkSize: CHUNK }), /not allowed/);
+    assert.equal(existsSync(join(work, 'no-such-share')), false, 'a missing target is never created');
+  });
+
+  it('gives a default name from the volume and the time', async () => {
+    const target = freshTarget();
+    const image = makeImage([1]);
+    const m = await createBackup({
+      target,
+      source: image.path,
+      volume: 'v',
+      chunkSize: CHUNK,
+      now: () => Date.UTC(2026, 10, 23, 12, 34, 56),
+    });
+    assert.equal(m.name, 'v-20261123-123456');
+  });
+});
+
+describe('verify', () => {
+  it('passes an intact backup and names a corrupted and a missing chunk', async () => {
+    const target = freshTarget();
+    const image = makeImage(DATA);
+    const m = await createBackup({ target, source: image.path, volume: 'v', name: 'b', chunkSize: CHUNK });
+    const good = await verifyBackup({ target, name: 'b' });
+    assert.equal(good.ok, true);
+    assert.equal(good.imageChecksumMatches, true);
+    assert.equal(good.chunksChecked, m.stats.dataChunks);
+
+    const dataIndexes = m.chunks.flatMap((c, i) => (c === null ? [] : [i]));
+    const [corruptIndex, missingIndex] = [dataIndexes[2], dataIndexes[5]] as [number, number];
+    const corruptHash = m.chunks[corruptIndex] as string;
+    const missingHash = m.chunks[missingIndex] as string;
+    writeFileSync(chunkPath(target, corruptHash), randomBytes(100));
+    unlinkSync(chunkPath(target, missingHash));
+
+    const bad = await verifyBackup({ target, name: 'b' });
+    assert.equal(bad.ok, false);
+    assert.deepEqual(
+      bad.problems.map((p) => [p.index, p.problem]),
+      [
+        [corruptIndex, 'corrupt'],
+        [missingIndex, 'missing'],
+      ],
+    );
+    await assert.rejects(
+      restoreBackup({ target, name: 'b', destination: join(freshDir('restore'), 'x.img') }),
+      new RegExp(`chunk ${corruptIndex} .* is corrupt.*must not be used`),
+    );
+  });
+
+  it('detects a chunk whose compressed bytes are valid but hold other data', async () => {
+    const target = freshTarget();
+    const m = await createBackup({ target, source: makeImage([3, 4]).path, volume: 'v', name: 'b', chunkSize: CHUNK });
+    const [h3, h4] = m.chunks.filter((c) => c !== null) as [string, string];
+    copyFileSync(chunkPath(target, h4), chunkPath(target, h3));
+    const report = await verifyBackup({ target, name: 'b' });
+    assert.deepEqual(
+      report.problems.map((p) => [p.hash, p.problem, p.detail]),
+      [[h3, 'corrupt', 'its bytes do not match its sha256']],
+    );
+  });
+});
+
+describe('damaged manifests', () => {
+  it('lists a damaged manifest as damaged, refuses to use it or to collect garbage, and deletes it', async () => {
+    const target = freshTarget();
+    const image = makeImage(DATA);
+    await createBackup({ target, source: image.path, volume: 'v', name: 'good', chunkSize: CHUNK });
+    await createBackup({ target, source: makeImage([5]).path, volume: 'v', name: 'bad', chunkSize: CHUNK });
+    const path = join(target.path, 'backups', 'bad.json');
+    writeFileSync(path, readFileSync(path, 'utf8').replace('"sizeBytes":', '"sizeBytes":1'));
+
+    const listed = await listBackups(target);
+    assert.deepEqual(
+      listed.map((b) => [b.name, b.manifest !== undefined]),
+      [
+        ['bad', false],
+        ['good', true],
+      ],
+    );
+    assert.match(listed[0]?.error ?? '', /manifest of backup bad .* is corrupted: its checksum does not match/);
+    await assert.rejects(readManifest(target, 'bad'), /corrupted/);
+    await assert.rejects(verifyBackup({ target, name: 'bad' }), /corrupted/);
+    await assert.rejects(collectGarbage({ target }), /not collecting garbage: the manifest of bad/);
+    await deleteBackup({ target, name: 'bad' });
+    assert.equal((await verifyBackup({ target, name: 'good' })).ok, true);
+
+    writeFileSync(join(target.path, 'backups', 'junk.json'), '{not json');
+    assert.match((await listBackups(target)).find((b) => b.name === 'junk')?.error ?? '', /not JSON/);
+  });
+});
+
+describe('delete and garbage collection', () => {
+  it('removes only the chunks no other backup needs', async () => {
+    const target = freshTarget();
+    const image = makeImage(DATA);
+    const a = await createBackup({ target, source: image.path, volume: 'vol-a', name: 'a', chunkSize: CHUNK });
+    for (const i of [0, 3]) randomBytes(64).copy(image.bytes, i * CHUNK);
+    writeImage(image.path, image.bytes);
+    const b = await createBackup({ target, source: image.path, volume: 'vol-b', name: 'b', chunkSize: CHUNK });
+    assert.equal(b.stats.newChunks, 2);
+
+    const report = await deleteBackup({ target, name: 'a' });
+    assert.equal(report.removedChunks, 2, "a's two chunks that b does not share");
+    assert.equal(storedChunks(target).length, new Set(b.chunks.filter((c) => c !== null)).size);
+    assert.equal((await verifyBackup({ target, name: 'b' })).ok, true);
+    assert.deepEqual(
+      (await listBackups(target)).map((x) => x.name),
+      ['b'],
+    );
+    await assert.rejects(deleteBackup({ target, name: 'a' }), /does not exist/);
+    assert.equal((await deleteBackup({ target, name: 'a', missingOk: true })).removedChunks, 0);
+    void a;
+
+    await deleteBackup({ target, name: 'b' });
+    assert.equal(storedChunks(target).length, 0);
+  });
+});
+
+describe('interrupted backups', () => {
+  it('a backup abandoned by an exception midway is not listed, frees the lock, and the next one succeeds', async () => {
+    const target = freshTarget();
+    const image = makeImage(DATA);
+    await assert.rejects(
+      createBackup({
+        target,
+        source: image.path,
+        volume: 'v',
+        name: 'half',
+        chunkSize: CHUNK,
+        onChunk: (i) => {
+          if (i === 30) throw new Error('interrupted');
+        },
+      }),
+      /interrupted/,
+    );
+    assert.ok(storedChunks(target).length > 0, 'it had stored chunks');
+    assert.deepEqual(await listBackups(target), []);
+    assert.equal(existsSync(lockPath(target)), false);
+
+    await assert.rejects(
+      createBackup({
+        target,
+        source: image.path,
+        volume: 'v',
+        name: 'changed',
+        chunkSize: CHUNK,
+        beforePublish: () => Promise.reject(new Error('the source changed while it was read')),
+      }),
+      /source changed/,
+    );
+    assert.deepEqual(await listBackups(target), [], 'a backup refused before publishing is not listed');
+
+    const m = await createBackup({ target, source: image.path, volume: 'v', name: 'half', chunkSize: CHUNK });
+    assert.equal(m.stats.newChunks, 0, 'the chunks stored by the abandoned attempts are reused');
+    assert.equal((await verifyBackup({ target, name: 'half' })).ok, true);
+  });
+
+  it('a backup SIGKILLed midway is not listed; the next one takes the dead lock over, removes temp files and succeeds', async () => {
+    const target = freshTarget();
+    const image = makeImage(DATA);
+    const child = spawn(process.execPath, [workerJs, target.path, image.path, 'v', 'killed', String(CHUNK)], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    trackChild(child);
+    let out = '';
+    let errText = '';
+    child.stderr.on('data', (d: Buffer) => (errText += d.toString()));
+    await new Promise<void>((resolve, reject) => {
+      child.stdout.on('data', (d: Buffer) => {
+        out += d.toString();
+        if (/chunk 20\n/.test(out)) {
+          child.kill('SIGKILL');
+          resolve();
+        }
+      });
+      child.once('exit', () => reject(new Error(`the worker ended before it was killed: ${out} ${errText}`)));
+    });
+    await new Promise((r) => child.once('exit', r));
+    assert.ok(!out.includes('done'));
+    assert.ok(existsSync(lockPath(target)), 'the dead writer left its lock');
+    assert.deepEqual(await listBackups(target), []);
+    // What a writer killed between writing and renaming a chunk leaves behind.
+    writeFileSync(join(target.path, 'backups', '.killed.json.1.abcd.tmp'), '{');
+
+    const m = await createBackup({ target, source: image.path, volume: 'v', name: 'next', chunkSize: CHUNK, lock: { waitMs: 2000 } });
+    assert.equal(m.stats.dataChunks, new Set(DATA).size);
+    assert.deepEqual(tempFiles(target), []);
+    assert.deepEqual(
+      (await listBackups(target)).map((b) => b.name),
+      ['next'],
+    );
+    assert.equal((await verifyBackup({ target, name: 'next' })).ok, true);
+  });
+});
+
+describe("the target's lock", () => {
+  it('is kept fresh by a heartbeat, and a writer whose lock was taken over publishes nothing', async () => {
+    const target = freshTarget();
+    const image = makeImage(DATA);
+    const old = new Date(Date.now() - 60_000);
+    let refreshed = false;
+    await assert.rejects(
+      createBackup({
+        target,
+        source: image.path,
+        volume: 'v',
+        name: 'usurped',
+        chunkSize: CHUNK,
+        lock: { heartbeatMs: 20 },
+        onChunk: async (i) => {
+          if (i === 1) utimesSync(lockPath(target), old, old);
+          if (i === 10) refreshed = statSync(lockPath(target)).mtimeMs > old.getTime() + 1000;
+          // Another node decided this writer was dead and took the lock over.
+          if (i === 20)
+            writeFileSync(lockPath(target), JSON.stringify({ host: 'elsewhere', pid: 1, purpose: 'gc', startedAt: '', token: 'theirs' }));
+          await new Promise((r) => setTimeout(r, 10));
+        },
+      }),
+      /lost the lock of the backup target .*nothing was published/,
+    );
+    assert.ok(refreshed, 'the heartbeat touched the lock');
+    assert.deepEqual(await listBackups(target), []);
+    assert.ok(existsSync(lockPath(target)), "the new holder's lock is left alone");
+  });
+
+  it('waits for a live holder and names it, and takes over a lock untouched for too long', async () => {
+    const target = freshTarget();
+    const image = makeImage([1]);
+    const holder = {
+      node: 'node-b',
+      host: 'elsewhere',
+      pid: 1,
+      purpose: 'backup x of volume y',
+      startedAt: '2026-11-23T10:00:00Z',
+      token: 't',
+    };
+    writeFileSync(lockPath(target), JSON.stringify(holder));
+    await assert.rejects(
+      createBackup({ target, source: image.path, volume: 'v', chunkSize: CHUNK, lock: { waitMs: 300 } }),
+      /backup target .* is busy: backup x of volume y on node node-b/,
+    );
+    const old = new Date(Date.now() - 11 * 60_000);
+    utimesSync(lockPath(target), old, old);
+    await createBackup({ target, source: image.path, volume: 'v', name: 'after', chunkSize: CHUNK, lock: { waitMs: 300 } });
+    assert.equal(existsSync(lockPath(target)), false, 'released after use');
+  });
+});
+
+describe('a full target', { skip: process.getuid?.() !== 0 ? 'needs root to mount a small tmpfs' : false }, () => {
+  it('fails with a message that says so, publishes nothing, and leaves no temp files', async () => {
+    const path = freshDir('full');
+    execFileSync('mount', ['-t', 'tmpfs', '-o', 'size=256k', 'latch-test-full', path]);
+    try {
+      const target: BackupTarget = { type: 'dir', path };
+      await assert.rejects(
+        createBackup({ target, source: makeImage(DATA).path, volume: 'v', name: 'big', chunkSize: CHUNK }),
+        new RegExp(`the backup target ${path} is full .*nothing was published`),
+      );
+      assert.deepEqual(await listBackups(target), []);
+      assert.deepEqual(tempFiles(target), []);
+      assert.equal(existsSync(lockPath(target)), false);
+    } finally {
+      execFileSync('umount', [path]);
+    }
+  });
+});
