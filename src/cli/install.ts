@@ -6,10 +6,13 @@
 // never a missing one, and nothing else is ever written below the plugin dir (docs/protocol.md, "Discovery and install").
 import { createHash, randomBytes } from 'node:crypto';
 import { constants } from 'node:fs';
-import { lstat, mkdir, open, readdir, rename, unlink } from 'node:fs/promises';
+import { lstat, mkdir, open, readdir, rename, stat, unlink } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { LatchError } from '../errors.js';
+import type { Config } from '../config.js';
+import { installConfigBeside, installRuntime, planRuntime, pruneBesideDir, runtimeBeside, runtimeNamedBy } from '../host/beside-driver.js';
 import { CHUNK, driverPath, fileDigest, installedState, runningExecutable, shortDigest } from '../host/driver-file.js';
+import { applyEdits, type ByteEdit } from '../host/elf.js';
 import { choosePluginDir } from '../host/plugin-dir.js';
 import { formatSize } from '../size.js';
 import { syncDir } from '../sys/files.js';
@@ -23,6 +26,10 @@ const STALE_TEMP_MS = 10 * 60 * 1000;
 export interface InstallOptions {
   pluginDir?: string;
   driver?: string;
+  /** The plugin dir as kubelet and kube-controller-manager see it, where it differs from --plugin-dir. */
+  pluginDirSeenAs?: string;
+  /** Also write the configuration (and the etcd client's files) beside the driver, for a containerized KCM. */
+  configBesideDriver?: boolean;
   output: OutputFormat;
 }
 
@@ -30,7 +37,19 @@ export async function install(options: InstallOptions, io: CommandIO): Promise<v
   const driver = driverNameFrom(options.driver, io);
   const choice = await choosePluginDir(options.pluginDir, io.env);
   const source = await runningExecutable();
-  const result = await installDriver({ pluginDir: choice.dir, driverName: driver.name, source: source.path });
+  if (options.configBesideDriver && !driver.config) {
+    throw new LatchError(`--config-beside-driver: the configuration does not load (${driver.configError}); fix it first`);
+  }
+  const runtime = source.selfContained ? runtimeBeside(source.path) : undefined;
+  const hasRuntime = runtime !== undefined && (await isDirectory(runtime));
+  const result = await installDriver({
+    pluginDir: choice.dir,
+    driverName: driver.name,
+    source: source.path,
+    ...(hasRuntime && { runtime }),
+    ...(options.pluginDirSeenAs !== undefined && { pluginDirSeenAs: options.pluginDirSeenAs }),
+    ...(options.configBesideDriver && driver.config && { configBeside: driver.config }),
+  });
   if (options.output === 'json') {
     io.out(
       formatJson({
@@ -56,6 +75,13 @@ export async function install(options: InstallOptions, io: CommandIO): Promise<v
         `${result.previousSha256 ? `, was ${shortDigest(result.previousSha256)}` : ''}); kubelet picks it up on its next probe`,
     );
   }
+  if (result.runtime) lines.push(`the driver runs with the loader and libraries in ${result.runtime}: it needs nothing outside the plugin dir`);
+  if (result.config) lines.push(`wrote the configuration beside the driver: ${[result.config, ...(result.configFiles ?? [])].join(', ')} (0600)`);
+  if (source.selfContained && !hasRuntime) {
+    lines.push(
+      `note: no runtime beside ${source.path} (${runtime}): the driver uses the host's glibc and libstdc++, so a kube-controller-manager in a distroless container cannot run it`,
+    );
+  }
   if (!source.selfContained) {
     lines.push(
       'note: this is the Node.js bundle: kubelet runs it with the `node` on its PATH; hosts without Node.js need the self-contained build (npm run build:sea)',
@@ -71,6 +97,12 @@ export interface InstallDriverOptions {
   driverName: string;
   /** The executable to install. */
   source: string;
+  /** The runtime of a self-contained build (`<source>.runtime`): installed beside the driver, and the driver pointed at it. */
+  runtime?: string;
+  /** The plugin dir as kubelet and kube-controller-manager see it (default: pluginDir). */
+  pluginDirSeenAs?: string;
+  /** Write this configuration beside the driver too. */
+  configBeside?: Config;
 }
 
 export interface InstallResult {
@@ -79,6 +111,11 @@ export interface InstallResult {
   sha256: string;
   size: number;
   previousSha256?: string;
+  /** The runtime directory beside the driver that it runs with. */
+  runtime?: string;
+  /** The configuration written beside the driver, and the files it names. */
+  config?: string;
+  configFiles?: string[];
 }
 
 /**
@@ -88,20 +125,33 @@ export interface InstallResult {
  */
 export async function installDriver(options: InstallDriverOptions): Promise<InstallResult> {
   const { dir, file } = driverPath(options.pluginDir, options.driverName);
-  const wanted = await fileDigest(options.source);
+  const seenAsDir = driverPath(options.pluginDirSeenAs ?? options.pluginDir, options.driverName).dir;
+  const runtime = options.runtime !== undefined ? await planRuntime(options.source, options.runtime, dir, seenAsDir) : undefined;
+  const edits = runtime?.edits ?? [];
+  const wanted = await fileDigest(options.source, edits);
   const before = await installedState(file);
   if (before.state === 'not-a-file') {
     throw new LatchError(`${file} is ${before.kind}; remove it by hand before installing (kubelet cannot run it anyway)`);
   }
-  if (before.state === 'present' && before.sha256 === wanted.sha256 && before.mode === 0o755) {
-    return { action: 'unchanged', path: file, ...wanted };
-  }
-
   const created = await mkdir(dir, { recursive: true, mode: 0o755 });
   if (created !== undefined) await syncDir(dirname(dir)); // the new driver directory survives a crash too
+  // What the driver needs before the driver: the configuration beside it (checked before anything is written,
+  // rewritten only when it changed), the runtime it will name (an intact one is left alone, a damaged one repaired).
+  const config = options.configBeside && (await installConfigBeside(dir, options.configBeside));
+  if (runtime) await installRuntime(runtime);
+  const extras = {
+    ...(runtime && { runtime: runtime.installedDir }),
+    ...(config && { config: config.path, configFiles: config.files }),
+  };
+  if (before.state === 'present' && before.sha256 === wanted.sha256 && before.mode === 0o755) {
+    return { action: 'unchanged', path: file, ...wanted, ...extras };
+  }
+
   await removeStaleTemps(dir, basename(file));
+  // The runtime the replaced driver names stays until the next install: a call of it may be starting right now.
+  const previousRuntime = before.state === 'present' ? await runtimeNamedBy(file, seenAsDir) : undefined;
   const temp = join(dir, `.${basename(file)}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
-  const copied = await copyTo(options.source, temp);
+  const copied = await copyTo(options.source, temp, edits);
   try {
     if (copied !== wanted.sha256) {
       throw new LatchError(`${options.source} changed while it was being copied (a build running?); run install again`);
@@ -112,26 +162,35 @@ export async function installDriver(options: InstallDriverOptions): Promise<Inst
     throw err;
   }
   await syncDir(dir);
+  const keep = [runtime && basename(runtime.installedDir), previousRuntime].filter((n): n is string => n !== undefined);
+  await pruneBesideDir(dir, keep);
   return {
     action: before.state === 'present' ? 'upgraded' : 'installed',
     path: file,
     ...wanted,
     ...(before.state === 'present' && { previousSha256: before.sha256 }),
+    ...extras,
   };
 }
 
-/** Copies into a new file (exclusive create), fsyncs it and makes it 0755; returns the sha256 of what was written. */
-async function copyTo(source: string, target: string): Promise<string> {
+/**
+ * Copies into a new file (exclusive create), with the edits applied, fsyncs it and makes it 0755; returns the
+ * sha256 of what was written.
+ */
+async function copyTo(source: string, target: string, edits: readonly ByteEdit[]): Promise<string> {
   const hash = createHash('sha256');
   const input = await open(source, 'r');
   try {
     const output = await open(target, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o700);
     try {
       const buffer = Buffer.allocUnsafe(CHUNK);
+      let position = 0;
       for (;;) {
         const { bytesRead } = await input.read(buffer, 0, CHUNK, null);
         if (bytesRead === 0) break;
         const chunk = buffer.subarray(0, bytesRead);
+        applyEdits(chunk, position, edits);
+        position += bytesRead;
         hash.update(chunk);
         let written = 0;
         while (written < bytesRead) written += (await output.write(chunk, written, bytesRead - written)).bytesWritten;
@@ -148,6 +207,14 @@ async function copyTo(source: string, target: string): Promise<string> {
     await input.close();
   }
   return hash.digest('hex');
+}
+
+async function isDirectory(path: string): Promise<boolean> {
+  try {
+    return (await stat(path)).isDirectory();
+  } catch {
+    return false;
+  }
 }
 
 async function removeStaleTemps(dir: string, driver: string): Promise<void> {

@@ -81,6 +81,11 @@ export function buildProgram(io: CliIO, exit: (code: number) => void): Command {
         )
         .option('--plugin-dir <dir>', "kubelet's FlexVolume plugin directory (default: detected)")
         .option(...DRIVER)
+        .option(
+          '--config-beside-driver',
+          "also write the configuration and the etcd client's files beside the driver (0600), for a kube-controller-manager in a container",
+        )
+        .option('--plugin-dir-seen-as <dir>', 'the plugin dir as kubelet and kube-controller-manager see it, if not --plugin-dir')
         .option(...OUTPUT)
         .action(async (opts) => done(await install(opts, io))),
 
