@@ -128,7 +128,8 @@ function collectRuntime(dir) {
     if (linked) libraries.push(linked[2]);
     else if (interpreter) loader = interpreter[1];
   }
-  if (!loader || libraries.length === 0) throw new Error(`cannot read the loader and libraries of ${process.execPath} from ldd:\n${ldd.stdout}`);
+  if (!loader || libraries.length === 0)
+    throw new Error(`cannot read the loader and libraries of ${process.execPath} from ldd:\n${ldd.stdout}`);
   mkdirSync(dir);
   // Copied by content (the host's are often symlinks), under the names the executable asks for.
   for (const path of [loader, ...libraries]) copyFileSync(path, join(dir, basename(path)));
@@ -138,7 +139,8 @@ function collectRuntime(dir) {
 
 function patchelf() {
   const found = spawnSync('patchelf', ['--version'], { encoding: 'utf8' });
-  if (found.status !== 0) throw new Error('patchelf is needed to build bin/latch-sea (Debian: apt-get install patchelf; scripts/setup.sh does it)');
+  if (found.status !== 0)
+    throw new Error('patchelf is needed to build bin/latch-sea (Debian: apt-get install patchelf; scripts/setup.sh does it)');
   return 'patchelf';
 }
 

@@ -75,8 +75,10 @@ export async function install(options: InstallOptions, io: CommandIO): Promise<v
         `${result.previousSha256 ? `, was ${shortDigest(result.previousSha256)}` : ''}); kubelet picks it up on its next probe`,
     );
   }
-  if (result.runtime) lines.push(`the driver runs with the loader and libraries in ${result.runtime}: it needs nothing outside the plugin dir`);
-  if (result.config) lines.push(`wrote the configuration beside the driver: ${[result.config, ...(result.configFiles ?? [])].join(', ')} (0600)`);
+  if (result.runtime)
+    lines.push(`the driver runs with the loader and libraries in ${result.runtime}: it needs nothing outside the plugin dir`);
+  if (result.config)
+    lines.push(`wrote the configuration beside the driver: ${[result.config, ...(result.configFiles ?? [])].join(', ')} (0600)`);
   if (source.selfContained && !hasRuntime) {
     lines.push(
       `note: no runtime beside ${source.path} (${runtime}): the driver uses the host's glibc and libstdc++, so a kube-controller-manager in a distroless container cannot run it`,
