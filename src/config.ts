@@ -177,18 +177,18 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, locations: Conf
 function readConfigFile(env: NodeJS.ProcessEnv, locations: ConfigLocations): { raw: unknown; source: string } {
   const explicit = env.LATCH_CONFIG;
   if (explicit && explicit.length > 0) {
-    const raw = readJson(explicit, '(from LATCH_CONFIG) ');
+    const raw = readJson(explicit);
     if (raw === undefined) throw new ConfigError(`configuration file ${explicit} (from LATCH_CONFIG) does not exist`);
     return { raw, source: explicit };
   }
   const path = locations.defaultPath ?? DEFAULT_CONFIG_PATH;
-  const raw = readJson(path, '');
+  const raw = readJson(path);
   if (raw !== undefined) return { raw, source: path };
   // /etc/latch is not there: kube-controller-manager's container, which sees only the plugin dir.
   const driverFile = locations.driverFile ?? ownDriverFile();
   if (driverFile !== undefined) {
     const beside = besideDriverConfigPath(driverFile);
-    const found = readJson(beside, '');
+    const found = readJson(beside);
     if (found !== undefined) {
       checkBesideDriverPermissions(beside, found);
       return { raw: found, source: beside };
@@ -198,19 +198,19 @@ function readConfigFile(env: NodeJS.ProcessEnv, locations: ConfigLocations): { r
 }
 
 /** The parsed file, or undefined when it does not exist. */
-function readJson(path: string, from: string): unknown {
+function readJson(path: string): unknown {
   try {
     return JSON.parse(readFileSync(path, 'utf8')) as unknown;
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
     if (code === 'ENOENT' || code === 'ENOTDIR') return undefined;
-    if (err instanceof SyntaxError) throw new ConfigError(`configuration file ${path} ${from}is not valid JSON: ${err.message}`);
-    throw new ConfigError(`configuration file ${path} ${from}cannot be read: ${errorMessage(err)}`);
+    if (err instanceof SyntaxError) throw new ConfigError(`configuration file ${path} is not valid JSON: ${err.message}`);
+    throw new ConfigError(`configuration file ${path} cannot be read: ${errorMessage(err)}`);
   }
 }
 
 /** `<driver dir>/.latch/config.json`: the configuration `latch install --config-beside-driver` writes. */
-export function besideDriverConfigPath(driverFile: string): string {
+function besideDriverConfigPath(driverFile: string): string {
   return join(dirname(driverFile), BESIDE_DRIVER_DIR, 'config.json');
 }
 

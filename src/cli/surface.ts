@@ -106,7 +106,9 @@ export function buildProgram(io: CliIO, exit: (code: number) => void): Command {
             '',
             'Checks: the tools latch runs, loop device support, the configuration, the plugin dir and the installed',
             'driver, the pool space against the provisioned sizes, and the ledger against the kernel (holds without a',
-            'device, loop devices and mounts the ledger does not know, volumes stuck detaching).',
+            'device, loop devices and mounts the ledger does not know, volumes stuck detaching). On a control-plane',
+            'node in attach mode: whether kube-controller-manager finds the driver in its plugin dir, the configuration',
+            'it reads, and a trial init in an empty root, as its distroless container runs it.',
             'Exit status: 0 healthy, 1 with errors (something is broken now), 2 with warnings only.',
           ].join('\n'),
         )

@@ -29,7 +29,7 @@ export function runtimeBeside(executable: string): string {
 }
 
 /** `<driver dir>/.latch`. */
-export function besideDir(driverDir: string): string {
+function besideDir(driverDir: string): string {
   return join(driverDir, BESIDE_DRIVER_DIR);
 }
 
@@ -87,8 +87,26 @@ export async function planRuntime(executable: string, sourceDir: string, driverD
   };
 }
 
+/**
+ * Whether two executables are the same build, whatever runtime each was pointed at: equal once their interpreter
+ * and RPATH slots are blanked (an installed driver differs from its source in exactly those).
+ */
+export async function sameBuild(a: string, b: string): Promise<boolean> {
+  const blanked = async (file: string) => {
+    const slots = await readRuntimeSlots(file);
+    const edits = slots ? [slots.interpreter, slots.rpath].map((s) => ({ offset: s.offset, bytes: Buffer.alloc(s.size) })) : [];
+    return (await fileDigest(file, edits)).sha256;
+  };
+  try {
+    const [x, y] = await Promise.all([blanked(a), blanked(b)]);
+    return x === y;
+  } catch {
+    return false;
+  }
+}
+
 /** Whether the planned runtime is installed, complete and unchanged. */
-export async function runtimeInstalled(plan: RuntimePlan): Promise<boolean> {
+async function runtimeInstalled(plan: RuntimePlan): Promise<boolean> {
   try {
     const names = (await readdir(plan.installedDir)).sort();
     if (names.join('\0') !== plan.files.map((f) => f.name).join('\0')) return false;
