@@ -10,7 +10,16 @@ import { lstat, mkdir, open, readdir, rename, stat, unlink } from 'node:fs/promi
 import { basename, dirname, join } from 'node:path';
 import { LatchError } from '../errors.js';
 import type { Config } from '../config.js';
-import { installConfigBeside, installRuntime, planRuntime, pruneBesideDir, runtimeBeside, runtimeNamedBy } from '../host/beside-driver.js';
+import {
+  prepareConfigBeside,
+  writeConfigBeside,
+  installRuntime,
+  planRuntime,
+  pruneBesideDir,
+  runtimeBeside,
+  runtimeNamedBy,
+  withDriverDirLock,
+} from '../host/beside-driver.js';
 import { CHUNK, driverPath, fileDigest, installedState, runningExecutable, shortDigest } from '../host/driver-file.js';
 import { applyEdits, type ByteEdit } from '../host/elf.js';
 import { choosePluginDir } from '../host/plugin-dir.js';
@@ -126,9 +135,14 @@ export interface InstallResult {
  * 0755, rename over the old file, fsync the directory.
  */
 export async function installDriver(options: InstallDriverOptions): Promise<InstallResult> {
+  return withDriverDirLock(driverPath(options.pluginDir, options.driverName).dir, () => installLocked(options));
+}
+
+async function installLocked(options: InstallDriverOptions): Promise<InstallResult> {
   const { dir, file } = driverPath(options.pluginDir, options.driverName);
   const seenAsDir = driverPath(options.pluginDirSeenAs ?? options.pluginDir, options.driverName).dir;
   const runtime = options.runtime !== undefined ? await planRuntime(options.source, options.runtime, dir, seenAsDir) : undefined;
+  const configBeside = options.configBeside && (await prepareConfigBeside(options.configBeside));
   const edits = runtime?.edits ?? [];
   const wanted = await fileDigest(options.source, edits);
   const before = await installedState(file);
@@ -137,9 +151,9 @@ export async function installDriver(options: InstallDriverOptions): Promise<Inst
   }
   const created = await mkdir(dir, { recursive: true, mode: 0o755 });
   if (created !== undefined) await syncDir(dirname(dir)); // the new driver directory survives a crash too
-  // What the driver needs before the driver: the configuration beside it (checked before anything is written,
-  // rewritten only when it changed), the runtime it will name (an intact one is left alone, a damaged one repaired).
-  const config = options.configBeside && (await installConfigBeside(dir, options.configBeside));
+  // What the driver needs before the driver: the configuration beside it (rewritten only when it changed), the
+  // runtime it will name (an intact one is left alone, a damaged one repaired).
+  const config = configBeside && (await writeConfigBeside(dir, configBeside));
   if (runtime) await installRuntime(runtime);
   const extras = {
     ...(runtime && { runtime: runtime.installedDir }),

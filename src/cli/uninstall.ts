@@ -3,7 +3,7 @@
 import { readdir, rmdir, unlink } from 'node:fs/promises';
 import { basename, dirname } from 'node:path';
 import { LatchError } from '../errors.js';
-import { removeBesideDir } from '../host/beside-driver.js';
+import { removeBesideDir, withDriverDirLock } from '../host/beside-driver.js';
 import { driverPath } from '../host/driver-file.js';
 import { inventory } from '../host/inventory.js';
 import { choosePluginDir } from '../host/plugin-dir.js';
@@ -61,6 +61,10 @@ export interface UninstallResult {
 }
 
 export async function uninstallDriver(options: { pluginDir: string; driverName: string }): Promise<UninstallResult> {
+  return withDriverDirLock(driverPath(options.pluginDir, options.driverName).dir, () => uninstallLocked(options));
+}
+
+async function uninstallLocked(options: { pluginDir: string; driverName: string }): Promise<UninstallResult> {
   const { dir, file } = driverPath(options.pluginDir, options.driverName);
   let removed = true;
   try {

@@ -17,6 +17,7 @@ import { basename, dirname, join } from 'node:path';
 import { BESIDE_DRIVER_DIR, type Config } from '../config.js';
 import { errorMessage, LatchError } from '../errors.js';
 import { syncDir } from '../sys/files.js';
+import { withHostLock } from '../sys/lock.js';
 import { fileDigest } from './driver-file.js';
 import { readRuntimeSlots, slotEdit, type ByteEdit } from './elf.js';
 
@@ -143,19 +144,43 @@ export async function installRuntime(plan: RuntimePlan): Promise<void> {
       }
     }
     await syncDir(temp);
-    // A damaged runtime of the same name goes aside first: rename cannot replace a directory that is not empty.
-    const aside = `${temp}.old`;
-    const damaged = await rename(plan.installedDir, aside).then(
+    const placed = await rename(temp, plan.installedDir).then(
       () => true,
-      () => false,
+      (err: NodeJS.ErrnoException) => {
+        if (err.code === 'ENOTEMPTY' || err.code === 'EEXIST') return false;
+        throw err;
+      },
     );
-    await rename(temp, plan.installedDir);
-    if (damaged) await rm(aside, { recursive: true, force: true });
+    if (!placed) {
+      // There is one of that name already: damaged, since it was not intact above (or intact now: put there by an
+      // install in another mount namespace, whose lock is not ours). A damaged one goes aside, as rename cannot
+      // replace a directory that is not empty; the driver naming it was broken already.
+      if (!(await runtimeInstalled(plan))) {
+        const aside = `${temp}.old`;
+        await rename(plan.installedDir, aside);
+        await rename(temp, plan.installedDir);
+        await rm(aside, { recursive: true, force: true });
+      }
+      await rm(temp, { recursive: true, force: true });
+    }
     await syncDir(beside);
   } catch (err) {
     await rm(temp, { recursive: true, force: true });
     throw err;
   }
+}
+
+/**
+ * Runs `fn` while no other install or uninstall of this driver dir runs on this host: the last to rename a driver
+ * must be the last to prune runtimes, or it could remove the one the driver names.
+ */
+export function withDriverDirLock<T>(driverDir: string, fn: () => Promise<T>): Promise<T> {
+  return withHostLock(
+    ['install', driverDir],
+    300_000,
+    () => `another latch install or uninstall of ${driverDir} has been running for 5 minutes`,
+    fn,
+  );
 }
 
 /** The runtime directory (its name) an installed driver names, when it names one beside it. */
@@ -195,16 +220,16 @@ export async function pruneBesideDir(driverDir: string, keep: readonly string[])
 const TLS_NAMES = { ca: 'etcd-ca.pem', cert: 'etcd-cert.pem', key: 'etcd-key.pem' } as const;
 
 /**
- * Writes the configuration beside the driver: the file `config` was loaded from, with the etcd client's files
- * copied beside it and named relative to it, every file 0600. The certificate must match its key (checked here, so
- * that kube-controller-manager does not find out on its first attach).
+ * The configuration to write beside the driver: the file `config` was loaded from, with the etcd client's files
+ * to be copied beside it and named relative to it. Read and checked before anything is written: the certificate
+ * must match its key (kube-controller-manager should not find out on its first attach).
  */
-export async function installConfigBeside(driverDir: string, config: Config): Promise<{ path: string; files: string[] }> {
+export async function prepareConfigBeside(config: Config): Promise<ConfigBeside> {
   let raw: Record<string, unknown> = {};
   if (config.source !== 'built-in defaults') {
     raw = JSON.parse(await readFile(config.source, 'utf8')) as Record<string, unknown>;
   }
-  const copies: { from: string; name: string }[] = [];
+  const copies: { name: string; data: Buffer }[] = [];
   if (config.store.type === 'etcd' && config.store.tls) {
     const tls = config.store.tls;
     if (tls.cert !== undefined && tls.key !== undefined) await checkCertificateMatchesKey(tls.cert, tls.key);
@@ -212,19 +237,30 @@ export async function installConfigBeside(driverDir: string, config: Config): Pr
     for (const field of ['ca', 'cert', 'key'] as const) {
       const from = tls[field];
       if (from === undefined) continue;
-      copies.push({ from, name: TLS_NAMES[field] });
+      copies.push({ name: TLS_NAMES[field], data: await readFile(from) });
       named[field] = TLS_NAMES[field];
     }
     raw = { ...raw, store: { ...(raw.store as Record<string, unknown>), tls: named } };
   }
+  return { config: Buffer.from(`${JSON.stringify(raw, null, 2)}\n`), copies };
+}
+
+/** What prepareConfigBeside read and checked, to be written beside the driver. */
+export interface ConfigBeside {
+  config: Buffer;
+  copies: { name: string; data: Buffer }[];
+}
+
+/** Writes what prepareConfigBeside read; returns the configuration's path and the files it names. */
+export async function writeConfigBeside(driverDir: string, prepared: ConfigBeside): Promise<{ path: string; files: string[] }> {
   const beside = besideDir(driverDir);
   await ensureBesideDir(beside);
   // The files the configuration names first, then the configuration: it never names a file that is not there.
-  for (const copy of copies) await writePrivate(join(beside, copy.name), await readFile(copy.from));
+  for (const copy of prepared.copies) await writePrivate(join(beside, copy.name), copy.data);
   const path = join(beside, 'config.json');
-  await writePrivate(path, Buffer.from(`${JSON.stringify(raw, null, 2)}\n`));
+  await writePrivate(path, prepared.config);
   await syncDir(beside);
-  return { path, files: copies.map((c) => join(beside, c.name)) };
+  return { path, files: prepared.copies.map((c) => join(beside, c.name)) };
 }
 
 async function checkCertificateMatchesKey(certFile: string, keyFile: string): Promise<void> {
