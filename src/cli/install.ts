@@ -6,7 +6,7 @@
 // never a missing one, and nothing else is ever written below the plugin dir (docs/protocol.md, "Discovery and install").
 import { createHash, randomBytes } from 'node:crypto';
 import { constants } from 'node:fs';
-import { lstat, mkdir, open, readdir, rename, stat, unlink } from 'node:fs/promises';
+import { access, lstat, mkdir, open, readdir, rename, stat, unlink } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { LatchError } from '../errors.js';
 import type { Config } from '../config.js';
@@ -149,7 +149,9 @@ async function installLocked(options: InstallDriverOptions): Promise<InstallResu
   if (before.state === 'not-a-file') {
     throw new LatchError(`${file} is ${before.kind}; remove it by hand before installing (kubelet cannot run it anyway)`);
   }
-  const created = await mkdir(dir, { recursive: true, mode: 0o755 });
+  const created = await mkdir(dir, { recursive: true, mode: 0o755 }).catch(async (err: unknown) => {
+    throw await unwritable(options.pluginDir, err);
+  });
   if (created !== undefined) await syncDir(dirname(dir)); // the new driver directory survives a crash too
   // What the driver needs before the driver: the configuration beside it (rewritten only when it changed), the
   // runtime it will name (an intact one is left alone, a damaged one repaired).
@@ -223,6 +225,22 @@ async function copyTo(source: string, target: string, edits: readonly ByteEdit[]
     await input.close();
   }
   return hash.digest('hex');
+}
+
+/** Why the driver's directory cannot be made, in words: a read-only plugin dir gets the advice it needs. */
+async function unwritable(pluginDir: string, err: unknown): Promise<LatchError> {
+  let existing = pluginDir;
+  while (!(await isDirectory(existing)) && dirname(existing) !== existing) existing = dirname(existing);
+  const code = await access(existing, constants.W_OK).then(
+    () => (err as NodeJS.ErrnoException).code ?? String(err),
+    (e: NodeJS.ErrnoException) => e.code ?? String(e),
+  );
+  const readOnly = code === 'EROFS' ? ' (a read-only file system: on Flatcar or Fedora CoreOS, /usr is)' : '';
+  return new LatchError(
+    `cannot install into the plugin dir ${pluginDir}: ${existing} is not writable${readOnly}, ${code}. Nothing was installed. ` +
+      'Give kubelet (--volume-plugin-dir) and kube-controller-manager (--flex-volume-plugin-dir) a writable directory, ' +
+      'e.g. /var/lib/kubelet/volumeplugins, and install there with --plugin-dir',
+  );
 }
 
 async function isDirectory(path: string): Promise<boolean> {

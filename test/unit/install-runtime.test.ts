@@ -4,7 +4,18 @@
 // and --config-beside-driver refuses a certificate that does not match its key before writing anything.
 // Needs bin/latch-sea and its runtime (npm run build:sea; LATCH_REQUIRE_SEA=1 makes their absence a failure).
 import assert from 'node:assert/strict';
-import { cpSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync, appendFileSync } from 'node:fs';
+import {
+  cpSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+  appendFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -137,3 +148,32 @@ describe('install with the runtime beside the driver', { skip, timeout: 300_000 
     for (const file of [result.config ?? '', ...(result.configFiles ?? [])]) assert.equal(statSync(file).mode & 0o777, 0o600, file);
   });
 });
+
+describe(
+  'install into a read-only plugin dir',
+  { skip: process.getuid?.() !== 0 ? 'needs root (a read-only bind mount)' : undefined },
+  () => {
+    test('is refused naming the read-only file system and what to do, with nothing written', async () => {
+      const dir = mkdtempSync(join(tmpdir(), 'latch-install-ro-'));
+      const ro = join(dir, 'ro');
+      const driver = join(dir, 'driver');
+      writeFileSync(driver, '#!/bin/sh\n', { mode: 0o755 });
+      mkdirSync(ro);
+      const mount = (...args: string[]) => assert.equal(spawnSync('mount', args).status, 0, `mount ${args.join(' ')}`);
+      mount('--bind', ro, ro);
+      try {
+        mount('-o', 'remount,bind,ro', ro);
+        await assert.rejects(
+          installDriver({ pluginDir: join(ro, 'volume/exec'), driverName: 'latch/loop', source: driver }),
+          new RegExp(
+            `cannot install into the plugin dir ${ro}/volume/exec: ${ro} is not writable \\(a read-only file system.*EROFS\\. Nothing was installed.*--volume-plugin-dir`,
+          ),
+        );
+      } finally {
+        spawnSync('umount', [ro]);
+      }
+      assert.deepEqual(readdirSync(ro), []);
+      rmSync(dir, { recursive: true, force: true });
+    });
+  },
+);
