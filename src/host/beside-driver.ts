@@ -194,6 +194,19 @@ export async function runtimeNamedBy(driverFile: string, seenAsDriverDir: string
   }
 }
 
+/** The loader an installed driver names in its own .latch directory, when it is missing there. */
+export async function missingRuntime(driverFile: string, driverDir: string): Promise<string | undefined> {
+  const slots = await readRuntimeSlots(driverFile).catch(() => undefined);
+  const loader = slots?.interpreter.value;
+  if (!loader?.startsWith(`${besideDir(driverDir)}/`)) return undefined; // the host's loader, or another path's view
+  return (await stat(loader).then(
+    () => true,
+    () => false,
+  ))
+    ? undefined
+    : loader;
+}
+
 /** Removes the runtimes other than `keep`, and temp files and directories of killed installs. */
 export async function pruneBesideDir(driverDir: string, keep: readonly string[]): Promise<void> {
   const beside = besideDir(driverDir);

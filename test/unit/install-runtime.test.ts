@@ -20,9 +20,11 @@ import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { spawnSync } from 'node:child_process';
+import { runDoctor } from '../../src/cli/doctor/run.js';
 import { installDriver } from '../../src/cli/install.js';
 import { uninstallDriver } from '../../src/cli/uninstall.js';
 import { parseConfig } from '../../src/config.js';
+import { missingRuntime, sameBuild } from '../../src/host/beside-driver.js';
 import { readRuntimeSlots } from '../../src/host/elf.js';
 import { makeTestCertificates } from '../etcd/etcd.js';
 
@@ -78,6 +80,29 @@ describe('install with the runtime beside the driver', { skip, timeout: 300_000 
     writeFileSync(join(third.runtime ?? '', 'libm.so.6'), 'damaged');
     assert.equal((await install(plugins, c)).action, 'unchanged');
     assert.deepEqual(readFileSync(join(third.runtime ?? '', 'libm.so.6')), readFileSync(join(c, 'libm.so.6')));
+
+    // doctor takes the installed driver for the same build as bin/latch-sea, and a missing runtime for what it is.
+    const driver = join(plugins, 'latch~loop/loop');
+    assert.equal(await sameBuild(SEA, driver), true);
+    assert.equal(await sameBuild(join(a, 'libc.so.6'), driver), false);
+    assert.equal(await missingRuntime(driver, join(plugins, 'latch~loop')), undefined);
+    rmSync(third.runtime ?? '', { recursive: true });
+    assert.equal(await missingRuntime(driver, join(plugins, 'latch~loop')), join(third.runtime ?? '', 'ld-linux-x86-64.so.2'));
+    const config = join(work, 'doctor-config.json');
+    writeFileSync(
+      config,
+      JSON.stringify({ nodeName: 'node-a', stateDir: join(work, 'state'), poolDir: join(work, 'pool'), logFile: join(work, 'log') }),
+    );
+    const report = await runDoctor({
+      env: { LATCH_CONFIG: config, LATCH_VOLUME_PLUGIN_DIR: plugins, LATCH_PROC_ROOT: join(work, 'no-proc'), PATH: process.env.PATH ?? '' },
+      self: SEA,
+    });
+    const problem = report.findings.find((f) => f.check === 'driver' && f.severity === 'error');
+    assert.match(
+      problem?.message ?? '',
+      /names the loader .*ld-linux-x86-64\.so\.2 beside it, which is not there: the driver cannot start/,
+    );
+    assert.equal(problem?.fix, `latch install --plugin-dir ${plugins}`);
 
     assert.equal((await uninstallDriver({ pluginDir: plugins, driverName: 'latch/loop' })).action, 'removed');
     assert.deepEqual(readdirSync(plugins), []);

@@ -2,7 +2,7 @@
 import { open, readdir, stat } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { BESIDE_DRIVER_DIR, DEFAULT_DRIVER_NAME, type Config } from '../../config.js';
-import { sameBuild } from '../../host/beside-driver.js';
+import { missingRuntime, sameBuild } from '../../host/beside-driver.js';
 import { errorMessage } from '../../errors.js';
 import { driverPath, fileDigest, installedState, runningExecutable, shortDigest, type InstalledState } from '../../host/driver-file.js';
 import { choosePluginDir } from '../../host/plugin-dir.js';
@@ -58,6 +58,18 @@ export async function checkPlugin(
   const installed = await installedState(file);
   await checkDriver(file, installed, { driverName, installFix, self: options.self }, add);
   if (installed.state === 'present') await checkInterpreter(file, env, add);
+  if (installed.state === 'present') {
+    const missing = await missingRuntime(file, dir);
+    if (missing) {
+      add({
+        check: 'driver',
+        severity: 'error',
+        message: `${file} names the loader ${missing} beside it, which is not there: the driver cannot start`,
+        fix: installFix,
+        note: 'with the self-contained build and bin/latch-sea.runtime beside it',
+      });
+    }
+  }
 
   let names: string[] = [];
   try {
