@@ -3,7 +3,9 @@
 // kubelet watches the plugin dir and re-creates a driver's plugin (re-running init) on any change of a name that
 // does not start with '.', and unregisters it when the file disappears. So the driver is written under a dot-name in
 // its own directory, fsynced, made executable and renamed over the old one: kubelet only ever sees a complete file,
-// never a missing one, and nothing else is ever written below the plugin dir (docs/protocol.md, "Discovery and install").
+// never a missing one, and nothing else is ever written below the plugin dir but what the driver needs beside it,
+// under the dot-name .latch: the runtime of the self-contained build and, when asked, the configuration
+// (host/beside-driver.ts; docs/protocol.md, "Discovery and install").
 import { createHash, randomBytes } from 'node:crypto';
 import { constants } from 'node:fs';
 import { access, lstat, mkdir, open, readdir, rename, stat, unlink } from 'node:fs/promises';
