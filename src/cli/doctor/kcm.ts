@@ -6,7 +6,7 @@
 // `init` in an empty root holding only the driver's directory, the way that container runs it.
 import { open, stat } from 'node:fs/promises';
 import { join } from 'node:path';
-import { DEFAULT_CONFIG_PATH, loadConfig, type Config } from '../../config.js';
+import { DEFAULT_CONFIG_PATH, DEFAULT_DRIVER_NAME, loadConfig, type Config } from '../../config.js';
 import { errorMessage } from '../../errors.js';
 import { driverPath, installedState } from '../../host/driver-file.js';
 import { callInEmptyRoot, emptyRootWith } from '../../host/empty-root.js';
@@ -55,13 +55,13 @@ export async function checkControllerManager(
   const whence = flag ? `its --flex-volume-plugin-dir` : `its default; it has no --flex-volume-plugin-dir`;
   const kcmRoot = join(procRoot, String(kcm.pid), 'root');
   const containerized = !(await sameDirectory(kcmRoot, '/'));
-  const driverName = config?.driverName ?? 'latch/loop';
+  const driverName = config?.driverName ?? DEFAULT_DRIVER_NAME;
   const { dir, file } = driverPath(pluginDir, driverName);
   const seen = (path: string) => join(kcmRoot, path); // a path as KCM sees it, read from here
   const where = containerized ? "in KCM's container" : 'on this host';
   const installFix =
     `latch install --plugin-dir ${sh(pluginDir)}` +
-    `${driverName !== 'latch/loop' ? ` --driver ${driverName}` : ''}${containerized ? ' --config-beside-driver' : ''}`;
+    `${driverName !== DEFAULT_DRIVER_NAME ? ` --driver ${driverName}` : ''}${containerized ? ' --config-beside-driver' : ''}`;
   const installNote =
     'with the self-contained build (bin/latch-sea, bin/latch-sea.runtime beside it)' +
     (containerized
