@@ -4,11 +4,20 @@
 // `node build.mjs --sea` (npm run build:sea) also makes bin/latch-sea, a Node single-executable application: the
 // same bundle injected into a copy of the running node binary, so a host needs nothing installed. It takes a few
 // seconds (the node binary is ~100 MB), which is why plain `npm run build` does not do it.
+//
+// The single executable is dynamically linked (glibc, libstdc++): a control plane's kube-controller-manager runs in a
+// distroless container that has neither, and sees only the plugin dir. So the build also copies the loader and the
+// libraries the executable needs into bin/latch-sea.runtime/, and gives the executable room to be pointed at them:
+// its interpreter path and its RPATH are padded to RUNTIME_SLOT bytes with leading slashes (the same path to the
+// kernel and to the loader), here still the build host's own loader and library directory, so bin/latch-sea runs
+// as it is on any glibc host. `latch install` rewrites both slots in the copy it installs, to the absolute path of
+// the runtime it installs beside the driver (src/host/runtime.ts); the driver then needs nothing outside the plugin
+// dir, not even /proc (an $ORIGIN RPATH would need /proc/self/exe).
 import { build } from 'esbuild';
 import { spawnSync } from 'node:child_process';
-import { chmodSync, copyFileSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, copyFileSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const pkg = JSON.parse(readFileSync(new URL('./package.json', import.meta.url), 'utf8'));
@@ -83,6 +92,9 @@ const bundleOptions = {
 await build({ ...bundleOptions, outfile: 'bin/latch', banner: { js: '#!/usr/bin/env node' } });
 chmodSync('bin/latch', 0o755);
 
+/** Bytes of the interpreter and RPATH slots (with their NUL); the longest path `latch install` can write there. */
+const RUNTIME_SLOT = 1024;
+
 if (process.argv.includes('--sea')) await buildSea('bin/latch-sea');
 
 /**
@@ -118,10 +130,49 @@ async function buildSea(outfile) {
     // postject's ELF writer prints harmless warnings about .note sections; its output is shown only on failure.
     const postject = join(dirname(fileURLToPath(import.meta.resolve('postject'))), 'cli.js');
     quietly(process.execPath, [postject, exe, 'NODE_SEA_BLOB', blob, '--sentinel-fuse', 'NODE_SEA_FUSE_fce680ab2cc467b6e072b8b5df1996b2']);
+    // patchelf after postject: it rewrites the headers and keeps the injected note (bin/latch-sea's own tests run it).
+    const runtime = join(work, 'runtime');
+    const { loader, libraries } = collectRuntime(runtime);
+    const padded = (path) => `${'/'.repeat(RUNTIME_SLOT - 1 - path.length)}${path}`;
+    quietly(patchelf(), ['--set-interpreter', padded(loader), '--set-rpath', padded(libraries), '--force-rpath', exe]);
+    // The runtime first: a bin/latch-sea never names libraries that are not beside it yet.
+    rmSync(`${outfile}.runtime`, { recursive: true, force: true });
+    renameSync(runtime, `${outfile}.runtime`);
     renameSync(exe, outfile);
   } finally {
     rmSync(work, { recursive: true, force: true });
   }
+}
+
+/**
+ * Copies the loader and the shared libraries of the running node (the executable the SEA is a copy of), as ldd
+ * resolves them on this host, into `dir`. Returns the host's loader path and its library directory.
+ */
+function collectRuntime(dir) {
+  const ldd = spawnSync('ldd', [process.execPath], { encoding: 'utf8' });
+  if (ldd.status !== 0) throw new Error(`ldd ${process.execPath} failed: ${ldd.stderr}`);
+  let loader;
+  const libraries = [];
+  for (const line of ldd.stdout.split('\n')) {
+    const linked = /^\s*(\S+) => (\/\S+) \(/.exec(line);
+    const interpreter = /^\s*(\/\S+) \(/.exec(line);
+    if (linked) libraries.push(linked[2]);
+    else if (interpreter) loader = interpreter[1];
+  }
+  if (!loader || libraries.length === 0)
+    throw new Error(`cannot read the loader and libraries of ${process.execPath} from ldd:\n${ldd.stdout}`);
+  mkdirSync(dir);
+  // Copied by content (the host's are often symlinks), under the names the executable asks for.
+  for (const path of [loader, ...libraries]) copyFileSync(path, join(dir, basename(path)));
+  const libc = libraries.find((p) => basename(p).startsWith('libc.so')) ?? libraries[0];
+  return { loader, libraries: dirname(libc) };
+}
+
+function patchelf() {
+  const found = spawnSync('patchelf', ['--version'], { encoding: 'utf8' });
+  if (found.status !== 0)
+    throw new Error('patchelf is needed to build bin/latch-sea (Debian: apt-get install patchelf; scripts/setup.sh does it)');
+  return 'patchelf';
 }
 
 function quietly(command, args) {

@@ -11,7 +11,7 @@ declare -A PACKAGES=(
   [losetup]=mount [mount]=mount [umount]=mount [findmnt]=util-linux [blkid]=util-linux [setpriv]=util-linux
   [mkfs.ext4]=e2fsprogs [mkfs.ext3]=e2fsprogs [resize2fs]=e2fsprogs [mkfs.xfs]=xfsprogs [xfs_growfs]=xfsprogs
   [mkfs.btrfs]=btrfs-progs [btrfs]=btrfs-progs
-  [jq]=jq [inotifywait]=inotify-tools [etcd]=etcd-server
+  [jq]=jq [inotifywait]=inotify-tools [etcd]=etcd-server [patchelf]=patchelf
   [rbd]=ceph-common [ceph]=ceph-common [ceph-authtool]=ceph-common [monmaptool]=ceph-mon [rbd-fuse]=rbd-fuse
   [ceph-mon]=ceph-mon [ceph-mgr]=ceph-mgr [ceph-osd]=ceph-osd
 )

@@ -1,13 +1,17 @@
-// One JSON configuration file, validated at start: $LATCH_CONFIG, else /etc/latch/config.json, else defaults.
-import { readFileSync } from 'node:fs';
+// One JSON configuration file, validated at start: $LATCH_CONFIG, else /etc/latch/config.json, else the one beside
+// the driver in the plugin dir (<driver dir>/.latch/config.json: all that kube-controller-manager's container sees),
+// else defaults.
+import { readFileSync, statSync } from 'node:fs';
 import { hostname } from 'node:os';
-import { isAbsolute, normalize } from 'node:path';
+import { dirname, isAbsolute, join, normalize, resolve } from 'node:path';
 import type * as Zod from 'zod';
 import { ConfigError, errorMessage } from './errors.js';
 import { FS_TYPES, type FsType } from './filesystems.js';
 import { parseSize } from './size.js';
 
 export const DEFAULT_CONFIG_PATH = '/etc/latch/config.json';
+/** Beside the driver file, the directory of what it needs besides itself (a dot-name: kubelet's prober skips it). */
+export const BESIDE_DRIVER_DIR = '.latch';
 export const DEFAULT_DRIVER_NAME = 'latch/loop';
 /** vendor/driver: kubelet makes the plugin directory `vendor~driver` of it. */
 export const DRIVER_NAME_PATTERN = /^[a-z0-9][a-z0-9.-]*\/[a-z0-9][a-z0-9.-]*$/;
@@ -98,6 +102,12 @@ function buildSchema() {
     }
   });
   const fsType = z.enum(FS_TYPES as [FsType, ...FsType[]]);
+  // A file the configuration names, relative to the configuration's own directory (resolved in parseConfig): the
+  // etcd client's files beside a configuration beside the driver are inside the plugin dir, and that is fine.
+  const filePath = z
+    .string()
+    .min(1)
+    .refine((p) => !p.includes('\0'), 'must not contain NUL');
   const store = z.discriminatedUnion('type', [
     z.object({ type: z.literal('file') }).strict(),
     z
@@ -106,7 +116,7 @@ function buildSchema() {
         endpoints: z.array(z.string().url()).min(1),
         prefix: z.string().default('/latch/'),
         timeoutMs: z.number().int().min(100).max(60_000).default(5000),
-        tls: z.object({ ca: absolutePath.optional(), cert: absolutePath.optional(), key: absolutePath.optional() }).strict().optional(),
+        tls: z.object({ ca: filePath.optional(), cert: filePath.optional(), key: filePath.optional() }).strict().optional(),
       })
       .strict(),
   ]);
@@ -174,33 +184,106 @@ function buildSchema() {
     .strict();
 }
 
+/** Where loadConfig looks when $LATCH_CONFIG is not set; tests redirect both. */
+export interface ConfigLocations {
+  /** Default /etc/latch/config.json. */
+  defaultPath?: string;
+  /** The driver file this process is (default: ownDriverFile()); its .latch/config.json comes next. */
+  driverFile?: string;
+}
+
 /** Reads and validates the configuration; throws ConfigError naming the file and the field. */
-export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
-  const { raw, source } = readConfigFile(env);
+export function loadConfig(env: NodeJS.ProcessEnv = process.env, locations: ConfigLocations = {}): Config {
+  const { raw, source } = readConfigFile(env, locations);
   return parseConfig(raw, source);
 }
 
-function readConfigFile(env: NodeJS.ProcessEnv): { raw: unknown; source: string } {
+function readConfigFile(env: NodeJS.ProcessEnv, locations: ConfigLocations): { raw: unknown; source: string } {
   const explicit = env.LATCH_CONFIG;
-  const path = explicit && explicit.length > 0 ? explicit : DEFAULT_CONFIG_PATH;
-  let raw: unknown = {};
-  let source = 'built-in defaults';
-  try {
-    raw = JSON.parse(readFileSync(path, 'utf8'));
-    source = path;
-  } catch (err) {
-    const code = (err as NodeJS.ErrnoException).code;
-    if (code === 'ENOENT' && !explicit) {
-      raw = {};
-    } else if (code === 'ENOENT') {
-      throw new ConfigError(`configuration file ${path} (from LATCH_CONFIG) does not exist`);
-    } else if (err instanceof SyntaxError) {
-      throw new ConfigError(`configuration file ${path} is not valid JSON: ${err.message}`);
-    } else {
-      throw new ConfigError(`configuration file ${path} cannot be read: ${errorMessage(err)}`);
+  if (explicit && explicit.length > 0) {
+    const raw = readJson(explicit);
+    if (raw === undefined) throw new ConfigError(`configuration file ${explicit} (from LATCH_CONFIG) does not exist`);
+    return { raw, source: explicit };
+  }
+  const path = locations.defaultPath ?? DEFAULT_CONFIG_PATH;
+  const raw = readJson(path);
+  if (raw !== undefined) return { raw, source: path };
+  // /etc/latch is not there: kube-controller-manager's container, which sees only the plugin dir.
+  const driverFile = locations.driverFile ?? ownDriverFile();
+  if (driverFile !== undefined) {
+    const beside = besideDriverConfigPath(driverFile);
+    const found = readJson(beside);
+    if (found !== undefined) {
+      checkBesideDriverPermissions(beside, found);
+      return { raw: found, source: beside };
     }
   }
-  return { raw, source };
+  return { raw: {}, source: 'built-in defaults' };
+}
+
+/** The parsed file, or undefined when it does not exist. */
+function readJson(path: string): unknown {
+  try {
+    return JSON.parse(readFileSync(path, 'utf8')) as unknown;
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT' || code === 'ENOTDIR') return undefined;
+    if (err instanceof SyntaxError) throw new ConfigError(`configuration file ${path} is not valid JSON: ${err.message}`);
+    throw new ConfigError(`configuration file ${path} cannot be read: ${errorMessage(err)}`);
+  }
+}
+
+/** `<driver dir>/.latch/config.json`: the configuration `latch install --config-beside-driver` writes. */
+function besideDriverConfigPath(driverFile: string): string {
+  return join(dirname(driverFile), BESIDE_DRIVER_DIR, 'config.json');
+}
+
+/**
+ * A configuration in the plugin dir that names a key (the etcd client key, a Ceph keyring) must be readable by its
+ * owner alone, and so must the key: the plugin dir is mounted into other containers and read by other tools, and
+ * nobody checks what is in it. Refused, with the chmod that fixes it, rather than used.
+ */
+function checkBesideDriverPermissions(path: string, raw: unknown): void {
+  const doc = (typeof raw === 'object' && raw !== null ? raw : {}) as {
+    store?: { tls?: { key?: unknown } };
+    backend?: { keyring?: unknown };
+  };
+  const keys = [doc.store?.tls?.key, doc.backend?.keyring].filter((k): k is string => typeof k === 'string' && k.length > 0);
+  if (keys.length === 0) return;
+  for (const file of [path, ...keys.map((k) => resolve(dirname(path), k))]) {
+    let mode: number;
+    try {
+      mode = statSync(file).mode & 0o777;
+    } catch {
+      continue; // a missing key is the store's to report, when it reads it
+    }
+    if ((mode & 0o077) !== 0) {
+      throw new ConfigError(
+        `configuration file ${path} beside the driver names a key, and ${file === path ? 'it' : `the key ${file}`} is readable ` +
+          `by others than its owner (mode ${mode.toString(8).padStart(4, '0')}): run chmod 600 ${file}`,
+      );
+    }
+  }
+}
+
+/** Whether this process is the self-contained build (a Node single-executable application). */
+export function isSingleExecutable(): boolean {
+  // Not import(): a single-executable application's main script cannot import() at all (Node 20), so that would
+  // always say "no" exactly where the answer matters.
+  try {
+    const getBuiltin = (process as { getBuiltinModule?: (id: string) => unknown }).getBuiltinModule;
+    const sea = (typeof getBuiltin === 'function' ? getBuiltin('node:sea') : require('node:sea')) as { isSea?: () => boolean } | undefined;
+    return typeof sea?.isSea === 'function' && sea.isSea();
+  } catch {
+    return false; // Node before 20.12 has no node:sea, and cannot have built one either
+  }
+}
+
+/** The file kubelet runs as this process: the single executable, or the bundle script node was started with. */
+function ownDriverFile(): string | undefined {
+  if (isSingleExecutable()) return process.execPath;
+  const script = process.argv[1];
+  return script ? resolve(script) : undefined;
 }
 
 let schema: ReturnType<typeof buildSchema> | undefined;
@@ -229,7 +312,18 @@ export function parseConfig(raw: unknown, source: string): Config {
     throw new ConfigError(`invalid configuration in ${source}: field "defaultFsType": "${c.defaultFsType}" is not in allowedFsTypes`);
   }
   const nodeName = c.nodeName ?? defaultNodeName();
-  return { ...c, source, nodeName, backend: completeBackend(c.backend, nodeName) };
+  return { ...c, source, nodeName, store: resolveStoreFiles(c.store, source), backend: completeBackend(c.backend, nodeName) };
+}
+
+/** The etcd client's files, relative to the configuration's directory when given relative. */
+function resolveStoreFiles(store: StoreConfig, source: string): StoreConfig {
+  if (store.type !== 'etcd' || !store.tls) return store;
+  const tls: NonNullable<EtcdStoreConfig['tls']> = {};
+  for (const field of ['ca', 'cert', 'key'] as const) {
+    const path = store.tls[field];
+    if (path !== undefined) tls[field] = isAbsolute(path) ? normalize(path) : resolve(dirname(source), path);
+  }
+  return { ...store, tls };
 }
 
 /**

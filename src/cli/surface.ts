@@ -117,6 +117,11 @@ export function buildProgram(io: CliIO, exit: (code: number) => void): Command {
         .option('--print-manifests', 'print the Kubernetes manifests of the cluster install instead of installing')
         .option('--image <ref>', `with --print-manifests: the installer image (default ${DEFAULT_IMAGE})`)
         .option('--cluster-config <file>', 'with --print-manifests: the config.json every node gets, without nodeName (default: built in)')
+        .option(
+          '--config-beside-driver',
+          "also write the configuration and the etcd client's files beside the driver (0600), for a kube-controller-manager in a container",
+        )
+        .option('--plugin-dir-seen-as <dir>', 'the plugin dir as kubelet and kube-controller-manager see it, if not --plugin-dir')
         .option(...OUTPUT)
         .action(async (opts) => done(await installOrPrintManifests(opts, io))),
 
@@ -137,7 +142,9 @@ export function buildProgram(io: CliIO, exit: (code: number) => void): Command {
             '',
             'Checks: the tools latch runs, loop device support, the configuration, the plugin dir and the installed',
             'driver, the pool space against the provisioned sizes, and the ledger against the kernel (holds without a',
-            'device, loop devices and mounts the ledger does not know, volumes stuck detaching).',
+            'device, loop devices and mounts the ledger does not know, volumes stuck detaching). On a control-plane',
+            'node in attach mode: whether kube-controller-manager finds the driver in its plugin dir, the configuration',
+            'it reads, and a trial init in an empty root, as its distroless container runs it.',
             'Exit status: 0 healthy, 1 with errors (something is broken now), 2 with warnings only.',
           ].join('\n'),
         )

@@ -3,6 +3,7 @@
 import { readdir, rmdir, unlink } from 'node:fs/promises';
 import { basename, dirname } from 'node:path';
 import { LatchError } from '../errors.js';
+import { removeBesideDir, withDriverDirLock } from '../host/beside-driver.js';
 import { driverPath } from '../host/driver-file.js';
 import { inventory } from '../host/inventory.js';
 import { choosePluginDir } from '../host/plugin-dir.js';
@@ -60,6 +61,10 @@ export interface UninstallResult {
 }
 
 export async function uninstallDriver(options: { pluginDir: string; driverName: string }): Promise<UninstallResult> {
+  return withDriverDirLock(driverPath(options.pluginDir, options.driverName).dir, () => uninstallLocked(options));
+}
+
+async function uninstallLocked(options: { pluginDir: string; driverName: string }): Promise<UninstallResult> {
   const { dir, file } = driverPath(options.pluginDir, options.driverName);
   let removed = true;
   try {
@@ -68,6 +73,8 @@ export async function uninstallDriver(options: { pluginDir: string; driverName: 
     if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
     removed = false;
   }
+  // What was installed beside it goes after the driver: kubelet has let go of the driver by then.
+  await removeBesideDir(dir);
   let leftInDir: string[] | undefined;
   try {
     await rmdir(dir);

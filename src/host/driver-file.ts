@@ -3,8 +3,9 @@
 import { createHash } from 'node:crypto';
 import { lstat, open, realpath, stat } from 'node:fs/promises';
 import { join } from 'node:path';
-import { DRIVER_NAME_PATTERN, DEFAULT_DRIVER_NAME } from '../config.js';
+import { DRIVER_NAME_PATTERN, DEFAULT_DRIVER_NAME, isSingleExecutable } from '../config.js';
 import { LatchError } from '../errors.js';
+import { applyEdits, type ByteEdit } from './elf.js';
 
 /** Files are read in chunks of this size (a self-contained build is about 100 MB). */
 export const CHUNK = 1024 * 1024;
@@ -19,19 +20,6 @@ export function driverPath(pluginDir: string, driverName: string): { dir: string
   return { dir, file: join(dir, driver) };
 }
 
-/** Whether this process is the self-contained build (a Node single-executable application). */
-function isSingleExecutable(): boolean {
-  // Not import(): a single-executable application's main script cannot import() at all (Node 20), so that would
-  // always say "no" exactly where the answer matters.
-  try {
-    const getBuiltin = (process as { getBuiltinModule?: (id: string) => unknown }).getBuiltinModule;
-    const sea = (typeof getBuiltin === 'function' ? getBuiltin('node:sea') : require('node:sea')) as { isSea?: () => boolean } | undefined;
-    return typeof sea?.isSea === 'function' && sea.isSea();
-  } catch {
-    return false; // Node before 20.12 has no node:sea, and cannot have built one either
-  }
-}
-
 /** The file kubelet should run: the SEA binary itself, or the bundle file node was started with. */
 export async function runningExecutable(): Promise<{ path: string; selfContained: boolean }> {
   if (isSingleExecutable()) return { path: process.execPath, selfContained: true };
@@ -40,8 +28,8 @@ export async function runningExecutable(): Promise<{ path: string; selfContained
   return { path: await realpath(script), selfContained: false };
 }
 
-/** sha256 (hex) and size of a file, read in chunks. */
-export async function fileDigest(path: string): Promise<{ sha256: string; size: number }> {
+/** sha256 (hex) and size of a file, read in chunks; with `edits`, of the file as they would change it. */
+export async function fileDigest(path: string, edits: readonly ByteEdit[] = []): Promise<{ sha256: string; size: number }> {
   const hash = createHash('sha256');
   const handle = await open(path, 'r');
   let size = 0;
@@ -50,6 +38,7 @@ export async function fileDigest(path: string): Promise<{ sha256: string; size: 
     for (;;) {
       const { bytesRead } = await handle.read(buffer, 0, CHUNK, null);
       if (bytesRead === 0) break;
+      applyEdits(buffer.subarray(0, bytesRead), size, edits);
       hash.update(buffer.subarray(0, bytesRead));
       size += bytesRead;
     }

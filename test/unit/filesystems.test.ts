@@ -33,12 +33,13 @@ function setupPackages(text: string): Map<string, string> {
   return new Map([...lines.join(' ').matchAll(/\[([^\]]+)\]=(\S+)/g)].map((m) => [defined(m[1]), defined(m[2])]));
 }
 
-/** The packages of the Dockerfile's `apt-get install` (continuation lines joined). */
+/** The packages of the Dockerfile's last `apt-get install`, the final image's (continuation lines joined). */
 function dockerPackages(text: string): Set<string> {
   const install = text
     .replace(/\\\n/g, ' ')
     .split('\n')
-    .find((l) => /apt-get install/.test(l) && !l.trim().startsWith('#'));
+    .filter((l) => /apt-get install/.test(l) && !l.trim().startsWith('#'))
+    .at(-1);
   assert.ok(install, 'no apt-get install in install/Dockerfile');
   const words = install
     .slice(install.indexOf('apt-get install') + 'apt-get install'.length)

@@ -1,7 +1,8 @@
 // doctor: the plugin dir kubelet reads, the driver installed in it, and whether kubelet can run that driver.
 import { open, readdir, stat } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
-import { DEFAULT_DRIVER_NAME, type Config } from '../../config.js';
+import { BESIDE_DRIVER_DIR, DEFAULT_DRIVER_NAME, type Config } from '../../config.js';
+import { missingRuntime, sameBuild } from '../../host/beside-driver.js';
 import { errorMessage } from '../../errors.js';
 import { driverPath, fileDigest, installedState, runningExecutable, shortDigest, type InstalledState } from '../../host/driver-file.js';
 import { choosePluginDir } from '../../host/plugin-dir.js';
@@ -57,6 +58,18 @@ export async function checkPlugin(
   const installed = await installedState(file);
   await checkDriver(file, installed, { driverName, installFix, self: options.self }, add);
   if (installed.state === 'present') await checkInterpreter(file, env, add);
+  if (installed.state === 'present') {
+    const missing = await missingRuntime(file, dir);
+    if (missing) {
+      add({
+        check: 'driver',
+        severity: 'error',
+        message: `${file} names the loader ${missing} beside it, which is not there: the driver cannot start`,
+        fix: installFix,
+        note: 'with the self-contained build and bin/latch-sea.runtime beside it',
+      });
+    }
+  }
 
   let names: string[] = [];
   try {
@@ -64,7 +77,8 @@ export async function checkPlugin(
   } catch {
     names = [];
   }
-  for (const name of names.filter((n) => n !== basename(file))) {
+  // .latch holds what install put beside the driver: its runtime and configuration (checked by the kcm check).
+  for (const name of names.filter((n) => n !== basename(file) && n !== BESIDE_DRIVER_DIR)) {
     const leftover = name.startsWith('.');
     add({
       check: 'driver',
@@ -116,6 +130,12 @@ async function checkDriver(
     add({ check: 'driver', severity: 'ok', message: `${file} is installed (sha256 ${installedSha})` });
   } else if (self.sha256 === installed.sha256) {
     add({ check: 'driver', severity: 'ok', message: `${file} is installed and identical to ${self.path} (sha256 ${installedSha})` });
+  } else if (await sameBuild(self.path, file)) {
+    add({
+      check: 'driver',
+      severity: 'ok',
+      message: `${file} is installed and identical to ${self.path}, pointed at the runtime beside it (sha256 ${installedSha})`,
+    });
   } else {
     add({
       check: 'driver',

@@ -3,6 +3,7 @@
 import type { Config } from '../../config.js';
 import { createContext, type Context } from '../../context.js';
 import { checkConfig } from './config.js';
+import { checkControllerManager } from './kcm.js';
 import { checkDetaching, DEFAULT_STUCK_AFTER_SECONDS } from './detaching.js';
 import { agreement, checkLedgerAgainstKernel, readInventory } from './ledger.js';
 import { checkLoopSupport } from './loop.js';
@@ -37,6 +38,7 @@ export async function runDoctor(options: DoctorOptions = {}): Promise<DoctorRepo
   await checkPlugin(config, options, env, add);
   const rbd = config?.backend.type === 'rbd' ? (config as RbdConfig) : undefined;
   if (rbd) await checkRbd(rbd, env, add);
+  await checkControllerManager(config, env, add);
   if (config) {
     const ctx = (options.context ?? createContext)(config);
     const held = await readInventory(ctx, config, add);
