@@ -7,7 +7,7 @@
 //                                     keeps the other sections' figures from their last run
 import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { cpus, tmpdir, totalmem } from 'node:os';
+import { cpus, loadavg, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { addTicket, newVolume } from '../../src/ledger/arbitrate.js';
@@ -364,6 +364,9 @@ function machine(): Record<string, string> {
     memory: `${Math.round(totalmem() / 1024 ** 3)} GiB`,
     kernel: tool('uname', '-r'),
     os: /^PRETTY_NAME="?([^"\n]*)/m.exec(existsSync('/etc/os-release') ? readFileSync('/etc/os-release', 'utf8') : '')?.[1] ?? '',
+    load: loadavg()
+      .map((l) => l.toFixed(1))
+      .join(' '),
     poolFs: tool('findmnt', '-n', '-o', 'FSTYPE,SOURCE', '-T', tmpdir()).replace(/\s+/, ' on '),
     date: new Date().toISOString(),
   };
@@ -425,9 +428,11 @@ async function main(): Promise<void> {
     ['rbd', rbdIo],
   ] as const) {
     if (!only.has(section)) continue;
+    const started = performance.now();
     const { figures: found, details } = await run();
     figures.push(...found);
-    results[section] = details;
+    results[section] = { ...details, sectionSeconds: Math.round((performance.now() - started) / 1000) };
+    console.log(`(${section}: ${Math.round((performance.now() - started) / 1000)} s)`);
   }
   printFigures(figures);
   const file = saveResults(only);

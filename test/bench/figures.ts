@@ -44,7 +44,7 @@ export function renderFigures(results: Results): string {
   const cell = (s: string) => s.replace(/\|/g, '\\|');
   return [
     `Measured on ${m.cpu ?? 'unknown CPU'} (${m.cores ?? '?'} cores, ${m.memory ?? '?'} RAM, kernel ${m.kernel ?? '?'}, Node ${m.node ?? '?'}); ` +
-      `pool filesystem ${m.poolFs ?? '?'}. Sections measured: ${sections}.`,
+      `pool filesystem ${m.poolFs ?? '?'}; load average at the start ${m.load ?? '?'}. Sections measured: ${sections}.`,
     '',
     '| section | figure | value | target | |',
     '|---|---|---|---|---|',

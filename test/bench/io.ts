@@ -29,8 +29,10 @@ interface Job {
   /** What the figure is counted in. */
   unit: 'IOPS' | 'MiB/s' | 'writes/s';
   fio: string[];
-  /** The same pattern as `rbd bench` arguments, where it has one. */
+  /** The same pattern as `rbd bench` arguments (without --io-total), where it has one. */
   rbdBench?: string[];
+  /** Bytes per I/O, to size rbd bench's --io-total. */
+  ioBytes?: number;
 }
 
 // What databases do for the fsync case: 4 KiB written and fsync-ed, one at a time.
@@ -39,25 +41,29 @@ const JOBS: Job[] = [
     name: '4k random read, QD16, O_DIRECT',
     unit: 'IOPS',
     fio: ['--rw=randread', '--bs=4k', '--iodepth=16', '--direct=1', '--ioengine=libaio'],
-    rbdBench: ['--io-type', 'read', '--io-size', '4K', '--io-pattern', 'rand', '--io-threads', '16', '--io-total', '16M'],
+    ioBytes: 4096,
+    rbdBench: ['--io-type', 'read', '--io-size', '4K', '--io-pattern', 'rand', '--io-threads', '16'],
   },
   {
     name: '4k random write, QD16, O_DIRECT',
     unit: 'IOPS',
     fio: ['--rw=randwrite', '--bs=4k', '--iodepth=16', '--direct=1', '--ioengine=libaio'],
-    rbdBench: ['--io-type', 'write', '--io-size', '4K', '--io-pattern', 'rand', '--io-threads', '16', '--io-total', '8M'],
+    ioBytes: 4096,
+    rbdBench: ['--io-type', 'write', '--io-size', '4K', '--io-pattern', 'rand', '--io-threads', '16'],
   },
   {
     name: '1M sequential read, QD16, O_DIRECT',
     unit: 'MiB/s',
     fio: ['--rw=read', '--bs=1M', '--iodepth=16', '--direct=1', '--ioengine=libaio'],
-    rbdBench: ['--io-type', 'read', '--io-size', '1M', '--io-pattern', 'seq', '--io-threads', '16', '--io-total', '256M'],
+    ioBytes: MiB,
+    rbdBench: ['--io-type', 'read', '--io-size', '1M', '--io-pattern', 'seq', '--io-threads', '16'],
   },
   {
     name: '1M sequential write, QD16, O_DIRECT',
     unit: 'MiB/s',
     fio: ['--rw=write', '--bs=1M', '--iodepth=16', '--direct=1', '--ioengine=libaio'],
-    rbdBench: ['--io-type', 'write', '--io-size', '1M', '--io-pattern', 'seq', '--io-threads', '16', '--io-total', '256M'],
+    ioBytes: MiB,
+    rbdBench: ['--io-type', 'write', '--io-size', '1M', '--io-pattern', 'seq', '--io-threads', '16'],
   },
   {
     name: '4k write + fsync each',
@@ -424,9 +430,20 @@ export async function rbdIo(): Promise<SectionResult> {
         if (!job.rbdBench) continue;
         const engine: number[] = [];
         const volume: number[] = [];
+        // rbd bench stops after --io-total, not after a time: a short warm-up run (not counted) gives the rate, and
+        // each measured run is sized to last about as long as a fio job.
+        const bench = async (bytes: number) => {
+          const total = `${Math.min(1024, Math.max(4, Math.round(bytes / MiB)))}M`;
+          const { stdout } = await ceph.rbd(['bench', ...defined(job.rbdBench), '--io-total', total, image], {
+            as: client,
+            timeoutMs: 300_000,
+          });
+          return rbdBenchOps(stdout); // with 1M I/Os, ops/sec is MiB/s
+        };
+        let rate = await bench(4 * MiB);
         for (let i = 0; i < rounds; i++) {
-          const { stdout } = await ceph.rbd(['bench', ...job.rbdBench, image], { as: client, timeoutMs: 300_000 });
-          engine.push(rbdBenchOps(stdout)); // with 1M I/Os, ops/sec is MiB/s
+          rate = await bench(rate * defined(job.ioBytes) * SECONDS);
+          engine.push(rate);
           volume.push(fio(volFile, job));
         }
         const [e, v] = [median(engine), median(volume)];
