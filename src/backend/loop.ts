@@ -161,7 +161,7 @@ export class LoopBackend implements Backend {
     try {
       await setupLoop(path, { directIo: true, sectorSize: 512 });
     } catch (err) {
-      if (!(err instanceof CommandError)) throw err;
+      if (!(err instanceof CommandError) || err.timedOut) throw err;
       // A device is there after all (losetup set it up, then failed to switch it) or a concurrent attach made one.
       if ((await this.liveDevices(volume)).length > 0) return;
       await setupLoop(path);
