@@ -429,9 +429,17 @@ async function main(): Promise<void> {
   ] as const) {
     if (!only.has(section)) continue;
     const started = performance.now();
-    const { figures: found, details } = await run();
-    figures.push(...found);
-    results[section] = { ...details, sectionSeconds: Math.round((performance.now() - started) / 1000) };
+    try {
+      const { figures: found, details } = await run();
+      figures.push(...found);
+      results[section] = { ...details, sectionSeconds: Math.round((performance.now() - started) / 1000) };
+    } catch (err) {
+      // A section that breaks (a cluster that does not come up, say) is a failed figure, not a lost run.
+      console.error(err);
+      const message = (err instanceof Error ? err.message : String(err)).split('\n')[0] ?? '';
+      figures.push({ section, what: `the ${section} section`, value: `error: ${message.slice(0, 160)}`, target: 'runs', pass: false });
+      process.exitCode = 1;
+    }
     console.log(`(${section}: ${Math.round((performance.now() - started) / 1000)} s)`);
   }
   printFigures(figures);

@@ -240,6 +240,13 @@ export function loopIo(): SectionResult {
     const vol = mountVolume(config, 'node-a', 'pv-io', join(dir, 'mounts', 'pv-io'));
     const image = join(dir, 'pool', 'pv-io.img');
     const latchDio = loopDio(vol.device);
+    try {
+      setLoopDio(vol.device, !latchDio); // a pool that cannot do direct I/O refuses the switch: no comparison then
+      setLoopDio(vol.device, latchDio);
+    } catch (err) {
+      vol.unmount();
+      throw new Error(`cannot switch direct I/O on ${vol.device} (over ${dir}): ${err instanceof Error ? err.message : String(err)}`);
+    }
     const mode = (on: boolean) => `direct-io ${on ? 'on' : 'off'}`;
     const diskFile = join(dir, 'pool', 'disk-baseline.fio'); // beside the images: the same filesystem and disk
     const volFile = join(vol.mountPoint, 'bench.fio');
