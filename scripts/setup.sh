@@ -5,13 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # command -> Debian package that provides it: every tool latch runs (src/filesystems.ts and doctor's list; a unit
-# test, test/unit/filesystems.test.ts, checks this table against them), then what the tests use; last, the rbd
-# backend's node side: rbd and rbd-fuse, and the one-host Ceph cluster of its tests: test/ceph/cluster.ts.
+# test, test/unit/filesystems.test.ts, checks this table against them), then what the tests and `npm run bench`
+# use (fio: volume I/O); last, the rbd backend's node side: rbd and rbd-fuse, and the one-host Ceph cluster of its
+# tests: test/ceph/cluster.ts.
 declare -A PACKAGES=(
   [losetup]=mount [mount]=mount [umount]=mount [findmnt]=util-linux [blkid]=util-linux [setpriv]=util-linux
   [mkfs.ext4]=e2fsprogs [mkfs.ext3]=e2fsprogs [resize2fs]=e2fsprogs [mkfs.xfs]=xfsprogs [xfs_growfs]=xfsprogs
   [mkfs.btrfs]=btrfs-progs [btrfs]=btrfs-progs
-  [jq]=jq [inotifywait]=inotify-tools [etcd]=etcd-server [patchelf]=patchelf
+  [jq]=jq [inotifywait]=inotify-tools [etcd]=etcd-server [patchelf]=patchelf [fio]=fio
   [rbd]=ceph-common [ceph]=ceph-common [ceph-authtool]=ceph-common [monmaptool]=ceph-mon [rbd-fuse]=rbd-fuse
   [ceph-mon]=ceph-mon [ceph-mgr]=ceph-mgr [ceph-osd]=ceph-osd
 )

@@ -47,8 +47,14 @@ export function loopNumber(device: string): number | undefined {
 }
 
 export interface SetupLoopOptions {
-  /** --direct-io=on: no second copy of the data in the page cache (for a backing file that is itself a network client). */
+  /**
+   * --direct-io=on: the device reads and writes its backing file with O_DIRECT, so the page cache holds no second
+   * copy of what the filesystem on the device caches already. The kernel keeps the device buffered where the backing
+   * file cannot do direct I/O at the device's sector size; loopDirectIo() says which it got.
+   */
   directIo?: boolean;
+  /** --sector-size: the device's logical block size. Without it, a direct-I/O device takes the backing disk's. */
+  sectorSize?: 512 | 4096;
   timeoutMs?: number;
 }
 
@@ -56,7 +62,8 @@ export interface SetupLoopOptions {
 export async function setupLoop(file: string, options: SetupLoopOptions = {}): Promise<string> {
   if (!isAbsolute(file) || file.includes('\0')) throw new LatchError(`loop backing file ${JSON.stringify(file)} must be an absolute path`);
   const directIo = options.directIo ? ['--direct-io=on'] : [];
-  const { stdout } = await run('losetup', ['--find', '--show', ...directIo, file], { timeoutMs: options.timeoutMs });
+  const sectorSize = options.sectorSize ? ['--sector-size', String(options.sectorSize)] : [];
+  const { stdout } = await run('losetup', ['--find', '--show', ...directIo, ...sectorSize, file], { timeoutMs: options.timeoutMs });
   const device = stdout.trim();
   if (!LOOP_DEVICE.test(device)) {
     throw new LatchError(`losetup --find --show ${file} printed ${JSON.stringify(device.slice(0, 80))} instead of a loop device`);
@@ -92,6 +99,16 @@ export async function detachLoop(device: string, expectedBackingFile?: string): 
       );
     }
     await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+/** Whether the device does direct I/O on its backing file (/sys/block/loopN/loop/dio); false when not set up. */
+export async function loopDirectIo(device: string): Promise<boolean> {
+  checkLoopDevice(device);
+  try {
+    return (await readFile(`/sys/block/${device.slice('/dev/'.length)}/loop/dio`, 'utf8')).trim() === '1';
+  } catch {
+    return false;
   }
 }
 

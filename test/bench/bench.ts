@@ -1,13 +1,20 @@
 // npm run bench: what a driver call costs, as ratios to baselines measured in the same run (the machine is shared
 // and noisy, so absolute times mean little). Candidates run interleaved, after warm-up, with several repetitions;
 // every call's reply is checked, since a call that fails is not a fast call.
+//
+//   npm run bench                     every section
+//   npm run bench -- --only io,rbd    some sections (calls, ledger, lifecycle, concurrent, io, rbd); the results file
+//                                     keeps the other sections' figures from their last run
 import { spawn, spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { cpus, loadavg, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
+import { parseArgs } from 'node:util';
 import { addTicket, newVolume } from '../../src/ledger/arbitrate.js';
 import { ticketId } from '../../src/ledger/ids.js';
 import { FileStore } from '../../src/store/file.js';
+import { printFigures, writeReport, type Figure, type Results } from './figures.js';
+import { cleanUp, loopIo, rbdIo } from './io.js';
 
 const ROOT = join(__dirname, '..', '..');
 const NODE = process.execPath;
@@ -27,6 +34,9 @@ interface Stats {
   rssKiB?: number;
 }
 const results: Record<string, unknown> = { machine: machine(), reps: REPS };
+const figures: Figure[] = [];
+const SECTIONS = ['calls', 'ledger', 'lifecycle', 'concurrent', 'io', 'rbd'] as const;
+type Section = (typeof SECTIONS)[number];
 
 function stats(samples: Sample[]): Stats {
   const ms = samples.map((s) => s.ms).sort((a, b) => a - b);
@@ -127,6 +137,21 @@ function controlPlaneCalls(): void {
     const s = measure(candidates);
     const base = s['node -e 0']!.median;
     results.controlPlane = s;
+    for (const [n, v] of Object.entries(s)) {
+      if (n === 'node -e 0') continue;
+      const ratio = v.median / base;
+      figures.push({ section: 'calls', what: `${n} / node -e 0`, value: ratio.toFixed(2), target: '<= 1.10', pass: ratio <= 1.1 });
+      if (v.rssKiB !== undefined && n.endsWith(' init')) {
+        const rss = v.rssKiB / 1024;
+        figures.push({
+          section: 'calls',
+          what: `${n.replace(/ init$/, '')} peak RSS`,
+          value: `${fmt(rss)} MiB`,
+          target: '<= 60 MiB',
+          pass: rss <= 60,
+        });
+      }
+    }
     table('Per-call wall time and peak RSS (medians; ratio to bare `node -e 0`; target <= 1.10, RSS <= 60 MiB)', [
       ['call', 'median ms', 'min', 'max', 'ratio', 'peak RSS MiB'],
       ...Object.entries(s).map(([n, v]) => [
@@ -178,6 +203,14 @@ function ledgerScaling(): Promise<void> {
         const small = s[`${call}@10`]!.median;
         const large = s[`${call}@10000`]!.median;
         rows.push([call, fmt(small), fmt(large), (large / small).toFixed(2)]);
+        const ratio = large / small;
+        figures.push({
+          section: 'ledger',
+          what: `${call} at 10,000 volumes / at 10`,
+          value: ratio.toFixed(2),
+          target: '<= 1.10',
+          pass: ratio <= 1.1,
+        });
       }
       results.ledgerScaling = out;
       table('Ledger size: the same call with 10 and with 10,000 volumes', rows);
@@ -245,6 +278,13 @@ function podLifecycle(): void {
     for (const name of Object.keys(drivers())) {
       const life = s[`${name} lifecycle`]!.median;
       overhead[name] = (life - floor) / node;
+      figures.push({
+        section: 'lifecycle',
+        what: `${name} pod lifecycle: node starts over the raw tools floor`,
+        value: `${((life - floor) / node).toFixed(1)} (${fmt(life)} ms, floor ${fmt(floor)} ms)`,
+        target: '<= 5',
+        pass: (life - floor) / node <= 5,
+      });
       rows.push([
         `${name}: (lifecycle - floor) / node`,
         '',
@@ -299,6 +339,13 @@ async function concurrentLifecycles(count: number): Promise<void> {
     const failures = count - done.length;
     const pct = (p: number) => done[Math.min(done.length - 1, Math.floor(done.length * p))] ?? NaN;
     results.concurrent = { count, wallSeconds: wall, throughputPerSecond: done.length / wall, p50: pct(0.5), p99: pct(0.99), failures };
+    figures.push({
+      section: 'concurrent',
+      what: `${count} concurrent pod lifecycles: failures (${(done.length / wall).toFixed(2)} lifecycles/s)`,
+      value: String(failures),
+      target: '0',
+      pass: failures === 0,
+    });
     table(`${count} concurrent pod lifecycles on ${count} volumes (target: 0 failures)`, [
       ['wall s', 'lifecycles/s', 'p50 ms', 'p99 ms', 'failures'],
       [wall.toFixed(1), (done.length / wall).toFixed(2), fmt(pct(0.5)), fmt(pct(0.99)), String(failures)],
@@ -308,39 +355,98 @@ async function concurrentLifecycles(count: number): Promise<void> {
   }
 }
 
-/** Unmounts and detaches anything a failed lifecycle left under `dir`, then removes it. */
-function cleanUp(dir: string): void {
-  spawnSync('sh', ['-c', `grep -F ' ${dir}/' /proc/self/mountinfo | cut -d' ' -f5 | sort -r | xargs -r -n1 umount`]);
-  spawnSync('sh', ['-c', `losetup -l -n -O NAME,BACK-FILE | grep -F '${dir}/' | cut -d' ' -f1 | xargs -r -n1 losetup -d`]);
-  rmSync(dir, { recursive: true, force: true });
-}
-
 function machine(): Record<string, string> {
-  const cpu = spawnSync('sh', ['-c', "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"], { encoding: 'utf8' }).stdout.trim();
+  const tool = (cmd: string, ...args: string[]) => spawnSync(cmd, args, { encoding: 'utf8' }).stdout?.trim() ?? '';
   return {
     node: process.version,
-    cpu,
-    cores: String(spawnSync('nproc', { encoding: 'utf8' }).stdout.trim()),
+    cpu: cpus()[0]?.model.trim() ?? 'unknown',
+    cores: tool('nproc'),
+    memory: `${Math.round(totalmem() / 1024 ** 3)} GiB`,
+    kernel: tool('uname', '-r'),
+    os: /^PRETTY_NAME="?([^"\n]*)/m.exec(existsSync('/etc/os-release') ? readFileSync('/etc/os-release', 'utf8') : '')?.[1] ?? '',
+    load: loadavg()
+      .map((l) => l.toFixed(1))
+      .join(' '),
+    poolFs: tool('findmnt', '-n', '-o', 'FSTYPE,SOURCE', '-T', tmpdir()).replace(/\s+/, ' on '),
     date: new Date().toISOString(),
   };
 }
 
+function chosenSections(): Set<Section> {
+  const { values } = parseArgs({ options: { only: { type: 'string' } } });
+  if (values.only === undefined) return new Set(SECTIONS);
+  const wanted = values.only.split(',').map((s) => s.trim());
+  const unknown = wanted.filter((s) => !(SECTIONS as readonly string[]).includes(s));
+  if (unknown.length > 0) throw new Error(`--only: unknown section ${unknown.join(', ')} (sections: ${SECTIONS.join(', ')})`);
+  return new Set(wanted as Section[]);
+}
+
+/** Writes the results file, keeping from an earlier run the sections this one did not measure. */
+function saveResults(ran: Set<Section>): string {
+  const outDir = join(ROOT, 'test/bench/results');
+  const file = join(outDir, 'latest.json');
+  mkdirSync(outDir, { recursive: true });
+  let previous: Partial<Results> = {};
+  try {
+    previous = JSON.parse(readFileSync(file, 'utf8')) as Results;
+  } catch {
+    // no earlier run
+  }
+  const now = new Date().toISOString();
+  const measuredAt: Record<string, string> = {};
+  for (const s of SECTIONS) {
+    const at = ran.has(s) ? now : previous.measuredAt?.[s];
+    if (at) measuredAt[s] = at;
+  }
+  const merged = {
+    ...previous,
+    ...results,
+    measuredAt,
+    figures: SECTIONS.flatMap((s) => (ran.has(s) ? figures : (previous.figures ?? [])).filter((f) => f.section === s)),
+  };
+  writeFileSync(file, `${JSON.stringify(merged, null, 2)}\n`);
+  return file;
+}
+
 async function main(): Promise<void> {
+  const only = chosenSections();
   if (!existsSync(join(ROOT, 'bin/latch'))) throw new Error('bin/latch is missing: run npm run build first');
   console.log(`latch benchmark: ${REPS} repetitions after ${WARMUP} warm-up, interleaved; ${JSON.stringify(results.machine)}`);
   if (!TIME) console.log('(no /usr/bin/time: peak RSS is not measured; apt-get install time)');
-  controlPlaneCalls();
-  await ledgerScaling();
-  if (isRoot) {
-    podLifecycle();
-    await concurrentLifecycles(Number(process.env.BENCH_CONCURRENT ?? 64));
-  } else {
-    console.log('\nSkipping the pod lifecycle and concurrency benchmarks: they need root and loop devices.');
+  if (only.has('calls')) controlPlaneCalls();
+  if (only.has('ledger')) await ledgerScaling();
+  for (const section of ['lifecycle', 'concurrent'] as const) {
+    if (!only.has(section)) continue;
+    if (!isRoot) {
+      console.log(`\nSkipping ${section}: it needs root and loop devices.`);
+      figures.push({ section, what: section, value: 'skipped: needs root', target: '' });
+    } else if (section === 'lifecycle') podLifecycle();
+    else await concurrentLifecycles(Number(process.env.BENCH_CONCURRENT ?? 64));
   }
-  const outDir = join(ROOT, 'test/bench/results');
-  mkdirSync(outDir, { recursive: true });
-  writeFileSync(join(outDir, 'latest.json'), `${JSON.stringify(results, null, 2)}\n`);
-  console.log(`\nWrote ${join(outDir, 'latest.json')}`);
+  for (const [section, run] of [
+    ['io', async () => loopIo()],
+    ['rbd', rbdIo],
+  ] as const) {
+    if (!only.has(section)) continue;
+    const started = performance.now();
+    try {
+      const { figures: found, details } = await run();
+      figures.push(...found);
+      results[section] = { ...details, sectionSeconds: Math.round((performance.now() - started) / 1000) };
+    } catch (err) {
+      // A section that breaks (a cluster that does not come up, say) is a failed figure, not a lost run.
+      console.error(err);
+      const message = (err instanceof Error ? err.message : String(err)).split('\n')[0] ?? '';
+      figures.push({ section, what: `the ${section} section`, value: `error: ${message.slice(0, 160)}`, target: 'runs', pass: false });
+      process.exitCode = 1;
+    }
+    console.log(`(${section}: ${Math.round((performance.now() - started) / 1000)} s)`);
+  }
+  printFigures(figures);
+  const file = saveResults(only);
+  console.log(`\nWrote ${file}`);
+  writeReport(file, join(ROOT, 'docs/performance.md'));
+  console.log('Regenerated the figures in docs/performance.md');
 }
 
 main().catch((err: unknown) => {

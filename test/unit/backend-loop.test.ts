@@ -1,14 +1,15 @@
 import assert from 'node:assert/strict';
 import { execFile, execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, mkdtempSync, rmSync, statSync, statfsSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, statfsSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { promisify } from 'node:util';
 import { LoopBackend } from '../../src/backend/loop.js';
 import { LatchError } from '../../src/errors.js';
 import { blockDeviceSize } from '../../src/sys/blockdev.js';
-import { listLoopDevices, setupLoop } from '../../src/sys/loop.js';
+import { listLoopDevices, loopDirectIo, setupLoop } from '../../src/sys/loop.js';
+import { defined } from '../fixtures/defined.js';
 
 const REPO = resolve(__dirname, '../..');
 const MiB = 1024 * 1024;
@@ -31,6 +32,19 @@ function detachAllUnder(dir: string): void {
   }
 }
 
+/** Unmounts every mount under `dir`, deepest first. */
+function unmountAllUnder(dir: string): void {
+  const mounts = readFileSync('/proc/self/mountinfo', 'utf8')
+    .split('\n')
+    .map((l) => l.split(' ')[4] ?? '')
+    .filter((m) => m.startsWith(`${dir}/`))
+    .sort()
+    .reverse();
+  for (const m of mounts) execFileSync('umount', [m]);
+}
+
+const logicalBlockSize = (device: string) => Number(readFileSync(`/sys/block/${device.slice(5)}/queue/logical_block_size`, 'utf8'));
+
 describe('LoopBackend', { skip: notRoot }, () => {
   let root = '';
   let pool = '';
@@ -44,6 +58,7 @@ describe('LoopBackend', { skip: notRoot }, () => {
 
   after(() => {
     if (!root) return;
+    unmountAllUnder(root);
     detachAllUnder(root);
     rmSync(root, { recursive: true, force: true });
   });
@@ -202,5 +217,71 @@ describe('LoopBackend', { skip: notRoot }, () => {
     assert.equal(await empty.size('vol-a'), undefined);
     await empty.release('vol-a');
     await empty.delete('vol-a');
+  });
+
+  it('sets the device up with direct I/O on the image and 512-byte sectors: reads leave no copy of the image cached', async () => {
+    await backend.create('vol-dio', 64 * MiB);
+    const device = await backend.attach('vol-dio');
+    assert.equal(await loopDirectIo(device), true);
+    assert.equal(logicalBlockSize(device), 512);
+    const image = join(pool, 'vol-dio.img');
+    execFileSync('dd', [`if=${image}`, 'iflag=nocache', 'count=0', 'status=none']); // drop what create() cached
+    execFileSync('dd', [`if=${device}`, 'of=/dev/null', 'bs=1M', 'count=16', 'status=none']);
+    const cached = Number(execFileSync('fincore', ['--bytes', '--noheadings', '--output', 'RES', image], { encoding: 'utf8' }).trim());
+    assert.equal(cached, 0, 'the image pages the read went through are not in the page cache');
+    await backend.release('vol-dio');
+    await backend.delete('vol-dio');
+  });
+
+  it('on a pool disk with 4096-byte sectors the device keeps 512-byte sectors (and the kernel keeps it buffered)', async () => {
+    const disk = join(root, 'disk4k.img');
+    execFileSync('truncate', ['-s', '128M', disk]);
+    const diskDevice = await setupLoop(disk, { sectorSize: 4096 });
+    assert.equal(logicalBlockSize(diskDevice), 4096);
+    execFileSync('mkfs.ext4', ['-q', '-F', diskDevice]);
+    const mnt = join(root, 'pool4k');
+    mkdirSync(mnt);
+    execFileSync('mount', [diskDevice, mnt]);
+    try {
+      const onDisk4k = new LoopBackend({ poolDir: join(mnt, 'pool'), maxSize: GiB });
+      await onDisk4k.create('vol-4k', 32 * MiB);
+      const device = await onDisk4k.attach('vol-4k');
+      assert.equal(logicalBlockSize(device), 512, 'the volume has the geometry a buffered loop device would give it');
+      assert.equal(await loopDirectIo(device), false, 'O_DIRECT at 512 bytes is not possible on a 4096-byte disk');
+      execFileSync('mkfs.ext4', ['-q', '-F', device]); // and the device works
+      await onDisk4k.release('vol-4k');
+    } finally {
+      execFileSync('umount', [mnt]);
+      execFileSync('losetup', ['-d', diskDevice]);
+    }
+  });
+
+  it('where losetup refuses --direct-io, the device is set up without it', async () => {
+    const real = execFileSync('sh', ['-c', 'PATH=$PATH:/usr/sbin:/sbin command -v losetup'], { encoding: 'utf8' }).trim();
+    const fakeDir = join(root, 'fake-tools');
+    mkdirSync(fakeDir, { recursive: true });
+    const calls = join(root, 'losetup-calls');
+    writeFileSync(
+      join(fakeDir, 'losetup'),
+      `#!/bin/sh\necho "$*" >> ${calls}\nfor a in "$@"; do [ "$a" = --direct-io=on ] && { echo "losetup: set direct io failed" >&2; exit 1; }; done\nexec ${real} "$@"\n`,
+    );
+    chmodSync(join(fakeDir, 'losetup'), 0o755);
+    await backend.create('vol-nodio', 32 * MiB);
+    const path = process.env.PATH;
+    process.env.PATH = `${fakeDir}:${path ?? ''}`;
+    let device: string;
+    try {
+      device = await backend.attach('vol-nodio');
+    } finally {
+      process.env.PATH = path;
+    }
+    const tried = readFileSync(calls, 'utf8').trim().split('\n');
+    assert.equal(tried.length, 2, tried.join('; '));
+    assert.match(defined(tried[0]), /--direct-io=on/);
+    assert.doesNotMatch(defined(tried[1]), /--direct-io/);
+    assert.equal(await loopDirectIo(device), false);
+    assert.equal(await backend.findDevice('vol-nodio'), device);
+    await backend.release('vol-nodio');
+    await backend.delete('vol-nodio');
   });
 });
