@@ -58,6 +58,21 @@ export interface Config {
   store: StoreConfig;
   /** Where volumes' bytes live: image files in poolDir (loop, the default) or RBD images in a Ceph pool. */
   backend: BackendConfig;
+  /**
+   * Seconds after which a waiting workload ticket that no attach, isattached or waitforattach asked for is reaped
+   * (0: never). The default, 900, is well above the longest gap a live requester leaves: the controller's retry
+   * backoff caps at 2m2s, plus one call of at most 9 minutes (docs/operations.md, "Automatic recovery").
+   */
+  abandonedTicketSeconds: number;
+  /** Seconds between two records of "still wanted" on a waiting ticket (a write at most this often per ticket). */
+  ticketTouchSeconds: number;
+  /** latch agent: where /metrics listens (host:port, loopback by default) and how often its tasks run. */
+  agent: AgentConfig;
+}
+
+export interface AgentConfig {
+  listen: string;
+  intervalSeconds: number;
 }
 
 // Plugin directories that kubelet watches: nothing of ours but the driver itself may live below them.
@@ -146,6 +161,18 @@ function buildSchema() {
       commandTimeout: z.number().int().min(1).max(3600).default(120),
       store: store.default({ type: 'file' }),
       backend: backend.default({ type: 'loop' }),
+      abandonedTicketSeconds: z.number().int().min(0).default(900),
+      ticketTouchSeconds: z.number().int().min(1).max(3600).default(60),
+      agent: z
+        .object({
+          listen: z
+            .string()
+            .regex(/^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$/, 'must be host:port, e.g. 127.0.0.1:9742')
+            .default('127.0.0.1:9742'),
+          intervalSeconds: z.number().int().min(1).max(3600).default(30),
+        })
+        .strict()
+        .default({ listen: '127.0.0.1:9742', intervalSeconds: 30 }),
     })
     .strict();
 }
