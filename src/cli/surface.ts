@@ -17,7 +17,7 @@ import type { CliIO, CommandIO } from './io.js';
 import { ledgerMigrate, parseStoreName } from './ledger/migrate.js';
 import { nodeCheck } from './node/check.js';
 import { parseFormat } from './output.js';
-import { parseTicketType, ticketAdd } from './ticket/add.js';
+import { parseOwner, parseTicketType, parseTtl, ticketAdd } from './ticket/add.js';
 import { ticketList } from './ticket/list.js';
 import { ticketRemove } from './ticket/remove.js';
 import { uninstall } from './uninstall.js';
@@ -179,6 +179,8 @@ function declareTicket(ticket: Command, io: CommandIO, done: Done): void {
     .requiredOption('--node <node>', 'the node that should have the volume')
     .option('--type <type>', `ticket type (${TICKET_TYPES.join(', ')})`, valueOf(parseTicketType), 'admin')
     .option('--read-only', 'ask for read-only access')
+    .option('--owner <who>', 'who asks (required for admin and maintenance tickets); shown in ticket list', valueOf(parseOwner))
+    .option('--ttl <duration>', 'remove the ticket by itself after this long (90s, 30m, 2h, 1d)', valueOf(parseTtl))
     .action(async (volume: string, opts) => done(await ticketAdd({ volume, ...opts }, io)));
 
   ticket
