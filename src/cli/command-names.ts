@@ -1,7 +1,19 @@
 // The names of the admin commands, in a file that imports nothing: main.ts reads it on every call to tell an admin
 // command from a FlexVolume op without loading the CLI. surface.ts declares exactly these, in this order (its
 // declaration table is typed by this list, and test/unit/cli-surface.test.ts compares the two).
-export const ADMIN_COMMANDS = ['version', 'demo', 'volume', 'ticket', 'ledger', 'node', 'install', 'uninstall', 'doctor'] as const;
+export const ADMIN_COMMANDS = [
+  'version',
+  'demo',
+  'volume',
+  'ticket',
+  'ledger',
+  'node',
+  'install',
+  'uninstall',
+  'doctor',
+  'agent',
+  'metrics',
+] as const;
 
 export type AdminCommandName = (typeof ADMIN_COMMANDS)[number];
 

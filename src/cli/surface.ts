@@ -8,6 +8,7 @@ import { FS_TYPES } from '../filesystems.js';
 import { DEFAULT_PLUGIN_DIR, OPENSHIFT_PLUGIN_DIR } from '../host/plugin-dir.js';
 import { TICKET_TYPES } from '../ledger/types.js';
 import { VERSION } from '../version.js';
+import { agent } from './agent.js';
 import { ADMIN_COMMANDS, type AdminCommandName } from './command-names.js';
 import { demo } from './demo.js';
 import { doctor, parseSeconds } from './doctor.js';
@@ -15,6 +16,7 @@ import { DEFAULT_STUCK_AFTER_SECONDS } from './doctor/detaching.js';
 import { install } from './install.js';
 import type { CliIO, CommandIO } from './io.js';
 import { ledgerMigrate, parseStoreName } from './ledger/migrate.js';
+import { metrics } from './metrics.js';
 import { nodeCheck } from './node/check.js';
 import { parseFormat } from './output.js';
 import { parseOwner, parseTicketType, parseTtl, ticketAdd } from './ticket/add.js';
@@ -114,6 +116,20 @@ export function buildProgram(io: CliIO, exit: (code: number) => void): Command {
         )
         .option(...OUTPUT)
         .action(async (opts) => done(await doctor(opts, io))),
+
+    agent: (c) =>
+      c
+        .description(
+          "run on every node: reap expired and abandoned tickets, release this node's holds its kernel proves stale, " +
+            'and serve /metrics on agent.listen (default 127.0.0.1:9742)',
+        )
+        .option('--once', 'run the periodic tasks once and exit, without serving /metrics')
+        .action(async (opts) => done(await agent(opts, io))),
+
+    metrics: (c) =>
+      c
+        .description("print the agent's metrics once, in Prometheus's text format (for node-exporter's textfile collector)")
+        .action(async () => done(await metrics({}, io))),
   };
   for (const name of ADMIN_COMMANDS) declare[name](program.command(name));
   return program;

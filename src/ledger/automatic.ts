@@ -10,7 +10,7 @@ import type { AutomaticAction, Ticket, VolumeDoc } from './types.js';
 export const MAX_AUTOMATIC_ACTIONS = 20;
 
 /** Whether the ticket has a time to live that has run out at `nowMs`. */
-export function isExpired(ticket: Ticket, nowMs: number): boolean {
+function isExpired(ticket: Ticket, nowMs: number): boolean {
   if (ticket.expiresAt === undefined) return false;
   const at = Date.parse(ticket.expiresAt);
   return Number.isFinite(at) && at <= nowMs;
@@ -27,7 +27,7 @@ function lastWantedAt(ticket: Ticket): number {
  * A waiting workload ticket that no attach, isattached or waitforattach has touched for `afterMs`: the controller
  * retries a wanted attach far more often than that, so the pod that wanted it is gone (or went elsewhere).
  */
-export function isAbandoned(doc: VolumeDoc, ticket: Ticket, nowMs: number, afterMs: number): boolean {
+function isAbandoned(doc: VolumeDoc, ticket: Ticket, nowMs: number, afterMs: number): boolean {
   return ticket.type === 'workload' && !isSatisfied(doc, ticket.id) && nowMs - lastWantedAt(ticket) > afterMs;
 }
 

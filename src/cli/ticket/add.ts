@@ -51,7 +51,7 @@ export async function ticketAdd(options: TicketAddOptions, io: CommandIO): Promi
   const { volume, node, type } = options;
   checkNodeName(node);
   if (OWNED_TYPES.includes(type) && options.owner === undefined) {
-    throw new LatchError(`a ${type} ticket needs an owner: add --owner WHO (and --ttl 2h if it should go away by itself)`);
+    throw new LatchError(`${type} tickets need an owner: add --owner WHO (and --ttl 2h if it should go away by itself)`);
   }
   const config = configOf(io);
   const { ledger, clock } = io.context(config);
