@@ -7,7 +7,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { Config } from '../config.js';
 import { LatchError } from '../errors.js';
 import { writeLog } from '../log.js';
-import { AGENT_TASKS, runAgentTasks } from './agent/tasks.js';
+import { AGENT_TASKS, freshContext, runAgentTasks } from './agent/tasks.js';
 import { configOf, type CommandIO } from './io.js';
 import { readLedger } from './metrics.js';
 import { LogFollower, readWholeLog } from './metrics/call-log.js';
@@ -25,7 +25,9 @@ export interface AgentOptions {
 export async function agent(options: AgentOptions, io: CommandIO): Promise<void> {
   const config = configOf(io);
   const collected = await LatchMetrics.create();
-  const context = () => io.context(config);
+  // One context (one store connection) for the agent's life; each task round gets a fresh log and ledger over it.
+  const base = io.context(config);
+  const context = () => freshContext(base);
   if (options.once) {
     await runAgentTasks(config, context, collected, AGENT_TASKS);
     return;

@@ -5,7 +5,8 @@ import type { Config } from '../../config.js';
 import type { Context } from '../../context.js';
 import { errorMessage } from '../../errors.js';
 import type { AutomaticAction } from '../../ledger/types.js';
-import { writeLog } from '../../log.js';
+import { writeLog, type CallLog } from '../../log.js';
+import { Ledger } from '../../ledger/ledger.js';
 import { releaseHoldWithoutDevice } from '../../node/self-release.js';
 import { runLedgerChecks } from '../doctor/run.js';
 import type { LatchMetrics } from '../metrics/metrics.js';
@@ -63,6 +64,19 @@ const doctorFindings: AgentTask = {
 };
 
 export const AGENT_TASKS: readonly AgentTask[] = [reapTickets, releaseStaleHolds, doctorFindings];
+
+/**
+ * A context for one task round over the agent's long-lived one: the same store, backend and system, but its own call
+ * log and a ledger that reports into it (the agent runs for weeks: nothing may pile up in one context).
+ */
+export function freshContext(base: Context): Context {
+  const log: CallLog = {};
+  const iso = () => new Date(base.clock()).toISOString();
+  const ledger = new Ledger(base.ledger.store, iso, (action) => {
+    log.automatic = [...((log.automatic as AutomaticAction[] | undefined) ?? []), action];
+  });
+  return { ...base, log, ledger };
+}
 
 /** Runs every task once, in order; one task's failure is logged and does not stop the others. */
 export async function runAgentTasks(
