@@ -109,7 +109,10 @@ export class Ledger {
 
   // ---- tickets -------------------------------------------------------------------------------------------------
 
-  /** Adds (or refreshes) a ticket; creates the volume as `create` says when it does not exist, else changes nothing. */
+  /**
+   * Adds (or refreshes) a ticket, first dropping expired tickets in the same write; creates the volume as `create`
+   * says when it does not exist, else changes nothing.
+   */
   async addTicket(name: string, request: TicketRequest, create?: NewVolumeSpec): Promise<VolumeDoc | undefined> {
     let reaped: AutomaticAction[] = [];
     const doc = await this.update(name, (d) => {
