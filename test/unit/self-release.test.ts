@@ -158,6 +158,16 @@ describe('releasing a hold on kernel evidence', () => {
     assert.equal(phaseOf(await cluster.doc(PV), 'node-a'), 'detaching');
     assert.equal((await cluster.mustDoc(PV)).status.automatic, undefined);
   });
+  it('a node fenced by an admin that comes back with its device changes nothing of the new holder', async () => {
+    const { cluster, cp, nodeA, nodeB } = setup();
+    const { device } = await stageVolume(cp, nodeA, PV);
+    await cluster.ledger.releaseDeadNode(PV, 'node-a'); // the admin declared node-a down
+    await attachAndWait(cp, nodeB, JSON1);
+    const before = await cluster.mustDoc(PV);
+    await runAgentTasks(nodeA.config, () => nodeA.context(), await LatchMetrics.create());
+    assert.deepEqual(await cluster.mustDoc(PV), before, 'node-b keeps the volume; nothing is recorded');
+    assert.equal(nodeA.fake.devices.get(device)?.volume, PV, "node-a's leftover device is doctor's to report, not the agent's to touch");
+  });
 });
 
 describe('where the release runs', () => {
