@@ -75,6 +75,21 @@ export interface Config {
   backend: BackendConfig;
   /** Where backups go; unset: `latch backup` refuses, saying so. */
   backupTarget?: BackupTargetConfig;
+  /**
+   * Seconds after which a waiting workload ticket that no attach, isattached or waitforattach asked for is reaped
+   * (0: never). The default, 900, is well above the longest gap a live requester leaves: the controller's retry
+   * backoff caps at 2m2s, plus one call of at most 9 minutes (docs/operations.md, "Automatic recovery").
+   */
+  abandonedTicketSeconds: number;
+  /** Seconds between two records of "still wanted" on a waiting ticket (a write at most this often per ticket). */
+  ticketTouchSeconds: number;
+  /** latch agent: where /metrics listens (host:port, loopback by default) and how often its tasks run. */
+  agent: AgentConfig;
+}
+
+export interface AgentConfig {
+  listen: string;
+  intervalSeconds: number;
 }
 
 // Plugin directories that kubelet watches: nothing of ours but the driver itself may live below them.
@@ -180,6 +195,18 @@ function buildSchema() {
         .object({ type: z.literal('dir'), path: absolutePath })
         .strict()
         .optional(),
+      abandonedTicketSeconds: z.number().int().min(0).default(900),
+      ticketTouchSeconds: z.number().int().min(1).max(3600).default(60),
+      agent: z
+        .object({
+          listen: z
+            .string()
+            .regex(/^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$/, 'must be host:port, e.g. 127.0.0.1:9742')
+            .default('127.0.0.1:9742'),
+          intervalSeconds: z.number().int().min(1).max(3600).default(30),
+        })
+        .strict()
+        .default({ listen: '127.0.0.1:9742', intervalSeconds: 30 }),
     })
     .strict();
 }

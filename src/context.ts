@@ -5,6 +5,7 @@ import { configuredBackend } from './backend/index.js';
 import type { Backend } from './backend/types.js';
 import type { Config } from './config.js';
 import { Ledger } from './ledger/ledger.js';
+import type { AutomaticAction } from './ledger/types.js';
 import type { CallLog } from './log.js';
 import { lazyStore } from './store/index.js';
 import type { Store } from './store/types.js';
@@ -33,12 +34,17 @@ export interface ContextParts {
 
 export function createContext(config: Config, parts: ContextParts = {}): Context {
   const clock = parts.clock ?? Date.now;
+  const log = parts.log ?? {};
+  // What the ledger does by itself during a call (reaped tickets, released holds) goes into the call's log line.
+  const noteAutomatic = (action: AutomaticAction) => {
+    log.automatic = [...((log.automatic as AutomaticAction[] | undefined) ?? []), action];
+  };
   return {
     config,
-    ledger: new Ledger(parts.store ?? lazyStore(config), () => new Date(clock()).toISOString()),
+    ledger: new Ledger(parts.store ?? lazyStore(config), () => new Date(clock()).toISOString(), noteAutomatic),
     backend: parts.backend ?? configuredBackend(config),
     system: parts.system ?? hostSystem,
     clock,
-    log: parts.log ?? {},
+    log,
   };
 }

@@ -13,6 +13,8 @@ export const ADMIN_COMMANDS = [
   'install',
   'uninstall',
   'doctor',
+  'agent',
+  'metrics',
 ] as const;
 
 export type AdminCommandName = (typeof ADMIN_COMMANDS)[number];

@@ -9,6 +9,7 @@ import { DEFAULT_PLUGIN_DIR, OPENSHIFT_PLUGIN_DIR } from '../host/plugin-dir.js'
 import { PRESET_NAMES, PRESETS, presetNamed } from '../host/presets.js';
 import { TICKET_TYPES } from '../ledger/types.js';
 import { VERSION } from '../version.js';
+import { agent } from './agent.js';
 import { ADMIN_COMMANDS, type AdminCommandName } from './command-names.js';
 import { demo } from './demo.js';
 import { doctor, parseSeconds } from './doctor.js';
@@ -16,10 +17,11 @@ import { DEFAULT_STUCK_AFTER_SECONDS } from './doctor/detaching.js';
 import { DEFAULT_IMAGE, installOrPrintManifests } from './manifests.js';
 import type { CliIO, CommandIO } from './io.js';
 import { ledgerMigrate, parseStoreName } from './ledger/migrate.js';
+import { metrics } from './metrics.js';
 import { nodeCheck } from './node/check.js';
 import { nodeClearFences, nodeFence, nodeUnfence } from './node/fence.js';
 import { parseFormat } from './output.js';
-import { parseTicketType, ticketAdd } from './ticket/add.js';
+import { parseOwner, parseTicketType, parseTtl, ticketAdd } from './ticket/add.js';
 import { ticketList } from './ticket/list.js';
 import { ticketRemove } from './ticket/remove.js';
 import { uninstall } from './uninstall.js';
@@ -157,6 +159,20 @@ export function buildProgram(io: CliIO, exit: (code: number) => void): Command {
         )
         .option(...OUTPUT)
         .action(async (opts) => done(await doctor(opts, io))),
+
+    agent: (c) =>
+      c
+        .description(
+          "run on every node: reap expired and abandoned tickets, release this node's holds its kernel proves stale, " +
+            'and serve /metrics on agent.listen (default 127.0.0.1:9742)',
+        )
+        .option('--once', 'run the periodic tasks once and exit, without serving /metrics')
+        .action(async (opts) => done(await agent(opts, io))),
+
+    metrics: (c) =>
+      c
+        .description("print the agent's metrics once, in Prometheus's text format (for node-exporter's textfile collector)")
+        .action(async () => done(await metrics({}, io))),
   };
   for (const name of ADMIN_COMMANDS) declare[name](program.command(name));
   return program;
@@ -222,6 +238,8 @@ function declareTicket(ticket: Command, io: CommandIO, done: Done): void {
     .requiredOption('--node <node>', 'the node that should have the volume')
     .option('--type <type>', `ticket type (${TICKET_TYPES.join(', ')})`, valueOf(parseTicketType), 'admin')
     .option('--read-only', 'ask for read-only access')
+    .option('--owner <who>', 'who asks (required for admin and maintenance tickets); shown in ticket list', valueOf(parseOwner))
+    .option('--ttl <duration>', 'remove the ticket by itself after this long (90s, 30m, 2h, 1d)', valueOf(parseTtl))
     .action(async (volume: string, opts) => done(await ticketAdd({ volume, ...opts }, io)));
 
   ticket

@@ -36,6 +36,9 @@ export function addTicket(doc: VolumeDoc, request: TicketRequest, now: string): 
   ) {
     // Same request again: refresh who asked (pod info may be new), nothing else.
     existing.requestedBy = { ...existing.requestedBy, ...request.requestedBy };
+    // Owner and time to live (issue 15): a repeated `ticket add` may name a new owner or extend the ticket's life.
+    if (request.owner !== undefined) existing.owner = request.owner;
+    if (request.expiresAt !== undefined) existing.expiresAt = request.expiresAt;
     return reconcile(next, now);
   }
   next.spec.generationCounter += 1;

@@ -21,8 +21,9 @@ import {
   removeTicket,
   type TicketRequest,
 } from './arbitrate.js';
+import { reapTickets, releaseHoldWithoutDevice, touchTicket } from './automatic.js';
 import { pvKey, volumeKey } from './keys.js';
-import type { VolumeDoc } from './types.js';
+import type { AutomaticAction, VolumeDoc } from './types.js';
 
 const MAX_ATTEMPTS = 500;
 
@@ -41,6 +42,8 @@ export class Ledger {
   constructor(
     readonly store: Store,
     private readonly clock: () => string = () => new Date().toISOString(),
+    /** Told of every automatic action this ledger stored (the context logs them with the call). */
+    private readonly onAutomatic: (action: AutomaticAction) => void = () => undefined,
   ) {}
 
   now(): string {
@@ -110,12 +113,20 @@ export class Ledger {
 
   // ---- tickets -------------------------------------------------------------------------------------------------
 
-  /** Adds (or refreshes) a ticket; creates the volume as `create` says when it does not exist, else changes nothing. */
-  addTicket(name: string, request: TicketRequest, create?: NewVolumeSpec): Promise<VolumeDoc | undefined> {
-    return this.update(name, (d) => {
-      const base = d ?? (create && newVolume(name, create.sizeBytes, create.fsType, this.now()));
+  /**
+   * Adds (or refreshes) a ticket, first dropping expired tickets in the same write; creates the volume as `create`
+   * says when it does not exist, else changes nothing.
+   */
+  async addTicket(name: string, request: TicketRequest, create?: NewVolumeSpec): Promise<VolumeDoc | undefined> {
+    let reaped: AutomaticAction[] = [];
+    const doc = await this.update(name, (d) => {
+      const found = d && this.withoutExpired(d);
+      reaped = found?.reaped ?? [];
+      const base = found?.doc ?? (create && newVolume(name, create.sizeBytes, create.fsType, this.now()));
       return base && addTicket(base, request, this.now());
     });
+    reaped.forEach(this.onAutomatic);
+    return doc;
   }
 
   /**
@@ -130,7 +141,11 @@ export class Ledger {
     create?: NewVolumeSpec,
   ): Promise<{ doc: VolumeDoc | undefined; refused?: string }> {
     let refused: string | undefined;
-    const doc = await this.update(name, (current) => {
+    let reaped: AutomaticAction[] = [];
+    const doc = await this.update(name, (stored) => {
+      const found = stored && this.withoutExpired(stored);
+      reaped = found?.reaped ?? [];
+      const current = found?.doc;
       const base = current ?? (create && newVolume(name, create.sizeBytes, create.fsType, this.now()));
       if (!base) {
         refused = 'the volume does not exist';
@@ -141,6 +156,7 @@ export class Ledger {
       if (refused === undefined) return next;
       return current?.spec.tickets[request.id] ? removeTicket(current, request.id, this.now()) : current;
     });
+    reaped.forEach(this.onAutomatic);
     return refused === undefined ? { doc } : { doc, refused };
   }
 
@@ -211,6 +227,47 @@ export class Ledger {
   /** The storage was told to stop refusing the node's old clients; only a cleared fence is removed. */
   removeFence(name: string, node: string): Promise<VolumeDoc | undefined> {
     return this.update(name, (d) => d && removeFence(d, node, this.now()));
+  }
+
+  // ---- automatic actions (issue 15; the pure rules are in automatic.ts) ------------------------------------------
+
+  /** The requester still wants the ticket: records it, at most once per `everyMs` (see touchTicket). */
+  touchTicket(name: string, id: string, everyMs: number): Promise<VolumeDoc | undefined> {
+    return this.update(name, (d) => d && touchTicket(d, id, this.now(), everyMs));
+  }
+
+  /** Reaps the volume's expired tickets, and its abandoned waiting ones when `abandonedAfterMs` is given. */
+  async reapTickets(name: string, abandonedAfterMs?: number): Promise<AutomaticAction[]> {
+    let reaped: AutomaticAction[] = [];
+    await this.update(name, (d) => {
+      if (!d) return d;
+      const result = reapTickets(d, this.now(), abandonedAfterMs);
+      reaped = result.reaped;
+      return result.doc;
+    });
+    reaped.forEach(this.onAutomatic);
+    return reaped;
+  }
+
+  /**
+   * The node has proved from its own kernel that it has no device of the volume (node/self-release.ts, under the
+   * node's volume lock): its attaching or detaching hold ends. Other phases change nothing.
+   */
+  async releaseHoldWithoutDevice(name: string, node: string): Promise<AutomaticAction | undefined> {
+    let action: AutomaticAction | undefined;
+    await this.update(name, (d) => {
+      if (!d) return d;
+      const result = releaseHoldWithoutDevice(d, node, this.now());
+      action = result.action;
+      return result.doc;
+    });
+    if (action) this.onAutomatic(action);
+    return action;
+  }
+
+  /** Write paths that add a ticket drop expired ones first: a leftover admin ticket must not block a workload. */
+  private withoutExpired(doc: VolumeDoc): { doc: VolumeDoc; reaped: AutomaticAction[] } {
+    return reapTickets(doc, this.now());
   }
 
   // ---- what the volume is ---------------------------------------------------------------------------------------

@@ -16,6 +16,13 @@ export interface Ticket {
   generation: number;
   createdAt: string;
   requestedBy: { pvName?: string; pod?: PodInfo; fsGroup?: number; admin?: boolean };
+  // ---- owners, expiry and liveness (issue 15; rules in automatic.ts) ----
+  /** Who asked for an admin or maintenance ticket (a person or a tool), shown in `ticket list`. */
+  owner?: string;
+  /** After this time the ticket is expired: the agent's reaper and the next ticket write on the volume remove it. */
+  expiresAt?: string;
+  /** Last time attach, isattached or waitforattach asked for this ticket (written at most once a touch interval). */
+  lastSeen?: string;
 }
 
 /** Machine-readable reasons a ticket is or is not satisfied. */
@@ -91,5 +98,23 @@ export interface VolumeDoc {
     filesystem?: string;
     /** Nodes fenced off the volume, until the fence is lifted (after the node cleared its mapping). */
     fences?: Record<string, Fence>;
+    /** The latest things latch did here by itself (reaped tickets, releases proven by a node's kernel), newest last. */
+    automatic?: AutomaticAction[];
   };
+}
+
+// ---- automatic actions (issue 15; rules in automatic.ts) ----
+
+export type AutomaticActionKind = 'expired' | 'abandoned' | 'released';
+
+/** One thing latch did without a person: kept (bounded) in the volume's status so that doctor can show it. */
+export interface AutomaticAction {
+  at: string;
+  kind: AutomaticActionKind;
+  /** The node it concerned (the reaped ticket's node, or the node that released its hold). */
+  node: string;
+  /** The reaped ticket. */
+  ticket?: string;
+  /** Why, for people. */
+  message: string;
 }

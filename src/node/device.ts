@@ -5,9 +5,10 @@ import type { Context } from '../context.js';
 import { LatchError, errorMessage } from '../errors.js';
 import type { VolumeDoc } from '../ledger/types.js';
 import { clearOwnFence } from './fence.js';
+import { releaseIfProvenFree } from './self-release.js';
 
 /**
- * After the grant: makes sure the storage exists (created only for a volume that never held a filesystem), sets up
+ * After the grant, under the node's volume lock (so that no self-release runs meanwhile): makes sure the storage exists (created only for a volume that never held a filesystem), sets up
  * (or finds) its device and records it on the node's entry. If the grant was withdrawn meanwhile, undoes the device
  * unless something already mounted it, and fails. Logs the device as soon as it is known.
  */
@@ -27,7 +28,10 @@ export async function setUpDevice(ctx: Context, name: string, doc: VolumeDoc): P
     }
     device = await backend.attach(name);
   } catch (err) {
-    await giveBackClaimWithoutDevice(ctx, name).catch((undoErr: unknown) => {
+    // Setting up failed: if this node's kernel proves it has no device (nor a leftover mapping) of the volume, the
+    // claim goes back now. Kept, it would become a fence nothing lifts: kubelet sends no unmountdevice for a device it
+    // never mounted. The caller holds the node's volume lock (self-release.ts).
+    await releaseIfProvenFree(ctx, name).catch((undoErr: unknown) => {
       ctx.log.undoError = errorMessage(undoErr);
     });
     throw err;
@@ -60,13 +64,4 @@ export async function releaseDevice(ctx: Context, name: string): Promise<string 
   // Released after a fence: the node says its old mapping is gone, so that it may have the volume again.
   await clearOwnFence(ctx, name, doc);
   return undefined;
-}
-
-/**
- * Setting up failed before this node had a device: the kernel shows none, so nothing here can write to the volume and
- * the claim goes back (attaching -> granted while its tickets still want it). Kept, it would become a fence nothing
- * ever lifts: kubelet sends no unmountdevice for a device it never mounted.
- */
-async function giveBackClaimWithoutDevice(ctx: Context, name: string): Promise<void> {
-  if ((await ctx.backend.findDevice(name)) === undefined) await ctx.ledger.confirmRelease(name, ctx.config.nodeName);
 }

@@ -13,6 +13,8 @@ export const op = defineOp({
     const { name, ticket, create } = await workloadRequest(ctx, json, node);
     const doc = await ctx.ledger.addTicket(name, ticket, create);
     if (doc && isSatisfied(doc, ticket.id)) return success();
+    // Still wanted: the controller retries a failed attach, and each retry keeps the waiting ticket from being reaped.
+    await ctx.ledger.touchTicket(name, ticket.id, ctx.config.ticketTouchSeconds * 1000);
     const why = doc?.status.tickets[ticket.id]?.message ?? 'not granted';
     return failure(`volume ${name} cannot be attached to node ${node} yet: ${why}`);
   },

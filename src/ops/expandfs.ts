@@ -11,6 +11,7 @@ import { defineOp } from './op.js';
 
 export const op = defineOp({
   args: { json: volumeOptions, devicePath: optionalPath, podVolumeDir: path, newBytes: byteCount, oldBytes: byteCount },
+  releasesMarkedHolds: true,
   async run(ctx, { json, podVolumeDir, newBytes }) {
     const { config, ledger, backend } = ctx;
     const node = config.nodeName;

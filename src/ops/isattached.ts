@@ -13,7 +13,10 @@ export const op = defineOp({
     const id = ticketId('workload', json.pvOrVolumeName ?? json.name, ctx.config.driverName, node);
     const doc = await ctx.ledger.get(name);
     ctx.log.volume = name;
+    const attached = doc !== undefined && isSatisfied(doc, id);
+    // A waiting ticket is still wanted (nothing is written for a satisfied one: the reaper never takes those).
+    if (doc?.spec.tickets[id] && !attached) await ctx.ledger.touchTicket(name, id, ctx.config.ticketTouchSeconds * 1000);
     // Always send the boolean: a missing "attached" reads as false to the controller.
-    return success({ attached: doc !== undefined && isSatisfied(doc, id) });
+    return success({ attached });
   },
 });

@@ -8,12 +8,14 @@ import { setUpDevice } from '../node/device.js';
 import { clearOwnFence } from '../node/fence.js';
 import { withVolumeLock } from '../node/lock.js';
 import { bindVolumeAt, ensureDirectory, mountVolumeAt } from '../node/mount.js';
+import { clearHoldToCheck, markHoldToCheck } from '../node/self-release.js';
 import { leaveNode, podKeyOf, stagingPath } from '../node/staging.js';
 import { workloadRequest } from '../node/tickets.js';
 import { defineOp } from './op.js';
 
 export const op = defineOp({
   args: { podVolumeDir: path, json: volumeOptions },
+  releasesMarkedHolds: true,
   async run(ctx, { podVolumeDir: podDir, json }) {
     const { config, ledger, backend, system } = ctx;
     if (config.attach) throw new NotSupportedError('in attach mode kubelet bind-mounts the device mount itself');
@@ -65,6 +67,8 @@ export const op = defineOp({
       }
 
       try {
+        // If this call dies before the device is recorded, the next call on this node checks the hold (self-release.ts).
+        await markHoldToCheck(config, name);
         const claimed = await ledger.claimGrant(name, node);
         if (!claimed || !isInUse(claimed.status.nodes[node]?.phase)) {
           throw new LatchError(`volume ${name} was withdrawn from node ${node} while it was being mounted; try again`);
@@ -82,6 +86,7 @@ export const op = defineOp({
           0o700,
         );
         await bindVolumeAt(ctx, staging, podDir, device, json.readOnly);
+        await clearHoldToCheck(config, name);
         return success();
       } catch (err) {
         // Leave nothing behind for a pod that did not get its mount: kubelet sends no unmount for it.

@@ -9,6 +9,7 @@ import { defineOp } from './op.js';
 
 export const op = defineOp({
   args: { deviceMountPath: path, devicePath: path, json: volumeOptions },
+  releasesMarkedHolds: true,
   attachModeOnly: true,
   async run(ctx, { deviceMountPath, devicePath, json }) {
     const { ledger, backend } = ctx;

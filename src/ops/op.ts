@@ -14,9 +14,23 @@ export interface OpDefinition<A extends ArgKinds = ArgKinds> {
   readonly args: A;
   /** Only used in attach mode: with `attach: false` in the config the op answers Not supported. */
   readonly attachModeOnly?: boolean;
+  /**
+   * A call on the node (kubelet's): first settles the holds an earlier call on this node left marked (usually none:
+   * one readdir), releasing those the kernel proves free (node/self-release.ts).
+   */
+  readonly releasesMarkedHolds?: boolean;
   run(ctx: Context, args: ArgValues<A>): Promise<Reply>;
 }
 
 export function defineOp<A extends ArgKinds>(definition: OpDefinition<A>): OpDefinition<A> {
-  return definition;
+  if (!definition.releasesMarkedHolds) return definition;
+  return {
+    ...definition,
+    async run(ctx, args) {
+      // Loaded here, not at the top: init, getvolumename and the controller's ops never pay for it.
+      const { releaseMarkedHolds } = await import('../node/self-release.js');
+      await releaseMarkedHolds(ctx);
+      return definition.run(ctx, args);
+    },
+  };
 }

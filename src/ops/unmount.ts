@@ -17,6 +17,7 @@ const MAX_STACKED = 16;
 
 export const op = defineOp({
   args: { podVolumeDir: path },
+  releasesMarkedHolds: true,
   async run(ctx, { podVolumeDir: podDir }) {
     const { config, system, backend, ledger } = ctx;
     if (config.attach) throw new NotSupportedError('in attach mode kubelet removes its own bind mount');

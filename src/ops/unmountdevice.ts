@@ -9,6 +9,7 @@ import { defineOp } from './op.js';
 
 export const op = defineOp({
   args: { deviceMountPath: path },
+  releasesMarkedHolds: true,
   attachModeOnly: true,
   async run(ctx, { deviceMountPath }) {
     const node = ctx.config.nodeName;

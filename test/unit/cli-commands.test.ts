@@ -73,14 +73,17 @@ describe('volume and ticket commands, called as functions', () => {
     await volumeList({ output: 'table' }, io);
     assert.match(io.take(), /^NAME +SIZE +FS +STATE +NODES +TICKETS\ndata +64Mi +\(ext4\) +detached +- +0\n$/);
 
-    await ticketAdd({ volume: 'data', node: 'node-b', type: 'admin', readOnly: true }, io);
+    await ticketAdd({ volume: 'data', node: 'node-b', type: 'admin', readOnly: true, owner: 'alice' }, io);
     const added = /^ticket (admin-[0-9a-f]{64}) added: satisfied/.exec(io.take());
     assert.ok(added, 'the ticket is granted to node-b');
     const id = defined(added[1], 'the ticket id');
 
     await ticketList({ output: 'table' }, io);
     const table = io.take();
-    assert.match(table, new RegExp(`^data +${id.slice(0, 'admin-'.length + 12)}\\.\\.\\. +admin +node-b +ro +yes +admin `, 'm'));
+    assert.match(
+      table,
+      new RegExp(`^data +${id.slice(0, 'admin-'.length + 12)}\\.\\.\\. +admin +node-b +ro +yes +admin \\(alice\\) +- `, 'm'),
+    );
 
     await volumeInspect({ name: 'data', output: 'json' }, io);
     const doc = JSON.parse(io.take()) as VolumeDoc;

@@ -177,7 +177,8 @@ describe('latch node check', () => {
     );
     assert.equal(
       check.volumes[0]?.hold?.clearedBy,
-      'node-d must unmount the volume and release its device (unmountdevice or unmount confirms it); ' +
+      'node-d must unmount the volume and release its device (unmountdevice or unmount confirms it; ' +
+        'latch agent on node-d does it once node-d has no device of it); ' +
         'if node-d is down for good: latch volume release detaching-d --node node-d --node-is-down',
     );
     await nodeCheck({ node: 'node-d', output: 'table' }, io);

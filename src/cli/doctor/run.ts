@@ -2,6 +2,7 @@
 // concern per check, in the order the findings should be read (the configuration first: the rest depends on it).
 import type { Config } from '../../config.js';
 import { createContext, type Context } from '../../context.js';
+import { reportAutomaticActions } from './automatic.js';
 import { checkConfig } from './config.js';
 import { checkControllerManager } from './kcm.js';
 import { checkDetaching, DEFAULT_STUCK_AFTER_SECONDS } from './detaching.js';
@@ -53,6 +54,7 @@ export async function runDoctor(options: DoctorOptions = {}): Promise<DoctorRepo
         await checkPool(config, held, add);
         if (checkLedgerAgainstKernel(held, add) + detaching() === 0) add(agreement(held));
       }
+      reportAutomaticActions(held, add);
     }
   } else {
     add({
@@ -63,4 +65,20 @@ export async function runDoctor(options: DoctorOptions = {}): Promise<DoctorRepo
     });
   }
   return doctorReport(findings, config && { node: config.nodeName, config: config.source });
+}
+
+/**
+ * The checks that read only the ledger, /sys and the mount table (no tools run, no plugin dir searched): cheap
+ * enough for `latch agent` to repeat, so that `latch_doctor_findings` can raise an alert.
+ */
+export async function runLedgerChecks(ctx: Context, config: Config, stuckAfterSeconds = DEFAULT_STUCK_AFTER_SECONDS): Promise<Finding[]> {
+  const findings: Finding[] = [];
+  const add = (f: Finding) => findings.push(f);
+  const held = await readInventory(ctx, config, add);
+  if (held) {
+    await checkPool(config, held, add);
+    checkLedgerAgainstKernel(held, add);
+    checkDetaching(held, stuckAfterSeconds, ctx.clock, add);
+  }
+  return findings;
 }

@@ -71,13 +71,14 @@ function ticketTie(doc: VolumeDoc, node: string, ticket: Ticket): TicketTie {
     id: ticket.id,
     shortId: shortTicketId(ticket.id),
     type: ticket.type,
-    requestedBy: describeRequester(ticket.requestedBy),
+    requestedBy: ticket.owner ? `${describeRequester(ticket.requestedBy)} (${ticket.owner})` : describeRequester(ticket.requestedBy),
     satisfied: !!status && status.satisfied && status.generation === ticket.generation,
     clearedBy:
       ticket.type === 'workload'
         ? `the pod leaving ${node} (kubelet unmounts, the controller detaches); ${ifDown(doc.name, node)}`
         : // A unique prefix of the ID is enough for ticket remove; the short ID without its "...".
-          `latch ticket remove ${doc.name} ${ticket.id.slice(0, ticket.id.indexOf('-') + 13)}`,
+          `latch ticket remove ${doc.name} ${ticket.id.slice(0, ticket.id.indexOf('-') + 13)}` +
+          (ticket.expiresAt ? `; it expires by itself at ${ticket.expiresAt}` : ''),
   };
 }
 
@@ -89,7 +90,10 @@ function holdClearedBy(volume: string, node: string, phase: NodePhase): string {
     case 'attached':
       return `once no ticket wants it there, ${node} must unmount the volume and release its device; ${ifDown(volume, node)}`;
     case 'detaching':
-      return `${node} must unmount the volume and release its device (unmountdevice or unmount confirms it); ${ifDown(volume, node)}`;
+      return (
+        `${node} must unmount the volume and release its device (unmountdevice or unmount confirms it; ` +
+        `latch agent on ${node} does it once ${node} has no device of it); ${ifDown(volume, node)}`
+      );
   }
 }
 

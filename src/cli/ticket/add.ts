@@ -1,4 +1,5 @@
-// latch ticket add: ask for a volume on a node, as an admin.
+// latch ticket add: ask for a volume on a node, as an admin. Admin and maintenance tickets name their owner and may
+// have a time to live, after which the reaper (latch agent, or the next ticket write on the volume) removes them.
 import { LatchError } from '../../errors.js';
 import { ticketId } from '../../ledger/ids.js';
 import { TICKET_TYPES, type TicketType } from '../../ledger/types.js';
@@ -11,7 +12,14 @@ export interface TicketAddOptions {
   node: string;
   type: TicketType;
   readOnly?: boolean;
+  /** Who asks (a person or a tool): required for admin and maintenance tickets. */
+  owner?: string;
+  /** Time to live in seconds (parsed from --ttl 90m, 2h, 1d). */
+  ttl?: number;
 }
+
+/** Ticket types a person asks for: they must say who they are, so a leftover ticket has someone to ask. */
+const OWNED_TYPES: readonly TicketType[] = ['admin', 'maintenance'];
 
 /** The --type value; a LatchError (which the surface reports as a bad option value) for anything else. */
 export function parseTicketType(value: string): TicketType {
@@ -21,20 +29,47 @@ export function parseTicketType(value: string): TicketType {
   return value as TicketType;
 }
 
+const TTL_UNITS: Record<string, number> = { s: 1, m: 60, h: 3600, d: 86400 };
+
+/** The --ttl value: a whole number with a unit, s, m, h or d (30m, 2h, 1d); returns seconds. */
+export function parseTtl(value: string): number {
+  const match = /^([1-9][0-9]{0,6})([smhd])$/.exec(value);
+  const unit = match?.[2] === undefined ? undefined : TTL_UNITS[match[2]];
+  if (!match || unit === undefined) throw new LatchError(`--ttl ${value} is not a duration; use a number and a unit: 90s, 30m, 2h, 1d`);
+  return Number(match[1]) * unit;
+}
+
+/** The --owner value: a name people recognise (user, email, tool), printable and short. */
+export function parseOwner(value: string): string {
+  if (!/^[\w.@+:/-]{1,128}$/.test(value)) {
+    throw new LatchError(`--owner ${JSON.stringify(value.slice(0, 40))} must be 1 to 128 letters, digits or . _ @ + : / -`);
+  }
+  return value;
+}
+
 export async function ticketAdd(options: TicketAddOptions, io: CommandIO): Promise<void> {
   const { volume, node, type } = options;
   checkNodeName(node);
+  if (OWNED_TYPES.includes(type) && options.owner === undefined) {
+    throw new LatchError(`${type} tickets need an owner: add --owner WHO (and --ttl 2h if it should go away by itself)`);
+  }
   const config = configOf(io);
-  const { ledger } = io.context(config);
+  const { ledger, clock } = io.context(config);
   await getVolume(ledger, volume);
   const id = ticketId(type, volume, config.driverName, node);
+  const expiresAt = options.ttl === undefined ? undefined : new Date(clock() + options.ttl * 1000).toISOString();
   const doc = await ledger.addTicket(volume, {
     id,
     type,
     nodeID: node,
     parameters: { readOnly: !!options.readOnly },
     requestedBy: { admin: true },
+    ...(options.owner !== undefined && { owner: options.owner }),
+    ...(expiresAt !== undefined && { expiresAt }),
   });
   const status = doc?.status.tickets[id];
-  io.out(`ticket ${id} added: ${status?.satisfied ? 'satisfied' : 'unsatisfied'} (${status?.message})\n`);
+  io.out(
+    `ticket ${id} added: ${status?.satisfied ? 'satisfied' : 'unsatisfied'} (${status?.message})` +
+      `${expiresAt ? `; expires at ${expiresAt}` : ''}\n`,
+  );
 }

@@ -28,7 +28,7 @@ export async function ticketList(options: TicketListOptions, io: CommandIO): Pro
   }
   io.out(
     formatTable(
-      ['volume', 'ticket', 'type', 'node', 'mode', 'satisfied', 'requested by', 'condition'],
+      ['volume', 'ticket', 'type', 'node', 'mode', 'satisfied', 'requested by', 'expires', 'condition'],
       rows.map((r) => [
         r.volume,
         shortTicketId(r.id),
@@ -36,7 +36,8 @@ export async function ticketList(options: TicketListOptions, io: CommandIO): Pro
         r.nodeID,
         r.parameters.readOnly ? 'ro' : 'rw',
         r.status?.satisfied && r.status.generation === r.generation ? 'yes' : 'no',
-        describeRequester(r.requestedBy),
+        r.owner ? `${describeRequester(r.requestedBy)} (${r.owner})` : describeRequester(r.requestedBy),
+        r.expiresAt ?? '-',
         r.status?.message ?? '',
       ]),
     ),

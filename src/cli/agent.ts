@@ -1,0 +1,98 @@
+// latch agent: the long-running process of a node (a DaemonSet or a systemd unit). Every agent.intervalSeconds it
+// runs the tasks of agent/tasks.ts (reaping tickets, releasing this node's holds its kernel proves stale, the cheap
+// doctor checks), and it serves /metrics on agent.listen (loopback by default). It keeps nothing the ledger does not
+// hold, so it may be killed and restarted at any moment.
+import { createServer, type Server } from 'node:http';
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { Config } from '../config.js';
+import { LatchError } from '../errors.js';
+import { writeLog } from '../log.js';
+import { AGENT_TASKS, freshContext, runAgentTasks } from './agent/tasks.js';
+import { configOf, type CommandIO } from './io.js';
+import { readLedger } from './metrics.js';
+import { LogFollower, readWholeLog } from './metrics/call-log.js';
+import { LatchMetrics } from './metrics/metrics.js';
+
+export interface AgentOptions {
+  /** Run the tasks once and exit, without serving /metrics (cron, tests). */
+  once?: boolean;
+  /** Stops the agent (tests); SIGTERM and SIGINT do the same for the real process. */
+  signal?: AbortSignal;
+  /** Told the address /metrics listens on, once it does (tests listen on port 0). */
+  onListening?: (address: string) => void;
+}
+
+export async function agent(options: AgentOptions, io: CommandIO): Promise<void> {
+  const config = configOf(io);
+  const collected = await LatchMetrics.create();
+  // One context (one store connection) for the agent's life; each task round gets a fresh log and ledger over it.
+  const base = io.context(config);
+  const context = () => freshContext(base);
+  if (options.once) {
+    await runAgentTasks(config, context, collected, AGENT_TASKS);
+    return;
+  }
+
+  const stop = new AbortController();
+  const onSignal = () => stop.abort();
+  process.once('SIGTERM', onSignal);
+  process.once('SIGINT', onSignal);
+  options.signal?.addEventListener('abort', onSignal);
+
+  // Counters start from what the retained log files hold, then follow the current file.
+  const follower = new LogFollower(config.logFile);
+  await readWholeLog(config.logFile, (line) => collected.ingest(line), { skipCurrent: true });
+  const server = await serveMetrics(config, async () => {
+    await follower.readNew((line) => collected.ingest(line));
+    await readLedger(collected, context());
+    return collected;
+  });
+  const address = server.address();
+  const listening = typeof address === 'object' && address ? `${address.address}:${address.port}` : config.agent.listen;
+  writeLog(config, { agent: 'start', pid: process.pid, node: config.nodeName, listen: listening });
+  options.onListening?.(listening);
+  try {
+    while (!stop.signal.aborted) {
+      await runAgentTasks(config, context, collected, AGENT_TASKS);
+      await sleep(config.agent.intervalSeconds * 1000, undefined, { signal: stop.signal }).catch(() => undefined);
+    }
+  } finally {
+    process.off('SIGTERM', onSignal);
+    process.off('SIGINT', onSignal);
+    await new Promise((resolve) => server.close(resolve));
+    writeLog(config, { agent: 'stop', pid: process.pid, node: config.nodeName });
+  }
+}
+
+/** GET /metrics answers the metrics as of the request; anything else is 404. */
+async function serveMetrics(config: Config, collect: () => Promise<LatchMetrics>): Promise<Server> {
+  const { host, port } = parseListen(config.agent.listen);
+  const server = createServer((req, res) => {
+    if (req.method !== 'GET' || (req.url ?? '').split('?')[0] !== '/metrics') {
+      res.writeHead(404, { 'content-type': 'text/plain' }).end('latch agent: only GET /metrics is served\n');
+      return;
+    }
+    collect()
+      .then(async (m) => {
+        const body = await m.text();
+        res.writeHead(200, { 'content-type': m.contentType }).end(body);
+      })
+      .catch((err: unknown) => {
+        res.writeHead(500, { 'content-type': 'text/plain' }).end(`latch agent: ${String(err)}\n`);
+      });
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', (err) => reject(new LatchError(`latch agent cannot listen on ${config.agent.listen}: ${err.message}`)));
+    server.listen(port, host, () => resolve());
+  });
+  return server;
+}
+
+/** host:port or [v6]:port, as the configuration's agent.listen. */
+function parseListen(listen: string): { host: string; port: number } {
+  const at = listen.lastIndexOf(':');
+  const host = listen.slice(0, at).replace(/^\[(.*)\]$/, '$1');
+  const port = Number(listen.slice(at + 1));
+  if (at <= 0 || !Number.isInteger(port) || port < 0 || port > 65535) throw new LatchError(`agent.listen ${listen} is not host:port`);
+  return { host, port };
+}

@@ -1,0 +1,24 @@
+// latch metrics: the agent's metrics, once, on stdout (for node-exporter's textfile collector:
+// `latch metrics > /var/lib/node_exporter/textfile/latch.prom.tmp && mv ...`). Call counters cover the retained
+// log files, so they drop when the oldest rotated file goes: Prometheus reads that as a counter reset.
+import type { Context } from '../context.js';
+import { runLedgerChecks } from './doctor/run.js';
+import { configOf, type CommandIO } from './io.js';
+import { readWholeLog } from './metrics/call-log.js';
+import { LatchMetrics } from './metrics/metrics.js';
+
+export async function metrics(_options: Record<string, never>, io: CommandIO): Promise<void> {
+  const config = configOf(io);
+  const collected = await LatchMetrics.create();
+  await readWholeLog(config.logFile, (line) => collected.ingest(line));
+  const ctx = io.context(config);
+  await readLedger(collected, ctx);
+  collected.setDoctorFindings(await runLedgerChecks(ctx, config));
+  io.out(await collected.text());
+}
+
+/** The ledger's gauges as of now; an unreadable ledger sets latch_ledger_up to 0 rather than failing the scrape. */
+export async function readLedger(collected: LatchMetrics, ctx: Pick<Context, 'ledger' | 'clock'>): Promise<void> {
+  const docs = await ctx.ledger.list().catch(() => undefined);
+  collected.setLedger(docs, ctx.clock());
+}

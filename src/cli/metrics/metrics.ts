@@ -1,0 +1,158 @@
+// latch's metrics in Prometheus's text format, through prom-client (loaded only by `latch agent` and `latch metrics`):
+// what the ledger knows right now (gauges, read at each scrape), what the driver did (counters and a latency
+// histogram, from the call log's lines: call-log.ts) and what the cheap doctor checks found. The names are in
+// METRIC_NAMES; test/unit/metrics.test.ts checks that the shipped dashboard and alert rules use only these.
+import type * as PromClient from 'prom-client';
+import type { Finding } from '../doctor/report.js';
+import type { VolumeDoc } from '../../ledger/types.js';
+import type { CallLogLine } from './call-log.js';
+
+export const METRIC_NAMES = {
+  volumes: 'latch_volumes',
+  tickets: 'latch_tickets',
+  ticketWaiting: 'latch_ticket_waiting_seconds',
+  detaching: 'latch_node_detaching_seconds',
+  ledgerUp: 'latch_ledger_up',
+  calls: 'latch_driver_calls_total',
+  callDuration: 'latch_driver_call_duration_seconds',
+  reaped: 'latch_reaped_tickets_total',
+  released: 'latch_automatic_releases_total',
+  doctorFindings: 'latch_doctor_findings',
+} as const;
+
+const VOLUME_STATES = ['detached', 'attaching', 'attached', 'detaching'] as const;
+// Driver calls take from milliseconds (init) to minutes (waitforattach waiting for a grant, mkfs of a large volume).
+const CALL_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];
+
+export class LatchMetrics {
+  readonly registry: PromClient.Registry;
+  private readonly volumes: PromClient.Gauge;
+  private readonly tickets: PromClient.Gauge;
+  private readonly ticketWaiting: PromClient.Gauge;
+  private readonly detaching: PromClient.Gauge;
+  private readonly ledgerUp: PromClient.Gauge;
+  private readonly calls: PromClient.Counter;
+  private readonly callDuration: PromClient.Histogram;
+  private readonly reaped: PromClient.Counter;
+  private readonly released: PromClient.Counter;
+  private readonly doctorFindings: PromClient.Gauge;
+
+  /** prom-client is loaded here, on first use: no driver call ever loads it. */
+  static async create(): Promise<LatchMetrics> {
+    return new LatchMetrics(await import('prom-client'));
+  }
+
+  private constructor({ Registry, Gauge, Counter, Histogram }: typeof PromClient) {
+    const registry = new Registry();
+    const registers = [registry];
+    this.registry = registry;
+    this.volumes = new Gauge({ name: METRIC_NAMES.volumes, help: 'Volumes in the ledger, by state', labelNames: ['state'], registers });
+    this.tickets = new Gauge({
+      name: METRIC_NAMES.tickets,
+      help: 'Tickets in the ledger, by type and condition (satisfied, or the reason it waits)',
+      labelNames: ['type', 'condition'],
+      registers,
+    });
+    this.ticketWaiting = new Gauge({
+      name: METRIC_NAMES.ticketWaiting,
+      help: 'Seconds each unsatisfied ticket has waited since it was created or last changed',
+      labelNames: ['volume', 'ticket', 'type', 'node', 'condition'],
+      registers,
+    });
+    this.detaching = new Gauge({
+      name: METRIC_NAMES.detaching,
+      help: 'Seconds each node has been detaching from a volume (it has not confirmed the release of its device)',
+      labelNames: ['volume', 'node'],
+      registers,
+    });
+    this.ledgerUp = new Gauge({ name: METRIC_NAMES.ledgerUp, help: '1 when the ledger could be read for this scrape', registers });
+    this.calls = new Counter({
+      name: METRIC_NAMES.calls,
+      help: 'Driver calls on this host, by op and result (from the call log)',
+      labelNames: ['op', 'status'],
+      registers,
+    });
+    this.callDuration = new Histogram({
+      name: METRIC_NAMES.callDuration,
+      help: 'Driver call latency in seconds, by op (from the call log)',
+      labelNames: ['op'],
+      buckets: CALL_BUCKETS,
+      registers,
+    });
+    this.reaped = new Counter({
+      name: METRIC_NAMES.reaped,
+      help: 'Tickets removed automatically, by reason (expired, abandoned), by calls and the agent on this host',
+      labelNames: ['reason'],
+      registers,
+    });
+    this.released = new Counter({
+      name: METRIC_NAMES.released,
+      help: "Holds released automatically on this host's proof that it had no device of the volume",
+      registers,
+    });
+    this.doctorFindings = new Gauge({
+      name: METRIC_NAMES.doctorFindings,
+      help: "Findings of latch doctor's ledger checks on this node, by check and severity (warning, error)",
+      labelNames: ['check', 'severity'],
+      registers,
+    });
+    // Every series exists from the start, so alerts and dashboards see 0 rather than nothing.
+    this.released.inc(0);
+    for (const reason of ['expired', 'abandoned']) this.reaped.inc({ reason }, 0);
+  }
+
+  /** Counts one line of the call log: a driver call, and any automatic actions it (or the agent) recorded. */
+  ingest(line: CallLogLine): void {
+    if (typeof line.op === 'string' && typeof line.status === 'string') {
+      this.calls.inc({ op: line.op, status: line.status });
+      if (typeof line.durationMs === 'number') this.callDuration.observe({ op: line.op }, line.durationMs / 1000);
+    }
+    for (const action of Array.isArray(line.automatic) ? line.automatic : []) {
+      if (action.kind === 'released') this.released.inc();
+      else if (action.kind === 'expired' || action.kind === 'abandoned') this.reaped.inc({ reason: action.kind });
+    }
+  }
+
+  /** The ledger as it is now (undefined: it could not be read). */
+  setLedger(docs: VolumeDoc[] | undefined, nowMs: number): void {
+    for (const gauge of [this.volumes, this.tickets, this.ticketWaiting, this.detaching]) gauge.reset();
+    this.ledgerUp.set(docs ? 1 : 0);
+    if (!docs) return;
+    for (const state of VOLUME_STATES) this.volumes.set({ state }, 0);
+    const secondsSince = (iso: string) => Math.max(0, (nowMs - Date.parse(iso)) / 1000);
+    for (const doc of docs) {
+      this.volumes.inc({ state: doc.status.state });
+      for (const ticket of Object.values(doc.spec.tickets)) {
+        const status = doc.status.tickets[ticket.id];
+        const satisfied = status?.satisfied === true && status.generation === ticket.generation;
+        const condition = satisfied ? 'satisfied' : (status?.reason ?? 'Unknown');
+        this.tickets.inc({ type: ticket.type, condition });
+        if (!satisfied) {
+          this.ticketWaiting.set(
+            { volume: doc.name, ticket: ticket.id, type: ticket.type, node: ticket.nodeID, condition },
+            secondsSince(ticket.createdAt),
+          );
+        }
+      }
+      for (const [node, entry] of Object.entries(doc.status.nodes)) {
+        if (entry.phase === 'detaching') this.detaching.set({ volume: doc.name, node }, secondsSince(entry.since));
+      }
+    }
+  }
+
+  /** What the cheap doctor checks found (warnings and errors only). */
+  setDoctorFindings(findings: Finding[]): void {
+    this.doctorFindings.reset();
+    for (const f of findings) {
+      if (f.severity !== 'ok') this.doctorFindings.inc({ check: f.check, severity: f.severity });
+    }
+  }
+
+  get contentType(): string {
+    return this.registry.contentType;
+  }
+
+  text(): Promise<string> {
+    return this.registry.metrics();
+  }
+}
