@@ -217,9 +217,9 @@ export class RbdFuseLoopClient implements NodeClient {
   }
 
   /**
-   * Makes sure a live rbd-fuse serves the mount point. Anything else found
-   * there (a mount without its daemon, a daemon without its mount, stacked mounts) is cleared first: no device
-   * uses it (the caller checked), so nothing can be lost.
+   * Makes sure a live rbd-fuse serves the mount point. Anything else found there (a mount without its daemon, a
+   * daemon without its mount, stacked mounts) is cleared first: no device uses it (the caller checked), so nothing
+   * can be lost.
    */
   private async ensureMount(image: string, mountPoint: string): Promise<void> {
     const mounts = await fuseMountsAt(mountPoint);
