@@ -235,6 +235,25 @@ describe('the driver with the rbd backend under faults', { skip }, () => {
     assert.equal(m.loops.length, 1, `one loop device for ${pv}: ${JSON.stringify(m)}`);
   }
 
+  /**
+   * The fault ends when the cluster serves again: an OSD resumed after a long stop can take a while (once, after a
+   * 14-s stop, a fresh client's `rbd info` still timed out at 10 s). Waits until `rbd ls` (which reads from the OSD)
+   * answers, and says how long that took when it was not at once.
+   */
+  async function clusterServes(t: TestContext): Promise<void> {
+    const since = performance.now();
+    for (;;) {
+      try {
+        await ceph.rbd(['ls', ceph.pool], { timeoutMs: 5_000 });
+        break;
+      } catch (err) {
+        if (performance.now() - since > 90_000) throw new Error('the cluster did not serve again within 90 s', { cause: err });
+      }
+    }
+    const ms = Math.round(performance.now() - since);
+    if (ms > 1_000) t.diagnostic(`the cluster served again after ${ms} ms`);
+  }
+
   /** The addresses of the image's watchers (rbd status, as the admin). */
   async function watchers(image: string): Promise<string[]> {
     const { stdout } = await ceph.rbd(['status', '--format', 'json', `${ceph.pool}/${image}`]);
@@ -286,6 +305,7 @@ describe('the driver with the rbd backend under faults', { skip }, () => {
     } finally {
       ceph.resume('osd');
     }
+    await clusterServes(t);
     assert.equal(result.reply.status, 'Failure', `waitforattach with the OSD stopped: ${JSON.stringify(result.reply)}`);
     t.diagnostic(`waitforattach with the OSD stopped: Failure after ${result.durationMs} ms: ${result.reply.message}`);
     await assertNothingLeft('node-a');
@@ -306,6 +326,7 @@ describe('the driver with the rbd backend under faults', { skip }, () => {
     } finally {
       ceph.resume('osd');
     }
+    await clusterServes(t);
     await assertNothingLeft('node-a');
     const { device } = await ok('node-a', ['waitforattach', '', volumeOptions(pv)]);
     const path = globalPath('node-a', pv);
@@ -324,6 +345,7 @@ describe('the driver with the rbd backend under faults', { skip }, () => {
     } finally {
       ceph.resume('osd');
     }
+    await clusterServes(t);
     const { attempts } = await converge(t, 'node-a', ['unmountdevice', path]);
     t.diagnostic(`unmountdevice after the OSD resumed: Success at attempt ${attempts}`);
     await releaseOn('node-a', pv);
@@ -360,6 +382,7 @@ describe('the driver with the rbd backend under faults', { skip }, () => {
     } finally {
       ceph.resume('osd');
     }
+    await clusterServes(t);
     assert.equal(duringPause, 0, 'no write was acknowledged while the OSD was stopped');
     const code = await exited;
     t.diagnostic(`writer: exit ${code}, ${acks.length} lines acknowledged${writerErr ? `, ${writerErr.trim()}` : ''}`);
@@ -405,6 +428,7 @@ describe('the driver with the rbd backend under faults', { skip }, () => {
     await ceph.start('mon');
     const result = await attaching.done;
     t.diagnostic(`waitforattach with the monitor killed during it: ${result.reply.status} after ${result.durationMs} ms`);
+    await clusterServes(t);
 
     const { device } = await ok('node-b', ['waitforattach', '', volumeOptions(pv)]);
     await assertOneMapping('node-b', pv);
