@@ -7,7 +7,7 @@
 // else: a fenced rbd-fuse hangs every stat of its mount, beyond any signal. Whatever must touch the mount (the stat
 // that waits for the image file, losetup, umount) runs in a child under guardFuse, which aborts the connection
 // through fusectl when it overruns, so no driver call hangs on it.
-import { mkdir, realpath, rmdir } from 'node:fs/promises';
+import { access, mkdir, readdir, readFile, realpath, rmdir } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { LatchError, errorMessage } from '../errors.js';
@@ -45,8 +45,11 @@ export interface RbdFuseLoopOptions {
 }
 
 // A healthy rbd-fuse answers in milliseconds; one that has not answered in this long is dead or fenced, and the call
-// should fail (and abort it) well before kubelet's own limits.
-const MAX_FUSE_WAIT_MS = 30_000;
+// should fail (and abort it) well before kubelet's own limits. One legitimate wait is longer: after a client holding
+// the image's exclusive lock died unfenced, a new one's first I/O waits until the OSD drops the dead one's watch
+// (osd_client_watch_timeout, 30 s; docs/design/rbd-backend.md h). A shorter guard kills the new daemon just as the
+// lock frees, and the next call waits all over again.
+const MAX_FUSE_WAIT_MS = 45_000;
 // After a clean umount rbd-fuse exits by itself, in 0.2-1.2 s here; a killed one takes up to ~1.4 s to go.
 const EXIT_WAIT_MS = 5_000;
 const LOOP_GONE_WAIT_MS = 5_000;
@@ -66,9 +69,16 @@ export class RbdFuseLoopClient implements NodeClient {
     const mountPoint = join(dir, image);
     const file = join(mountPoint, image);
     const existing = await this.devicesOf(file);
-    if (existing.length > 0) return this.keepOne(existing);
+    if (existing.length > 0) {
+      if ((await rbdFusePids(mountPoint)).length === 1 && (await fuseMountsAt(mountPoint)).length === 1) return this.keepOne(existing);
+      const mounted = await mountedSources();
+      if (existing.some((d) => mounted.has(d.device))) return this.keepOne(existing); // in use: not this call's to judge
+      // A device over a mount whose daemon is gone (killed, crashed, or aborted by a call that died before cleaning
+      // up) answers nothing but errors: start over.
+      await this.unmap(image);
+    }
 
-    const started = await this.ensureMount(image, mountPoint);
+    await this.ensureMount(image, mountPoint);
     try {
       await this.waitForImageFile(mountPoint, file);
       // Another process may have set one up meanwhile only if it ignored the mapping lock; check again anyway.
@@ -79,9 +89,10 @@ export class RbdFuseLoopClient implements NodeClient {
       if (devices.length === 0) throw new LatchError(`losetup set up ${file}, but no loop device backed by it is visible in /sys`);
       return await this.keepOne(devices);
     } catch (err) {
-      // Leave nothing half-made behind that this call started (a later attach would find and reuse it, but a
-      // daemon for a volume that never got a device only costs memory).
-      if (started && (await this.devicesOf(file)).length === 0) await this.unmap(image).catch(() => undefined);
+      // Leave nothing half-made behind. No device existed when this call began (under the mapping lock), so any there
+      // now is this call's and mounted nowhere; and after an abort (the guard's) the mapping is dead: a later call
+      // must not find its loop device and reuse it. unmap refuses to touch a device that something mounted.
+      await this.unmap(image).catch(() => undefined);
       throw err;
     }
   }
@@ -132,6 +143,20 @@ export class RbdFuseLoopClient implements NodeClient {
     const busy = devices.filter((d) => mounted.has(d.device));
     if (busy.length > 0) {
       throw new LatchError(`${busy.map((d) => d.device).join(', ')} of ${this.spec(image)} is still mounted; unmount it first`);
+    }
+    // A filesystem can outlive its mount: a umount that gave up at its deadline (the cluster stalled, or this
+    // rbd-fuse stopped answering) is gone from mountinfo, but the filesystem is still writing back through the
+    // device. Aborting the connection now would throw those writes away; once the cluster answers they land and the
+    // device is free, so the call fails and its repeat finishes the job.
+    for (const dev of devices) {
+      const writing = await inFlight(dev.device);
+      if (writing > 0 || (await filesystemOn(dev.device))) {
+        throw new LatchError(
+          `${dev.device} of ${this.spec(image)} is still in use by a filesystem being unmounted` +
+            (writing > 0 ? ` (${writing} request(s) waiting on the cluster)` : '') +
+            `; try again once the cluster answers`,
+        );
+      }
     }
     // losetup -d is an ioctl on the loop device and answers also when the FUSE mount does not; the kernel then
     // frees the device only once the FUSE connection is gone (which the abort below makes sure of).
@@ -198,19 +223,18 @@ export class RbdFuseLoopClient implements NodeClient {
   }
 
   /**
-   * Makes sure a live rbd-fuse serves the mount point; returns true when this call started it. Anything else found
-   * there (a mount without its daemon, a daemon without its mount, stacked mounts) is cleared first: no device
-   * uses it (the caller checked), so nothing can be lost.
+   * Makes sure a live rbd-fuse serves the mount point. Anything else found there (a mount without its daemon, a
+   * daemon without its mount, stacked mounts) is cleared first: no device uses it (the caller checked), so nothing
+   * can be lost.
    */
-  private async ensureMount(image: string, mountPoint: string): Promise<boolean> {
+  private async ensureMount(image: string, mountPoint: string): Promise<void> {
     const mounts = await fuseMountsAt(mountPoint);
     const pids = await rbdFusePids(mountPoint);
-    if (mounts.length === 1 && pids.length === 1) return false;
+    if (mounts.length === 1 && pids.length === 1) return;
     if (mounts.length > 0 || pids.length > 0) await this.clearDeadMount(mountPoint, pids);
     await mkdir(mountPoint, { recursive: true, mode: 0o700 });
     const { identity, pool } = this.options;
     await startRbdFuse({ identity, pool, image, mountPoint, timeoutMs: this.options.timeoutMs });
-    return true;
   }
 
   /** rbd-fuse -r shows the image's file once it has opened the image; until then the mount is empty. */
@@ -292,5 +316,46 @@ export class RbdFuseLoopClient implements NodeClient {
 
   private spec(image: string): string {
     return `${this.options.pool}/${image}`;
+  }
+}
+
+/** Requests the block device has in flight (/sys/block/loopN/inflight: reads, writes); 0 when it is gone. */
+async function inFlight(device: string): Promise<number> {
+  try {
+    const text = await readFile(`/sys/block/${basename(device)}/inflight`, 'utf8');
+    return text
+      .trim()
+      .split(/\s+/)
+      .reduce((sum, n) => sum + (Number(n) || 0), 0);
+  } catch {
+    return 0;
+  }
+}
+
+/**
+ * Whether a filesystem of a type latch makes still has its superblock on `device` (each registers it in /sys/fs
+ * under the device's name until it is fully unmounted), also when no mount shows it any more.
+ */
+async function filesystemOn(device: string): Promise<boolean> {
+  const name = basename(device);
+  for (const path of [`/sys/fs/ext4/${name}`, `/sys/fs/xfs/${name}`]) {
+    if (await exists(path)) return true;
+  }
+  let btrfs: string[] = [];
+  try {
+    btrfs = await readdir('/sys/fs/btrfs');
+  } catch {
+    // no btrfs loaded
+  }
+  for (const fsid of btrfs) if (await exists(`/sys/fs/btrfs/${fsid}/devices/${name}`)) return true;
+  return false;
+}
+
+async function exists(path: string): Promise<boolean> {
+  try {
+    await access(path);
+    return true;
+  } catch {
+    return false;
   }
 }

@@ -56,18 +56,21 @@ export async function guardFuse<T>(mountPoint: string, timeoutMs: number, op: (c
       .then((mounts) => Promise.all(mounts.map((m) => abortFuseConnection(m))))
       .catch(() => undefined);
   }, timeoutMs);
+  const abortedError = (cause?: unknown): LatchError =>
+    new LatchError(`the FUSE mount at ${mountPoint} did not answer within ${timeoutMs} ms; its connection was aborted`, { cause });
+  let result: T;
   try {
-    return await op(timeoutMs + GUARD_MARGIN_MS);
+    result = await op(timeoutMs + GUARD_MARGIN_MS);
   } catch (err) {
-    if (aborted) {
-      throw new LatchError(`the FUSE mount at ${mountPoint} did not answer within ${timeoutMs} ms; its connection was aborted`, {
-        cause: err,
-      });
-    }
+    if (aborted) throw abortedError(err);
     throw err;
   } finally {
     clearTimeout(timer);
   }
+  // An op that still got through (losetup has set up its device before it reads the size) worked on a connection
+  // that is dead now: whatever it made is no good.
+  if (aborted) throw abortedError();
+  return result;
 }
 
 /** The size of a file below a FUSE mount (stat in a child under guardFuse), or undefined when it does not exist. */

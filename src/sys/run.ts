@@ -62,8 +62,6 @@ export class CommandError extends LatchError {
 
 const INITIAL_TIMEOUT_MS = 120_000;
 const KILL_GRACE_MS = 2_000;
-// After SIGKILL, how long to wait for a child before taking it for stuck in the kernel.
-const STUCK_AFTER_KILL_MS = 5_000;
 const GROUP_POLL_MS = 20;
 const MAX_BUFFER = 16 * 1024 * 1024;
 // kubelet's PATH often lacks the sbin directories where losetup, mkfs and friends live.
@@ -99,7 +97,8 @@ export function runningChildren(): number {
 /**
  * Runs `command args...` and returns its captured output. Throws CommandError when the exit code is neither 0 nor
  * in okExitCodes, when a signal killed it, when it could not be started, or when the deadline passed (the whole
- * process group then gets SIGTERM, and SIGKILL 2 s later).
+ * process group then gets SIGTERM, and SIGKILL 2 s later; a child that has not exited 2 s after that is stuck in the
+ * kernel and is no longer waited for).
  */
 export async function run(command: string, args: string[], options: RunOptions = {}): Promise<RunResult> {
   checkArgv(command, args);
@@ -149,65 +148,54 @@ export async function run(command: string, args: string[], options: RunOptions =
   let timedOut = false;
   let deadline: NodeJS.Timeout | undefined;
   let forceKill: NodeJS.Timeout | undefined;
+  let abandon: NodeJS.Timeout | undefined;
   let forceKilled: Promise<void> | undefined;
-  // A child in uninterruptible sleep (D state: waiting on a FUSE daemon or a storage client that no longer answers)
-  // outlives SIGKILL until the kernel lets go. The caller must not wait for it past its deadline: it is left behind.
-  let giveUp: NodeJS.Timeout | undefined;
-  let startGivingUp: () => void = () => undefined;
-  const stuck = new Promise<'stuck'>((resolve) => {
-    startGivingUp = () => {
-      giveUp = setTimeout(() => resolve('stuck'), STUCK_AFTER_KILL_MS);
-    };
-  });
-  if (pgid !== undefined) {
+  const unkillable = new Promise<undefined>((resolve) => {
+    if (pgid === undefined) return;
     running.add(pgid);
     deadline = setTimeout(() => {
       timedOut = true;
       signalGroup(pgid, 'SIGTERM');
-      forceKilled = new Promise<void>((resolve) => {
+      forceKilled = new Promise<void>((resolveKilled) => {
         forceKill = setTimeout(() => {
           signalGroup(pgid, 'SIGKILL');
-          startGivingUp();
-          resolve();
+          resolveKilled();
+          abandon = setTimeout(() => resolve(undefined), KILL_GRACE_MS);
         }, KILL_GRACE_MS);
       });
     }, timeoutMs);
-  }
+  });
 
   let result;
   try {
-    const first = await Promise.race([child, stuck]);
-    if (first === 'stuck') {
-      throw new CommandError(
-        `${showCommand(command, args)} timed out after ${formatDuration(timeoutMs)} and did not exit after SIGKILL: it waits in the ` +
-          'kernel (D state), typically on a FUSE mount or storage that no longer answers; it was left behind',
-        {
-          command,
-          args: [...args],
-          exitCode: undefined,
-          stderrTail: '',
-          timedOut: true,
-          durationMs: Math.round(performance.now() - started),
-        },
-      );
-    }
-    result = first;
+    // A child in uninterruptible sleep (D state: a umount whose writeback waits on a stalled cluster, a stat on a
+    // FUSE mount whose daemon stopped answering) does not die of SIGKILL until the kernel lets it go, perhaps never.
+    // The call must still end: the child is left to the kernel (it dies, by PR_SET_PDEATHSIG at the latest, once
+    // it leaves that wait) and the call fails as timed out.
+    result = await Promise.race([child, unkillable]);
     // After a timeout the leader may be gone while other members of its group ignore SIGTERM and hold no pipe:
     // they still get their SIGKILL at the end of the grace period. A group with a live member keeps its id, so
     // this cannot hit a stranger's group.
-    if (timedOut && pgid !== undefined && forceKilled !== undefined) await untilGroupGone(pgid, forceKilled);
+    if (result !== undefined && timedOut && pgid !== undefined && forceKilled !== undefined) await untilGroupGone(pgid, forceKilled);
   } finally {
     clearTimeout(deadline);
     clearTimeout(forceKill);
-    clearTimeout(giveUp);
+    clearTimeout(abandon);
     if (pgid !== undefined) running.delete(pgid);
   }
 
   const durationMs = Math.round(performance.now() - started);
+  const shown = showCommand(command, args);
+  if (result === undefined) {
+    throw new CommandError(
+      `${shown} timed out after ${formatDuration(timeoutMs)} and did not exit when killed (it waits in the kernel, on I/O ` +
+        `that does not complete); it was left to end by itself`,
+      { command, args: [...args], exitCode: undefined, signal: 'SIGKILL', stderrTail: '', timedOut: true, durationMs },
+    );
+  }
   const stdout = typeof result.stdout === 'string' ? result.stdout : '';
   const stderr = typeof result.stderr === 'string' ? result.stderr : '';
   const exitCode = result.exitCode;
-  const shown = showCommand(command, args);
   const tail = outputTail(stderr || stdout);
   const details = { command, args: [...args], exitCode, signal: result.signal, stderrTail: tail, timedOut, durationMs };
 
@@ -270,18 +258,20 @@ export async function startDaemon(command: string, args: string[], options: { ti
   });
   let timedOut = false;
   const outcome = await new Promise<{ code: number | null; signal: NodeJS.Signals | null; error?: Error }>((resolve) => {
+    let abandon: NodeJS.Timeout | undefined;
     const deadline = setTimeout(() => {
       timedOut = true;
       if (pgid !== undefined) signalGroup(pgid, 'SIGKILL');
+      // Stuck in the kernel (a mount(2) waiting on a FUSE daemon that never answers): not waited for, as in run().
+      abandon = setTimeout(() => resolve({ code: null, signal: 'SIGKILL' }), KILL_GRACE_MS);
     }, timeoutMs);
-    child.once('error', (error) => {
+    const settle = (value: { code: number | null; signal: NodeJS.Signals | null; error?: Error }): void => {
       clearTimeout(deadline);
-      resolve({ code: null, signal: null, error });
-    });
-    child.once('exit', (code, signal) => {
-      clearTimeout(deadline);
-      resolve({ code, signal });
-    });
+      clearTimeout(abandon);
+      resolve(value);
+    };
+    child.once('error', (error) => settle({ code: null, signal: null, error }));
+    child.once('exit', (code, signal) => settle({ code, signal }));
   });
   if (pgid !== undefined) running.delete(pgid);
   child.stderr?.destroy();

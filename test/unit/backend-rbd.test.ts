@@ -245,7 +245,9 @@ describe('RbdBackend on a one-host Ceph cluster', { skip }, () => {
 
     // Hung: the daemon is stopped, so every request on its mount waits (as on a fenced one). A short deadline.
     const hasty = new RbdBackend(optionsFor(nodeA, 'node-a', 3_000));
-    const again = await hasty.attach('vol-dead');
+    // The killed daemon holds the image's exclusive lock until the OSD drops its watch (~30 s, rbd-backend.md h), and
+    // the new daemon's first I/O waits for it: with the normal deadline, and once more if that was not enough.
+    const again = await a.attach('vol-dead').catch(() => a.attach('vol-dead'));
     const [hung] = (await mappingOf(optionsA.mountDir, 'vol-dead')).pids;
     assert.ok(hung !== undefined);
     process.kill(hung, 'SIGSTOP');
