@@ -245,9 +245,10 @@ describe('RbdBackend on a one-host Ceph cluster', { skip }, () => {
 
     // Hung: the daemon is stopped, so every request on its mount waits (as on a fenced one). A short deadline.
     const hasty = new RbdBackend(optionsFor(nodeA, 'node-a', 3_000));
-    // The killed daemon holds the image's exclusive lock until the OSD drops its watch (~30 s, rbd-backend.md h), and
-    // the new daemon's first I/O waits for it: with the normal deadline, and once more if that was not enough.
-    const again = await a.attach('vol-dead').catch(() => a.attach('vol-dead'));
+    // The killed daemon holds the image's exclusive lock until the OSD drops its watch (30 s, rbd-backend.md h), and
+    // the new daemon's first I/O waits for it: a deadline past that.
+    const patient = new RbdBackend(optionsFor(nodeA, 'node-a', 45_000));
+    const again = await patient.attach('vol-dead');
     const [hung] = (await mappingOf(optionsA.mountDir, 'vol-dead')).pids;
     assert.ok(hung !== undefined);
     process.kill(hung, 'SIGSTOP');
@@ -269,8 +270,8 @@ describe('RbdBackend on a one-host Ceph cluster', { skip }, () => {
         // released: gone
       }
     }
-    // And the volume maps again.
-    assert.match(await a.attach('vol-dead'), /^\/dev\/loop/);
+    // And the volume maps again (after the killed daemon's lock, as above).
+    assert.match(await patient.attach('vol-dead'), /^\/dev\/loop/);
     await a.release('vol-dead');
   });
 
