@@ -2,15 +2,16 @@
 // call that never touches the data plane) never loads it.
 import type { Config, RbdBackendConfig } from '../config.js';
 import { LoopBackend } from './loop.js';
-import type { Backend, Fencer } from './types.js';
+import type { RbdBackend } from './rbd.js';
+import type { Backend, Fencer, SnapshotBackend } from './types.js';
 
 export function configuredBackend(config: Pick<Config, 'backend' | 'poolDir' | 'maxSize' | 'commandTimeout'>): Backend {
   if (config.backend.type === 'loop') return new LoopBackend({ poolDir: config.poolDir, maxSize: config.maxSize });
   return lazyRbdBackend(config.backend, config.maxSize, config.commandTimeout * 1000);
 }
 
-function lazyRbdBackend(rbd: RbdBackendConfig, maxSize: number, timeoutMs: number): Backend {
-  let loaded: Promise<Backend> | undefined;
+function lazyRbdBackend(rbd: RbdBackendConfig, maxSize: number, timeoutMs: number): Backend & SnapshotBackend {
+  let loaded: Promise<RbdBackend> | undefined;
   const backend = () =>
     (loaded ??= import('./rbd.js').then(
       ({ RbdBackend }) =>
@@ -37,6 +38,11 @@ function lazyRbdBackend(rbd: RbdBackendConfig, maxSize: number, timeoutMs: numbe
     volumeOfDevice: async (device) => (await backend()).volumeOfDevice(device),
     release: async (volume) => (await backend()).release(volume),
     grow: async (volume, sizeBytes) => (await backend()).grow(volume, sizeBytes),
+    // The snapshot operations (SnapshotBackend), which the rbd backend has.
+    createSnapshot: async (volume, name) => (await backend()).createSnapshot(volume, name),
+    listSnapshots: async (volume) => (await backend()).listSnapshots(volume),
+    deleteSnapshot: async (volume, name) => (await backend()).deleteSnapshot(volume, name),
+    openSnapshot: async (volume, name) => (await backend()).openSnapshot(volume, name),
   };
 }
 

@@ -6,6 +6,7 @@ import { LatchError, NotSupportedError, errorMessage } from '../errors.js';
 import { isFencedOff, isInUse, ticketsOfNode } from '../ledger/arbitrate.js';
 import { setUpDevice } from '../node/device.js';
 import { clearOwnFence } from '../node/fence.js';
+import { contextForSecrets } from '../node/secrets.js';
 import { withVolumeLock } from '../node/lock.js';
 import { bindVolumeAt, ensureDirectory, mountVolumeAt } from '../node/mount.js';
 import { clearHoldToCheck, markHoldToCheck } from '../node/self-release.js';
@@ -16,7 +17,9 @@ import { defineOp } from './op.js';
 export const op = defineOp({
   args: { podVolumeDir: path, json: volumeOptions },
   releasesMarkedHolds: true,
-  async run(ctx, { podVolumeDir: podDir, json }) {
+  async run(callCtx, { podVolumeDir: podDir, json }) {
+    // A PV's secretRef names the cephx identity to map the volume with (rbd); otherwise the node's own.
+    const ctx = await contextForSecrets(callCtx, json.secrets);
     const { config, ledger, backend, system } = ctx;
     if (config.attach) throw new NotSupportedError('in attach mode kubelet bind-mounts the device mount itself');
     const node = config.nodeName;

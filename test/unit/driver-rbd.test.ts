@@ -8,7 +8,7 @@
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { promisify } from 'node:util';
@@ -66,6 +66,26 @@ describe('the driver with the rbd backend: the pod moves from node-a to node-b, 
         configs[node] = join(ceph.dir, node, 'config.json');
         writeFileSync(configs[node], JSON.stringify(config, null, 2));
       }
+      // node-c runs in non-attach mode and has no key of its own: its volumes are mapped with a PV's secretRef.
+      mkdirSync(join(ceph.dir, 'node-c'), { recursive: true });
+      mountDirs['node-c'] = join(ceph.dir, 'mnt', 'node-c');
+      configs['node-c'] = join(ceph.dir, 'node-c', 'config.json');
+      const nodeC = {
+        nodeName: 'node-c',
+        attach: false,
+        stateDir,
+        logFile: join(ceph.dir, 'node-c', 'latch.log'),
+        commandTimeout: 60,
+        backend: {
+          type: 'rbd',
+          pool: ceph.pool,
+          cephConf: ceph.confPath,
+          clientId: 'latch-node-c',
+          keyring: join(ceph.dir, 'node-c', 'no-such.keyring'),
+          mountDir: mountDirs['node-c'],
+        },
+      };
+      writeFileSync(configs['node-c'], JSON.stringify(nodeC, null, 2));
       // Where the admin runs latch: the same ledger, and the one identity that may blocklist client instances.
       const fencer = await ceph.createClient('latch-fencer', { role: 'fencer' });
       mkdirSync(join(ceph.dir, 'admin'), { recursive: true });
@@ -285,5 +305,47 @@ describe('the driver with the rbd backend: the pod moves from node-a to node-b, 
     assert.equal(unfence.exitCode, 0, unfence.stdout);
     assert.ok(!(await ceph.ceph(['osd', 'blocklist', 'ls', '--format', 'json'])).stdout.includes(recorded ?? '-'));
     assert.equal((await ledgerDoc(pv)).status.fences, undefined);
+  });
+
+  it("non-attach mount with a PV's secretRef: mapped as the secret's identity, its key only ever in a 0600 keyring file", async () => {
+    const secretUser = await ceph.createClient('latch-secret-user');
+    const key = /key = (\S+)/.exec(readFileSync(secretUser.keyringPath, 'utf8'))?.[1] ?? '';
+    assert.ok(key.startsWith('AQ'));
+    const pv = 'pv-rbd-secret';
+    const podDir = join(ceph.dir, 'kubelet-node-c', 'pods', 'pod-s', 'volumes', 'latch~loop', pv);
+    mkdirSync(podDir, { recursive: true, mode: 0o750 });
+    const options = (secret: Record<string, string>) =>
+      JSON.stringify({
+        'kubernetes.io/fsType': 'ext4',
+        'kubernetes.io/pod.name': 'pod-s',
+        'kubernetes.io/pod.namespace': 'default',
+        'kubernetes.io/pod.uid': 'pod-s',
+        'kubernetes.io/pvOrVolumeName': pv,
+        'kubernetes.io/readwrite': 'rw',
+        ...Object.fromEntries(Object.entries(secret).map(([k, v]) => [`kubernetes.io/secret/${k}`, Buffer.from(v).toString('base64')])),
+        size: '64Mi',
+      });
+    // Without the secret node-c has no key: refused, and nothing is left set up.
+    const refused = await reply('node-c', 'mount', podDir, options({}));
+    assert.equal(refused.status, 'Failure', JSON.stringify(refused));
+    // A malformed key never reaches a file, and the message does not echo it.
+    const bad = await reply('node-c', 'mount', podDir, options({ userId: secretUser.id, key: 'not a key\n[client.x]' }));
+    assert.equal(bad.status, 'Failure');
+    assert.doesNotMatch(bad.message ?? '', /not a key/);
+
+    await call('node-c', 'mount', podDir, options({ userId: secretUser.id, key }));
+    writeFileSync(join(podDir, 'secret.txt'), 'mapped with the secret\n');
+    assert.equal(readFileSync(join(podDir, 'secret.txt'), 'utf8'), 'mapped with the secret\n');
+    const fuse = (await rbdFusePids(join(mountDirs['node-c'] ?? '', pv)))[0];
+    const argv = readFileSync(`/proc/${fuse}/cmdline`, 'utf8').split('\0');
+    assert.ok(argv.includes(secretUser.id), `rbd-fuse runs as the secret's identity: ${argv.join(' ')}`);
+    assert.ok(!argv.some((a) => a.includes(key)), 'the key is not on its command line');
+    const keyring = join(mountDirs['node-c'] ?? '', '.keys', `client.${secretUser.id}.keyring`);
+    assert.equal(statSync(keyring).mode & 0o777, 0o600);
+    await call('node-c', 'unmount', podDir);
+    assert.deepEqual(await rbdFusePids(join(mountDirs['node-c'] ?? '', pv)), []);
+    for (const log of readdirSync(join(ceph.dir, 'node-c')).filter((f) => f.startsWith('latch.log'))) {
+      assert.ok(!readFileSync(join(ceph.dir, 'node-c', log), 'utf8').includes(key), 'the key is not in the log');
+    }
   });
 });
