@@ -22,7 +22,7 @@ import {
   runtimeNamedBy,
   withDriverDirLock,
 } from '../host/beside-driver.js';
-import { CHUNK, driverPath, fileDigest, installedState, runningExecutable, shortDigest } from '../host/driver-file.js';
+import { CHUNK, driverPath, fileDigest, installedState, isLatchDriver, runningExecutable, shortDigest } from '../host/driver-file.js';
 import { applyEdits, type ByteEdit } from '../host/elf.js';
 import { choosePluginDir } from '../host/plugin-dir.js';
 import type { Preset } from '../host/presets.js';
@@ -161,6 +161,12 @@ async function installLocked(options: InstallDriverOptions): Promise<InstallResu
   const before = await installedState(file);
   if (before.state === 'not-a-file') {
     throw new LatchError(`${file} is ${before.kind}; remove it by hand before installing (kubelet cannot run it anyway)`);
+  }
+  if (before.state === 'present' && before.sha256 !== wanted.sha256 && !(await isLatchDriver(file))) {
+    throw new LatchError(
+      `${file} is not a latch driver (another vendor's driver named ${options.driverName}?); refusing to replace it. ` +
+        'Install latch under another name (--driver vendor/name), or remove that file by hand if it is yours to replace',
+    );
   }
   const created = await mkdir(dir, { recursive: true, mode: 0o755 }).catch(async (err: unknown) => {
     throw await unwritable(options.pluginDir, err);

@@ -76,3 +76,27 @@ export async function installedState(file: string): Promise<InstalledState> {
   const digest = await fileDigest(file);
   return { state: 'present', ...digest, mode: info.mode & 0o7777 };
 }
+
+// Every latch build, old and new, bundle and single executable, carries the ledger's apiVersion as text (the single
+// executable keeps the bundle's source in its startup snapshot): another vendor's driver of the same name does not.
+const LATCH_SIGNATURE = Buffer.from('latch/v1');
+
+/** Whether the file at the driver's path is a latch build (and may be replaced by one), read in chunks. */
+export async function isLatchDriver(file: string): Promise<boolean> {
+  const handle = await open(file, 'r');
+  try {
+    const buffer = Buffer.alloc(CHUNK + LATCH_SIGNATURE.length);
+    let carry = 0;
+    for (;;) {
+      const { bytesRead } = await handle.read(buffer, carry, CHUNK, null);
+      if (bytesRead === 0) return false;
+      const filled = carry + bytesRead;
+      if (buffer.subarray(0, filled).includes(LATCH_SIGNATURE)) return true;
+      // Keep the tail, so that a signature split across two chunks is still found.
+      carry = Math.min(filled, LATCH_SIGNATURE.length - 1);
+      buffer.copy(buffer, 0, filled - carry, filled);
+    }
+  } finally {
+    await handle.close();
+  }
+}

@@ -192,7 +192,11 @@ describe('doctor', () => {
   test('a missing driver, a different one, and leftovers in its directory', async () => {
     const e = await environment();
     const plugins = defined(e.env.LATCH_VOLUME_PLUGIN_DIR);
-    writeFileSync(join(plugins, 'latch~loop/loop'), 'another build\n', { mode: 0o755 });
+    writeFileSync(join(plugins, 'latch~loop/loop'), '#!/bin/sh\n# another vendor\n', { mode: 0o755 });
+    const foreign = findings(await doctor(e), 'driver', 'error');
+    assert.match(foreign[0]!.message, /is not a latch driver: another vendor's driver has the name latch\/loop/);
+    assert.match(defined(foreign[0]?.fix), /latch install --driver/);
+    writeFileSync(join(plugins, 'latch~loop/loop'), 'another build of latch/v1\n', { mode: 0o755 });
     writeFileSync(join(plugins, 'latch~loop/.loop.1.deadbeef.tmp'), 'half');
     let report = await doctor(e);
     const driver = findings(report, 'driver');

@@ -18,7 +18,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { installDriver } from '../../src/cli/install.js';
 import { uninstallDriver } from '../../src/cli/uninstall.js';
-import { driverPath } from '../../src/host/driver-file.js';
+import { CHUNK, driverPath, isLatchDriver } from '../../src/host/driver-file.js';
 import { detectPluginDir, choosePluginDir, flagValue, kubeletConfigPluginDir, type DetectionPaths } from '../../src/host/plugin-dir.js';
 
 let base: string;
@@ -137,12 +137,32 @@ describe('plugin dir detection', () => {
 });
 
 describe('install and uninstall', () => {
+  /** A stand-in for a latch build: it carries the signature every latch build has (the ledger's apiVersion). */
   function build(content: string): string {
     const file = join(fresh('build'), 'latch');
-    writeFileSync(file, content);
+    writeFileSync(file, `${content}# latch/v1\n`);
     chmodSync(file, 0o644); // the installed copy is 0755 whatever the source is
     return file;
   }
+
+  test("another vendor's driver of the same name is never replaced; a latch build of any age is", async () => {
+    const pluginDir = join(fresh('plugins'), 'exec');
+    const { dir, file } = driverPath(pluginDir, 'latch/loop');
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(file, '#!/bin/sh\necho \'{"status":"Success"}\'\n', { mode: 0o755 });
+    await assert.rejects(
+      installDriver({ pluginDir, driverName: 'latch/loop', source: build('x') }),
+      /is not a latch driver \(another vendor's driver named latch\/loop\?\); refusing to replace it/,
+    );
+    assert.match(readFileSync(file, 'utf8'), /echo/, 'the other driver is untouched');
+    assert.deepEqual(readdirSync(dir), ['loop'], 'nothing else was written');
+    // The signature split across two read chunks is still found.
+    const big = join(fresh('big'), 'latch');
+    writeFileSync(big, Buffer.concat([Buffer.alloc(CHUNK - 3, 0x61), Buffer.from('latch/v1'), Buffer.alloc(10, 0x61)]));
+    assert.equal(await isLatchDriver(big), true);
+    writeFileSync(big, Buffer.alloc(CHUNK * 2 + 5, 0x61));
+    assert.equal(await isLatchDriver(big), false);
+  });
 
   test('driverPath: <dir>/<vendor~driver>/<driver>; bad names refused', () => {
     assert.deepEqual(driverPath('/p', 'latch/loop'), { dir: '/p/latch~loop', file: '/p/latch~loop/loop' });
@@ -158,7 +178,7 @@ describe('install and uninstall', () => {
     const first = await installDriver({ pluginDir, driverName: 'latch/loop', source: a });
     assert.equal(first.action, 'installed');
     const file = join(pluginDir, 'latch~loop/loop');
-    assert.equal(readFileSync(file, 'utf8'), '#!/bin/sh\necho a\n');
+    assert.equal(readFileSync(file, 'utf8'), '#!/bin/sh\necho a\n# latch/v1\n');
     assert.equal(statSync(file).mode & 0o7777, 0o755);
     const inode = statSync(file).ino;
 
@@ -168,7 +188,7 @@ describe('install and uninstall', () => {
     const upgrade = await installDriver({ pluginDir, driverName: 'latch/loop', source: b });
     assert.equal(upgrade.action, 'upgraded');
     assert.equal(upgrade.previousSha256, first.sha256);
-    assert.equal(readFileSync(file, 'utf8'), '#!/bin/sh\necho b\n');
+    assert.equal(readFileSync(file, 'utf8'), '#!/bin/sh\necho b\n# latch/v1\n');
 
     chmodSync(file, 0o644);
     assert.equal((await installDriver({ pluginDir, driverName: 'latch/loop', source: b })).action, 'upgraded');

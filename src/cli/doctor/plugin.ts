@@ -4,7 +4,15 @@ import { basename, dirname, join } from 'node:path';
 import { BESIDE_DRIVER_DIR, DEFAULT_DRIVER_NAME, type Config } from '../../config.js';
 import { missingRuntime, sameBuild } from '../../host/beside-driver.js';
 import { errorMessage } from '../../errors.js';
-import { driverPath, fileDigest, installedState, runningExecutable, shortDigest, type InstalledState } from '../../host/driver-file.js';
+import {
+  driverPath,
+  fileDigest,
+  installedState,
+  isLatchDriver,
+  runningExecutable,
+  shortDigest,
+  type InstalledState,
+} from '../../host/driver-file.js';
 import { choosePluginDir } from '../../host/plugin-dir.js';
 import { findTool, toolSearchPath } from '../../sys/run.js';
 import { sh, type AddFinding } from './report.js';
@@ -135,6 +143,14 @@ async function checkDriver(
       check: 'driver',
       severity: 'ok',
       message: `${file} is installed and identical to ${self.path}, pointed at the runtime beside it (sha256 ${installedSha})`,
+    });
+  } else if (!(await isLatchDriver(file))) {
+    add({
+      check: 'driver',
+      severity: 'error',
+      message: `${file} is not a latch driver: another vendor's driver has the name ${driverName}, and kubelet runs it for latch's volumes`,
+      fix: `latch install --driver vendor/another-name`,
+      note: 'and use that driver name in the PVs; or remove the other driver if it is not in use',
     });
   } else {
     add({
