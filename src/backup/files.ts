@@ -12,10 +12,10 @@ import { TEMP_SUFFIX, tempPathFor } from './layout.js';
  * file, fsync, rename over, fsync of the directory (the rename itself must survive a power loss). `syncDirectory`
  * false leaves that last step to the caller (many chunks in one directory share one directory fsync).
  */
-export async function writeFileAtomic(path: string, data: Uint8Array | string, syncDirectory = true): Promise<void> {
+export async function writeFileAtomic(path: string, data: Uint8Array | string, syncDirectory = true, mode = 0o600): Promise<void> {
   const dir = dirname(path);
   const temp = tempPathFor(dir, basename(path));
-  const handle = await open(temp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o600);
+  const handle = await open(temp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, mode);
   try {
     try {
       await handle.writeFile(data);

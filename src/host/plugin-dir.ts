@@ -2,6 +2,7 @@
 // kubelet's own setting read from its command line and config file, else the OpenShift 4 or the kubelet default
 // directory. With a host root (the DaemonSet's pod, which mounts the host's / there and shares its pid namespace)
 // the same detection reads the host's files under that root and says where the host's directory is reached.
+import { findProcesses } from './processes.js';
 import { readdir, readFile, readlink, stat } from 'node:fs/promises';
 import { basename, isAbsolute, join, normalize, resolve } from 'node:path';
 import { LatchError, errorMessage } from '../errors.js';
@@ -164,31 +165,8 @@ interface KubeletProcess {
  * given as --kubelet-arg key=value (k3s-io/k3s#1631); lowest pid first.
  */
 async function findKubelets(procRoot: string): Promise<KubeletProcess[]> {
-  let entries: string[];
-  try {
-    entries = await readdir(procRoot);
-  } catch {
-    return [];
-  }
-  const pids = entries
-    .filter((e) => /^[0-9]+$/.test(e))
-    .map(Number)
-    .sort((a, b) => a - b);
   const found: KubeletProcess[] = [];
-  for (const pid of pids) {
-    let argv: string[];
-    try {
-      argv = (await readFile(join(procRoot, String(pid), 'cmdline'), 'utf8')).split('\0');
-    } catch {
-      continue; // gone meanwhile, or a kernel thread we may not read
-    }
-    if (argv[argv.length - 1] === '') argv.pop();
-    let comm = '';
-    try {
-      comm = (await readFile(join(procRoot, String(pid), 'comm'), 'utf8')).trim();
-    } catch {
-      // Name from argv[0] alone.
-    }
+  for (const { pid, argv, comm } of await findProcesses(procRoot, () => true)) {
     const program = argv[0] === undefined ? '' : basename(argv[0]);
     if (comm === 'kubelet' || program === 'kubelet') {
       found.push({ pid, argv, label: 'kubelet' });

@@ -1,5 +1,5 @@
 // Processes of this host by name, from /proc (or a fake one for tests, $LATCH_PROC_ROOT): what doctor needs to find
-// kube-controller-manager. (plugin-dir.ts scans for kubelet the same way; it can move here.)
+// kube-controller-manager, and plugin-dir.ts kubelet.
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 
