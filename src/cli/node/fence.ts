@@ -9,6 +9,7 @@ import { configuredFencer } from '../../backend/index.js';
 import type { Config } from '../../config.js';
 import type { Context } from '../../context.js';
 import { LatchError, errorMessage } from '../../errors.js';
+import type { VolumeDoc } from '../../ledger/types.js';
 import { clearOwnFence, fenceNodeOffVolume, liftClearedFence } from '../../node/fence.js';
 import { checkNodeName, checkVolumeName } from '../../names.js';
 import { configOf, type CommandIO } from '../io.js';
@@ -27,9 +28,7 @@ export async function nodeFence(options: NodeFenceOptions, io: CommandIO): Promi
   const config = configOf(io);
   const fencer = await requireFencer(config);
   const ctx = io.context(config);
-  const volumes = options.volume
-    ? [checkVolumeName(options.volume)]
-    : (await ctx.ledger.list()).filter((d) => concernsNode(d, node)).map((d) => d.name);
+  const volumes = await volumesToVisit(ctx, options.volume, (d) => concernsNode(d, node));
   if (volumes.length === 0) {
     io.out(`no volume names node ${node}: nothing to fence\n`);
     return 0;
@@ -44,6 +43,12 @@ export async function nodeFence(options: NodeFenceOptions, io: CommandIO): Promi
     }
   }
   return failed === 0 ? 0 : 1;
+}
+
+/** The volume a command names, else every volume in the ledger that `concerns` picks. */
+async function volumesToVisit(ctx: Context, volume: string | undefined, concerns: (doc: VolumeDoc) => boolean): Promise<string[]> {
+  if (volume !== undefined) return [checkVolumeName(volume)];
+  return (await ctx.ledger.list()).filter(concerns).map((d) => d.name);
 }
 
 /** Fences `node` off `volume` and says what the storage now refuses (volume release --node-is-down uses it too). */
@@ -86,9 +91,7 @@ export async function nodeUnfence(options: NodeUnfenceOptions, io: CommandIO): P
   const config = configOf(io);
   const fencer = await requireFencer(config);
   const ctx = io.context(config);
-  const volumes = options.volume
-    ? [checkVolumeName(options.volume)]
-    : (await ctx.ledger.list()).filter((d) => d.status.fences?.[node]).map((d) => d.name);
+  const volumes = await volumesToVisit(ctx, options.volume, (d) => d.status.fences?.[node] !== undefined);
   let waiting = 0;
   for (const volume of volumes) {
     const outcome = await liftClearedFence(ctx, fencer, volume, node);
