@@ -302,7 +302,7 @@ export function reconcile(doc: VolumeDoc, now: string): VolumeDoc {
  * from its node: a maintenance reservation, a snapshot, a backup, or the source side of a clone. Never a workload
  * (a pod's device), a person's attach or reservation, a restore or a clone target (data being written).
  */
-export function isPreemptible(ticket: Ticket): boolean {
+function isPreemptible(ticket: Ticket): boolean {
   if (ticket.type === 'maintenance') return true;
   const job = ticket.job;
   return job?.kind === 'snapshot' || job?.kind === 'backup' || (job?.kind === 'clone' && job.role === 'source');
