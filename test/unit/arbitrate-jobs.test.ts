@@ -24,6 +24,7 @@ import {
   type JobRequest,
   type TicketRequest,
 } from '../../src/ledger/arbitrate.js';
+import { reapTickets } from '../../src/ledger/automatic.js';
 import { jobTicketId } from '../../src/ledger/ids.js';
 import type { JobSpec, TicketType, VolumeDoc } from '../../src/ledger/types.js';
 
@@ -220,6 +221,18 @@ describe("job tickets: the job's life", () => {
     let s = startJob(requestJob(vol(), snap('snap-1', 'node-a'), T0), 'snap-1', 'node-a', T0);
     s = recordJob(s, 'snap-1', { state: 'succeeded', message: 'ok' }, T1);
     assert.equal(endJob(s, 'snap-1', T2), s);
+  });
+  it('an expired job ticket is reaped the way a finished one goes: its requester finds the outcome', () => {
+    let doc = requestJob(vol(), { ...snap('snap-1', 'node-a'), expiresAt: T1 }, T0);
+    doc = startJob(doc, 'snap-1', 'node-a', T0);
+    doc = requestJob(doc, { ...snap('snap-2', 'node-a', 's2'), expiresAt: T1 }, T0);
+    doc = recordJob(startJob(doc, 'snap-2', 'node-a', T0), 'snap-2', { state: 'succeeded', message: 'taken' }, T0);
+    const { doc: reaped } = reapTickets(doc, T2);
+    assert.deepEqual(Object.keys(reaped.spec.tickets), []);
+    assert.equal(finishedJob(reaped, 'snap-1')?.status.state, 'failed');
+    assert.match(finishedJob(reaped, 'snap-1')?.status.message ?? '', /snapshot ticket expired at/);
+    assert.equal(finishedJob(reaped, 'snap-2')?.status.state, 'succeeded', 'a job done before it expired keeps its outcome');
+    assert.equal(reaped.status.automatic?.length, 2);
   });
 });
 
