@@ -400,7 +400,7 @@ function statusOf(doc: VolumeDoc, ticket: Ticket, sorted: Ticket[]): TicketStatu
       ...base,
       satisfied: false,
       reason: 'Preempted',
-      message: `node ${ticket.nodeID} is letting the volume go to a ticket of higher priority; it gets it back afterwards`,
+      message: `preempted: node ${ticket.nodeID} is letting the volume go for a ticket of higher priority elsewhere; this ticket is granted again once the volume is free`,
     };
   }
   if (isFencedOff(doc, ticket.nodeID)) {

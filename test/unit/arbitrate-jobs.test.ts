@@ -341,6 +341,8 @@ describe('job tickets: preemption', () => {
     doc = addTicket(doc, ticket('workload-b', 'node-b'), T1);
     assert.equal(doc.status.nodes['node-a']?.phase, 'detaching');
     assert.equal(doc.status.tickets['snap-a']?.reason, 'Preempted');
+    assert.match(doc.status.tickets['snap-a']?.message ?? '', /^preempted: node node-a is letting the volume go/);
+    assert.equal(condition(doc, 'snap-a', 'Job')?.reason, 'Preempted');
     assert.equal(isPreempted(doc, 'snap-a'), true);
     assert.equal(doc.status.tickets['workload-b']?.reason, 'Detaching');
     assert.equal(isSatisfied(doc, 'workload-b'), false, 'never two nodes');
