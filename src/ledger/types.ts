@@ -2,16 +2,66 @@
 import type { FsType } from '../filesystems.js';
 import type { PodInfo } from '../contract/options.js';
 
-export const TICKET_PRIORITY = { restore: 2000, admin: 1000, workload: 900, maintenance: 800 } as const;
+/**
+ * Who asks for the volume, and how much it matters (docs/ledger.md, "Ticket types"): the seeds' attacher types that
+ * latch uses, with the seeds' priorities (Longhorn's AttacherPriorityLevel*), plus latch's two reservations.
+ */
+export const TICKET_PRIORITY = {
+  restore: 2000, // volume-restore-controller: `latch volume restore` fills a new volume from a backup
+  manual: 1000, // longhorn-api: `latch volume attach` sets the device up on a node for a person
+  admin: 1000, // latch: a person's reservation (`latch ticket add`), no device is set up for it
+  workload: 900, // csi-attacher: a pod (attach/mount calls from kubelet and the controller)
+  snapshot: 800, // snapshot-controller: a snapshot taken by the node agent
+  backup: 800, // backup-controller: a backup taken by the node agent
+  clone: 800, // volume-clone-controller: `latch volume clone`, on the source and on the new volume
+  maintenance: 800, // latch: a tool's reservation (`latch ticket add --type maintenance`), no device either
+} as const;
 export type TicketType = keyof typeof TICKET_PRIORITY;
 export const TICKET_TYPES = Object.keys(TICKET_PRIORITY) as TicketType[];
+
+/** The seeds' name for each ticket type (Longhorn's AttacherType), for people who know Longhorn. */
+export const SEED_ATTACHER_TYPE: Record<TicketType, string> = {
+  restore: 'volume-restore-controller',
+  manual: 'longhorn-api',
+  admin: 'longhorn-api',
+  workload: 'csi-attacher',
+  snapshot: 'snapshot-controller',
+  backup: 'backup-controller',
+  clone: 'volume-clone-controller',
+  maintenance: 'longhorn-api',
+};
+
+/** Ticket types whose work the node agent does (the ticket carries a `job`). */
+export const JOB_TICKET_TYPES = ['restore', 'manual', 'snapshot', 'backup', 'clone'] as const satisfies readonly TicketType[];
+export type JobTicketType = (typeof JOB_TICKET_TYPES)[number];
+
+/**
+ * The work a job ticket asks the node agent on its node to do once the volume is granted there (docs/jobs.md).
+ * Names are fixed when the ticket is made, so that an agent killed midway and restarted redoes (or finds done) the
+ * same job.
+ */
+export type JobSpec =
+  | { kind: 'snapshot'; snapshot: string }
+  | { kind: 'backup'; backup: string; fromSnapshot?: string }
+  /** Fill this (new) volume from backup `backup` in the configured target. */
+  | { kind: 'restore'; backup: string }
+  /** On the source volume (role source) and on the new one (role target), the same clone. */
+  | { kind: 'clone'; role: 'source' | 'target'; source: string; target: string; fromSnapshot?: string }
+  /** A person's attach: the device is set up, and mounted at mountPath if given, until `latch volume detach`. */
+  | { kind: 'attach'; mountPath?: string };
 
 /** A request to have the volume on a node: who asked, for what, and when. */
 export interface Ticket {
   id: string;
   type: TicketType;
   nodeID: string;
-  parameters: { readOnly: boolean };
+  parameters: {
+    readOnly: boolean;
+    /** The seed's disableFrontend: the device is set up for the agent's job only; no pod and no kubelet mount it. */
+    disableFrontend?: boolean;
+  };
+  /** What the node agent does for this ticket (job ticket types only). */
+  job?: JobSpec;
   /** Taken from the volume's counter whenever the ticket is created or changed: never reused. */
   generation: number;
   createdAt: string;
@@ -32,7 +82,40 @@ type TicketReason =
   | 'Detaching' // the volume is still being released by a node
   | 'ReadOnlyAttachment' // read-write wanted, but the node holds it read-only
   | 'Waiting' // detached, and another ticket was chosen first
-  | 'Fenced'; // the ticket's node was fenced off the volume and has not cleared its old mapping yet
+  | 'Fenced' // the ticket's node was fenced off the volume and has not cleared its old mapping yet
+  | 'Preempted'; // a job ticket whose node is letting the volume go to a ticket of higher priority
+
+/** The seeds' condition shape (Kubernetes' metav1.Condition without observedGeneration). */
+export interface Condition {
+  /** Satisfied: the ticket is granted. Job: the agent's job (present on job tickets once an agent picked it up). */
+  type: 'Satisfied' | 'Job';
+  status: 'True' | 'False' | 'Unknown';
+  reason: string;
+  message: string;
+  /** When the condition was last computed. */
+  lastProbeTime: string;
+  /** When status last changed (kept while it stays the same). */
+  lastTransitionTime: string;
+}
+
+/** How far the node agent got with a job ticket (kept across reconciles; reset when the ticket changes). */
+export interface JobStatus {
+  /**
+   * running: an agent is at it (an agent restarted after a kill finds this and redoes or finishes the job).
+   * succeeded / failed: done; the agent releases what it set up, then removes the ticket (a failed restore or clone
+   * keeps its ticket so that nobody uses the half-made volume).
+   * ending: someone asked for the job to end (`latch volume detach` of a manual attach): the agent lets go.
+   */
+  state: 'running' | 'succeeded' | 'failed' | 'ending';
+  node: string;
+  startedAt: string;
+  finishedAt?: string;
+  /** Times an agent started this job (more than one: it was interrupted and redone). */
+  attempts: number;
+  message: string;
+  /** What the job made, for the requester (snapshot info, backup summary, ...): small, JSON. */
+  result?: Record<string, unknown>;
+}
 
 export interface TicketStatus {
   /** The ticket generation this status was computed for; satisfied counts only when it equals the ticket's. */
@@ -40,6 +123,19 @@ export interface TicketStatus {
   satisfied: boolean;
   reason: TicketReason;
   message: string;
+  /** The seeds' conditions: Satisfied always; Job on job tickets an agent picked up. */
+  conditions?: Condition[];
+  /** Job tickets: the agent's progress. */
+  job?: JobStatus;
+}
+
+/** A job ticket that is gone, with how it ended: kept (bounded, newest last) so requesters and doctor can see it. */
+export interface FinishedJob {
+  ticket: string;
+  type: JobTicketType;
+  node: string;
+  job: JobSpec;
+  status: JobStatus;
 }
 
 /**
@@ -100,6 +196,10 @@ export interface VolumeDoc {
     fences?: Record<string, Fence>;
     /** The latest things latch did here by itself (reaped tickets, releases proven by a node's kernel), newest last. */
     automatic?: AutomaticAction[];
+    /** The seed's lastAttachedBy: the ticket (and its type and node) under which a node last reached attached. */
+    lastAttachedBy?: { ticket: string; type: TicketType; node: string; at: string };
+    /** The latest finished jobs, newest last (bounded). */
+    jobs?: FinishedJob[];
   };
 }
 
