@@ -9,7 +9,7 @@ import { isSatisfied, jobTicketsOfNode, nodeHoldsDevice } from '../../ledger/arb
 import type { JobStatus, Ticket, VolumeDoc } from '../../ledger/types.js';
 import { releaseDevice, setUpDevice } from '../../node/device.js';
 import { handlerOf } from '../../node/jobs/index.js';
-import type { JobHandler, JobRun } from '../../node/jobs/types.js';
+import type { JobRun } from '../../node/jobs/types.js';
 import { withVolumeLock } from '../../node/lock.js';
 
 /** A job this process runs. */
