@@ -143,7 +143,7 @@ export class JobRunner {
       return;
     }
     // Rule 3: done (or asked to end).
-    if (TERMINAL.includes(job.state)) await this.finish(ctx, volume, ticket, job.state);
+    if (TERMINAL.includes(job.state)) await this.finish(ctx, doc, ticket, job.state);
   }
 
   private start(volume: string, ticket: Ticket): void {
@@ -201,10 +201,11 @@ export class JobRunner {
   }
 
   /** Rule 3: undo the handler's extras, release the device unless the node still needs it, remove the ticket. */
-  private async finish(ctx: Context, volume: string, ticket: Ticket, state: JobStatus['state']): Promise<void> {
+  private async finish(ctx: Context, doc: VolumeDoc, ticket: Ticket, state: JobStatus['state']): Promise<void> {
+    const volume = doc.name;
     if (keepsTicket(ticket, state)) {
-      // A failed restore or clone target lets go of the device but keeps its ticket; a manual attach keeps both.
-      if (state === 'failed') await this.letGo(ctx, volume, ticket);
+      // A failed restore or clone target lets go of the device (once) but keeps its ticket; a manual attach keeps both.
+      if (state === 'failed' && nodeHoldsDevice(doc, ctx.config.nodeName)) await this.letGo(ctx, volume, ticket);
       return;
     }
     await this.letGo(ctx, volume, ticket);
