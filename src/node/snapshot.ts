@@ -1,7 +1,7 @@
 // Snapshots and backups of a volume from the node it is on: where the volume is (idle, set up here, or in use on
 // another node), a consistent snapshot (the filesystem frozen while the backend cuts its point-in-time copy), and
-// what a backup reads. The node agent (issue 14, later) will call these after its ticket has set the device up; until
-// then a volume in use on another node is refused with the node to run the command on.
+// what a backup reads. The commands call these for a volume in use on this node; the node agent's snapshot and backup
+// jobs (node/jobs/) call them on the node that holds the volume, after their ticket has set the device up.
 import { randomBytes } from 'node:crypto';
 import { stat } from 'node:fs/promises';
 import type { Context } from '../context.js';
@@ -48,7 +48,7 @@ function snapshotsOf(ctx: Context): SnapshotBackend {
 function inUseElsewhere(volume: string, nodes: string[], command: string): LatchError {
   return new LatchError(
     `volume ${volume} is in use on node ${nodes.join(', ')}: run "${command}" on node ${nodes[0]}, where its filesystem can be ` +
-      'frozen for a consistent copy (taking it from any node, through a ticket and the node agent, is not there yet)',
+      'frozen for a consistent copy (the command run anywhere else asks the node agent there, through a ticket)',
   );
 }
 
