@@ -38,7 +38,10 @@ export const attachJob: JobHandler<'attach'> = {
       throw new LatchError(`after mounting, findmnt shows ${check?.source ?? 'nothing'} at ${path} instead of ${device}; undone`);
     }
     await ctx.ledger.recordFilesystem(volume, fsType);
-    return { message: `volume ${volume} (${device}, ${fsType}) is mounted at ${path}${readOnly ? ' read-only' : ''}`, result: { ...result, fsType } };
+    return {
+      message: `volume ${volume} (${device}, ${fsType}) is mounted at ${path}${readOnly ? ' read-only' : ''}`,
+      result: { ...result, fsType },
+    };
   },
   cleanUp: unmountOurs,
 };

@@ -23,6 +23,7 @@ import { jobTicketId } from '../../ledger/ids.js';
 import { blockDeviceSize, flushBuffers } from '../../sys/blockdev.js';
 import { zeroRange } from '../../sys/zero.js';
 import { openBackupSource } from '../snapshot.js';
+import { halfMade } from './restore.js';
 import type { JobHandler, JobOf, JobRun } from './types.js';
 
 /** How often a clone's two sides look at each other's ticket in the ledger. */
@@ -32,7 +33,13 @@ const BLOCK = 1024 * 1024;
 
 export const cloneJob: JobHandler<'clone'> = {
   kind: 'clone',
-  run: (job, run) => (job.role === 'source' ? holdSource(job, run) : cloneInto(job, run)),
+  run: (job, run) =>
+    job.role === 'source'
+      ? holdSource(job, run)
+      : cloneInto(job, run).catch((err: unknown) => {
+          const repeat = `latch volume clone ${job.source} ${job.target}${job.fromSnapshot === undefined ? '' : ` --from-snapshot ${job.fromSnapshot}`}`;
+          throw run.signal.aborted ? err : halfMade(job.target, repeat, err);
+        }),
 };
 
 type CloneJob = JobOf<'clone'>;
@@ -59,8 +66,9 @@ async function holdSource(job: CloneJob, { ctx, signal }: JobRun) {
   }
 }
 
-async function cloneInto(job: CloneJob, { ctx, volume, device, signal }: JobRun) {
-  if (job.fromSnapshot === undefined) await waitForSource(job, ctx, signal);
+async function cloneInto(job: CloneJob, run: JobRun) {
+  const { ctx, volume, device, signal } = run;
+  if (job.fromSnapshot === undefined) await waitForSource(job, run);
   else if (!(await ctx.ledger.get(job.source))) throw new LatchError(`volume ${job.source} does not exist`);
   const source = await openBackupSource(ctx, job.source, job.fromSnapshot);
   let copied: CopyReport;
@@ -91,18 +99,27 @@ async function cloneInto(job: CloneJob, { ctx, volume, device, signal }: JobRun)
   };
 }
 
-/** Waits until the source's clone ticket holds SOURCE on this node (granted, not preempted). */
-async function waitForSource(job: CloneJob, ctx: JobRun['ctx'], signal: AbortSignal): Promise<void> {
+/**
+ * Waits until the source's clone ticket holds SOURCE on this node with its device set up (by this agent's run of the
+ * source ticket, or a pod's): openBackupSource then reads a snapshot of it here, and nothing that sets the device up
+ * meanwhile can make the read inconsistent. A missing source ticket is waited for too (the command adds it right after
+ * the target's, and a repeat of the command adds it if it was interrupted in between).
+ */
+async function waitForSource(job: CloneJob, run: JobRun): Promise<void> {
+  const { ctx, volume, ticket, signal } = run;
   const id = cloneTicketIds(job).source;
+  const node = ctx.config.nodeName;
+  let said = '';
   for (;;) {
     const doc = await ctx.ledger.get(job.source);
     if (!doc) throw new LatchError(`volume ${job.source} does not exist`);
-    const ticket = doc.spec.tickets[id];
-    if (!ticket) throw new LatchError(`the clone ticket on ${job.source} is gone; nothing holds the source: run the clone again`);
-    if (ticket.nodeID !== ctx.config.nodeName) {
-      throw new LatchError(`the clone ticket on ${job.source} is for node ${ticket.nodeID}, not ${ctx.config.nodeName}`);
-    }
-    if (isSatisfied(doc, id) && !isPreempted(doc, id)) return;
+    const theirs = doc.spec.tickets[id];
+    if (theirs && theirs.nodeID !== node)
+      throw new LatchError(`the clone ticket on ${job.source} is for node ${theirs.nodeID}, not ${node}`);
+    if (theirs && isSatisfied(doc, id) && !isPreempted(doc, id) && doc.status.nodes[node]?.phase === 'attached') return;
+    const waiting = theirs ? `waiting for ${job.source} to be set up on ${node}` : `waiting for the clone ticket on ${job.source}`;
+    if (waiting !== said) await ctx.ledger.recordJob(volume, ticket.id, { state: 'running', message: waiting });
+    said = waiting;
     await sleep(POLL_MS, undefined, { signal });
   }
 }
@@ -135,7 +152,7 @@ async function copySparse(path: string, device: string, signal: AbortSignal): Pr
       // A repeat after a kill may find data from the earlier run in a range that is zero now: zero it, never skip it.
       if (holeStart !== undefined) await zeroRange(output, device, holeStart, offset - holeStart);
       holeStart = undefined;
-      for (let written = 0; written < length; ) {
+      for (let written = 0; written < length;) {
         written += (await output.write(data, written, length - written, offset + written)).bytesWritten;
       }
       dataBytes += length;
