@@ -235,7 +235,8 @@ function declareVolume(volume: Command, io: CommandIO, done: Done): void {
     .requiredOption('--from-backup <backup>', 'the backup in the backup target (latch backup list)')
     .option('--node <node>', 'the node whose agent restores it (default: this node)')
     .option('--fs-type <type>', `the filesystem recorded for the volume (default: the backup's, else defaultFsType)`)
-    .option('--no-wait', 'return once the restore is asked for (latch ticket list shows how it goes)')
+    .option(...NO_WAIT)
+    .option(...JOB_TIMEOUT)
     .action(async (name: string, opts) => done(await volumeRestore({ name, ...opts }, io)));
 
   volume
@@ -246,7 +247,8 @@ function declareVolume(volume: Command, io: CommandIO, done: Done): void {
     )
     .option('--from-snapshot <snapshot>', 'copy this snapshot of the source instead of its current state')
     .option('--node <node>', 'the node whose agent copies it when the source is not in use (default: this node)')
-    .option('--no-wait', 'return once the clone is asked for (latch ticket list shows how it goes)')
+    .option(...NO_WAIT)
+    .option(...JOB_TIMEOUT)
     .action(async (source: string, name: string, opts) => done(await volumeClone({ source, name, ...opts }, io)));
 
   volume

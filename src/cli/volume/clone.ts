@@ -21,6 +21,8 @@ export interface VolumeCloneOptions {
   fromSnapshot?: string;
   node?: string;
   wait: boolean;
+  /** Seconds to wait for the agent's outcome (the job goes on after). */
+  timeout?: number;
 }
 
 /** A clone goes on however long it takes; the command stops waiting after this (and says how to follow it). */
@@ -76,7 +78,7 @@ export async function volumeClone(options: VolumeCloneOptions, io: CommandIO): P
   try {
     await runJob(ctx, io, name, target, {
       wait: options.wait,
-      timeoutMs: CLONE_WAIT_MS,
+      timeoutMs: options.timeout === undefined ? CLONE_WAIT_MS : options.timeout * 1000,
       keepUnstarted: existing !== undefined,
       undoCreate: existing === undefined,
     });

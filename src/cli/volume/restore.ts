@@ -21,6 +21,8 @@ export interface VolumeRestoreOptions {
   fsType?: string;
   /** false with --no-wait: return once the ticket is in the ledger. */
   wait: boolean;
+  /** Seconds to wait for the agent's outcome (the job goes on after). */
+  timeout?: number;
 }
 
 /** A restore goes on however long it takes; the command stops waiting after this (and says how to follow it). */
@@ -65,7 +67,7 @@ export async function volumeRestore(options: VolumeRestoreOptions, io: CommandIO
   if (!existing) await createWithTicket(ctx, name, request, { sizeBytes: manifest.sizeBytes, fsType });
   await runJob(ctx, io, name, request, {
     wait: options.wait,
-    timeoutMs: RESTORE_WAIT_MS,
+    timeoutMs: options.timeout === undefined ? RESTORE_WAIT_MS : options.timeout * 1000,
     // A repeat after a failure must never lose its ticket (the volume is half-made); a fresh one that no agent takes
     // up is taken back, with the empty volume it made.
     keepUnstarted: existing !== undefined,
