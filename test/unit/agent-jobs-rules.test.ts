@@ -3,7 +3,11 @@
 // its message and lets go of the device it set up, but never of a pod's; a job preempted after its agent was killed
 // is let go of so the pod's ticket wins; which node a job goes to; --no-wait; no agent taking the job up.
 import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { describe, it } from 'node:test';
+import { listBackups } from '../../src/backup/manifest.js';
 import { JobRunner } from '../../src/cli/agent/jobs.js';
 import { jobNode, jobRequest, requestAndWait } from '../../src/cli/jobs/request.js';
 import { finishedJob } from '../../src/ledger/arbitrate.js';
@@ -120,6 +124,51 @@ describe('the job runner', () => {
     assert.equal(doc.status.tickets[pod]?.satisfied, true, "the pod's ticket is granted");
     assert.equal(doc.status.tickets[request.id]?.satisfied, false, 'the snapshot waits');
     assert.equal(doc.status.tickets[request.id]?.job?.state, 'running', 'to be started again later');
+  });
+});
+
+describe('the job runner, when a ticket is removed while its job runs', () => {
+  it('aborts the job and releases the device it set up', async () => {
+    const target = mkdtempSync(join(tmpdir(), 'latch-jobs-target-'));
+    try {
+      const cluster = new Cluster({ config: { backupTarget: { type: 'dir', path: target } } });
+      const a = cluster.node('node-a');
+      await volume(cluster, 'v7');
+      const request = jobRequest(a.context(), 'v7', { kind: 'backup', backup: 'b7' }, 'node-a');
+      await a.context().ledger.requestJob('v7', request);
+      // The backup handler asks whether the device is mounted before it reads it: hold it there.
+      let reached!: () => void;
+      const atCheck = new Promise<void>((resolve) => (reached = resolve));
+      let goOn!: () => void;
+      const held = new Promise<void>((resolve) => (goOn = resolve));
+      a.fake.intercept('isDeviceMounted', async () => {
+        reached();
+        await held;
+      });
+      const signals: string[] = [];
+      const runner = new JobRunner(
+        () => a.context(),
+        (entry) => signals.push(typeof entry.message === 'string' ? entry.message : ''),
+      );
+      await runner.pass();
+      await atCheck;
+      assert.equal(a.fake.devices.size, 1, 'the job set the device up');
+      await cluster.ledger.removeTicket('v7', request.id);
+      await runner.pass(); // sees the ticket gone: aborts the job
+      goOn();
+      await runner.settle();
+
+      const doc = await cluster.mustDoc('v7');
+      assert.equal(a.fake.devices.size, 0, 'the device is released');
+      assert.deepEqual(doc.status.nodes, {}, 'and the release confirmed');
+      assert.ok(
+        signals.some((m) => /interrupted \(its ticket was removed\)/.test(m)),
+        signals.join(' | '),
+      );
+      assert.deepEqual(await listBackups({ type: 'dir', path: target }), [], 'nothing was published');
+    } finally {
+      rmSync(target, { recursive: true, force: true });
+    }
   });
 });
 

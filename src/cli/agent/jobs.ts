@@ -101,8 +101,8 @@ export class JobRunner {
   }
 
   /** Acts on one job ticket of this node as the ledger has it now, after any look at the same volume in progress. */
-  private look(volume: string, id: string): Promise<void> {
-    const next = (this.looks.get(volume) ?? Promise.resolve()).then(() => this.lookNow(volume, id));
+  private look(volume: string, id: string, ran?: Ticket): Promise<void> {
+    const next = (this.looks.get(volume) ?? Promise.resolve()).then(() => this.lookNow(volume, id, ran));
     const tail = next.catch(() => undefined);
     this.looks.set(volume, tail);
     void tail.then(() => {
@@ -111,13 +111,16 @@ export class JobRunner {
     return next;
   }
 
-  private async lookNow(volume: string, id: string): Promise<void> {
+  /** `ran`: the ticket of a job this process just ran (its device is this runner's to let go of, even if it is gone). */
+  private async lookNow(volume: string, id: string, ran?: Ticket): Promise<void> {
     const ctx = this.context();
     const doc = await ctx.ledger.get(volume);
     const ticket = doc?.spec.tickets[id];
     const mine = this.running.get(id);
     if (!doc || !ticket?.job) {
       mine?.abort.abort(new Error('its ticket was removed'));
+      // Removed while it ran here: what the job set up goes too (no ticket wants it; the node is detaching).
+      if (doc && ran && nodeHoldsDevice(doc, ctx.config.nodeName)) await this.letGo(ctx, volume, ran);
       return;
     }
     const satisfied = isSatisfied(doc, id);
@@ -153,7 +156,9 @@ export class JobRunner {
       .then(async () => {
         // What to do next is what the ledger says now: finish it, let go after a preemption, or nothing (stopping).
         if (!this.stopping)
-          await this.look(volume, ticket.id).catch((err: unknown) => this.log({ volume, ticket: ticket.id, error: errorMessage(err) }));
+          await this.look(volume, ticket.id, ticket).catch((err: unknown) =>
+            this.log({ volume, ticket: ticket.id, error: errorMessage(err) }),
+          );
       });
   }
 
