@@ -1,9 +1,18 @@
 // Pure arbitration: (volume document, request) -> new document. No I/O, no clock except the `now` passed in.
 // The rules it implements: docs/ledger.md, "Arbitration rules" and "Node phases".
+import { isDeepStrictEqual } from 'node:util';
+import { LatchError } from '../errors.js';
 import type { FsType } from '../filesystems.js';
+import { shortTicketId } from './ids.js';
 import {
+  JOB_TICKET_TYPES,
   TICKET_PRIORITY,
+  type Condition,
   type Fence,
+  type FinishedJob,
+  type JobSpec,
+  type JobStatus,
+  type JobTicketType,
   type NodeAttachment,
   type NodePhase,
   type Ticket,
@@ -89,6 +98,9 @@ export function markAttached(doc: VolumeDoc, node: string, device: string, now: 
   const next = structuredClone(doc);
   const known = client ?? entry.client;
   next.status.nodes[node] = { ...entry, phase: 'attached', device, since: now, ...(known === undefined ? {} : { client: known }) };
+  // The seed's lastAttachedBy: who the node reached attached for (its most important ticket), not a later device change.
+  const by = entry.phase === 'attached' ? undefined : ticketsOfNode(next, node).sort(compareTickets)[0];
+  if (by) next.status.lastAttachedBy = { ticket: by.id, type: by.type, node, at: now };
   return reconcile(next, now);
 }
 
@@ -226,6 +238,15 @@ export function reconcile(doc: VolumeDoc, now: string): VolumeDoc {
     if (entry.phase === 'granted' && ticketsOfNode(next, node).length === 0) delete nodes[node];
   }
 
+  const readOnlyMany = everyTicketReadOnly && Object.values(nodes).every((e) => e.readOnly && e.phase !== 'detaching');
+  if (!readOnlyMany && preemptor(next, tickets, eligible)) {
+    // The holders' maintenance gives way: a grant not taken up goes at once; a node with the device lets go first.
+    for (const [node, entry] of Object.entries(nodes)) {
+      if (entry.phase === 'granted') delete nodes[node];
+      else if (entry.phase !== 'detaching') nodes[node] = { ...entry, phase: 'detaching', since: now };
+    }
+  }
+
   const holders = Object.keys(nodes);
   if (holders.length === 0) {
     // Fully detached: the best ticket wins; with only read-only tickets, every node may have it.
@@ -236,7 +257,7 @@ export function reconcile(doc: VolumeDoc, now: string): VolumeDoc {
         nodes[node] = { phase: 'granted', readOnly: ticketsOfNode(next, node).every((t) => t.parameters.readOnly), since: now };
       }
     }
-  } else if (everyTicketReadOnly && Object.values(nodes).every((e) => e.readOnly && e.phase !== 'detaching')) {
+  } else if (readOnlyMany) {
     // Read-only-many: more nodes may join while every holder and every ticket is read-only.
     for (const ticket of eligible) {
       nodes[ticket.nodeID] ??= { phase: 'granted', readOnly: true, since: now };
@@ -257,7 +278,14 @@ export function reconcile(doc: VolumeDoc, now: string): VolumeDoc {
   }
 
   const statuses: Record<string, TicketStatus> = {};
-  for (const ticket of tickets) statuses[ticket.id] = statusOf(next, ticket, tickets);
+  for (const ticket of tickets) {
+    const old = next.status.tickets[ticket.id];
+    // A status of an earlier generation is another request's: its job and conditions do not carry over.
+    const kept = old?.generation === ticket.generation ? old : undefined;
+    const status = statusOf(next, ticket, tickets);
+    const job = kept?.job;
+    statuses[ticket.id] = { ...status, conditions: conditionsOf(status, job, kept?.conditions, now), ...(job && { job }) };
+  }
   next.status.tickets = statuses;
   next.status.currentNodes = Object.entries(nodes)
     .filter(([, e]) => e.phase !== 'granted')
@@ -265,6 +293,91 @@ export function reconcile(doc: VolumeDoc, now: string): VolumeDoc {
     .sort();
   next.status.state = stateOf(Object.values(nodes));
   return next;
+}
+
+// ---- preemption (docs/ledger.md, "Preemption") -----------------------------------------------------------------
+
+/**
+ * Whether the ticket only reads or reserves for upkeep, so that a more important request elsewhere may take the volume
+ * from its node: a maintenance reservation, a snapshot, a backup, or the source side of a clone. Never a workload
+ * (a pod's device), a person's attach or reservation, a restore or a clone target (data being written).
+ */
+export function isPreemptible(ticket: Ticket): boolean {
+  if (ticket.type === 'maintenance') return true;
+  const job = ticket.job;
+  return job?.kind === 'snapshot' || job?.kind === 'backup' || (job?.kind === 'clone' && job.role === 'source');
+}
+
+/**
+ * The waiting ticket that takes the volume from its holders, if any: the best eligible ticket on a node that does not
+ * hold the volume, when its priority is above every ticket of the holders and each of those is preemptible. While a
+ * holder is letting go already (detaching) and no other holder is in use, there is nothing left to take.
+ */
+function preemptor(doc: VolumeDoc, tickets: Ticket[], eligible: Ticket[]): Ticket | undefined {
+  const nodes = doc.status.nodes;
+  if (!Object.values(nodes).some((e) => e.phase !== 'detaching')) return undefined;
+  const held = tickets.filter((t) => nodes[t.nodeID] !== undefined);
+  if (!held.every(isPreemptible)) return undefined;
+  const top = Math.max(0, ...held.map((t) => TICKET_PRIORITY[t.type]));
+  const waiting = eligible.find((t) => nodes[t.nodeID] === undefined);
+  return waiting && TICKET_PRIORITY[waiting.type] > top ? waiting : undefined;
+}
+
+/**
+ * Whether the ticket lost the volume to a more important one: its node is letting the volume go while the ticket still
+ * wants it (reason Preempted), or its job had started and the ticket is no longer satisfied.
+ */
+export function isPreempted(doc: VolumeDoc, id: string): boolean {
+  const status = doc.status.tickets[id];
+  if (!doc.spec.tickets[id] || !status) return false;
+  if (status.reason === 'Preempted') return true;
+  const state = status.job?.state;
+  return (state === 'running' || state === 'ending') && !isSatisfied(doc, id);
+}
+
+// ---- conditions (the seeds' status shape) --------------------------------------------------------------------
+
+/**
+ * The ticket's conditions: Satisfied always, Job once an agent started the job. Times move only on change:
+ * lastTransitionTime when status changes, lastProbeTime when reason or message change, so that reconciling a document
+ * in which nothing changed gives the same document (the ledger writes nothing for it).
+ */
+function conditionsOf(status: TicketStatus, job: JobStatus | undefined, old: Condition[] | undefined, now: string): Condition[] {
+  const satisfied = { status: status.satisfied ? 'True' : 'False', reason: status.reason, message: status.message } as const;
+  const conditions = [timed('Satisfied', satisfied, old, now)];
+  if (job) conditions.push(timed('Job', jobCondition(job, status.satisfied), old, now));
+  return conditions;
+}
+
+function jobCondition(job: JobStatus, satisfied: boolean): Pick<Condition, 'status' | 'reason' | 'message'> {
+  switch (job.state) {
+    case 'running':
+      return satisfied
+        ? { status: 'Unknown', reason: 'Running', message: job.message }
+        : { status: 'Unknown', reason: 'Preempted', message: `interrupted: the ticket lost the volume (${job.message})` };
+    case 'ending':
+      return { status: 'Unknown', reason: 'Ending', message: job.message };
+    case 'succeeded':
+      return { status: 'True', reason: 'Succeeded', message: job.message };
+    case 'failed':
+      return { status: 'False', reason: 'Failed', message: job.message };
+  }
+}
+
+function timed(
+  type: Condition['type'],
+  value: Pick<Condition, 'status' | 'reason' | 'message'>,
+  old: Condition[] | undefined,
+  now: string,
+): Condition {
+  const before = old?.find((c) => c.type === type);
+  const sameProbe = before !== undefined && before.reason === value.reason && before.message === value.message;
+  return {
+    type,
+    ...value,
+    lastProbeTime: sameProbe ? before.lastProbeTime : now,
+    lastTransitionTime: before !== undefined && before.status === value.status ? before.lastTransitionTime : now,
+  };
 }
 
 function statusOf(doc: VolumeDoc, ticket: Ticket, sorted: Ticket[]): TicketStatus {
@@ -281,7 +394,16 @@ function statusOf(doc: VolumeDoc, ticket: Ticket, sorted: Ticket[]): TicketStatu
     }
     return { ...base, satisfied: true, reason: 'Attached', message: `attached to node ${ticket.nodeID}` };
   }
-  if (!own && isFencedOff(doc, ticket.nodeID)) {
+  if (own) {
+    // Its node still has the device but is letting it go to a more important ticket elsewhere (preemption).
+    return {
+      ...base,
+      satisfied: false,
+      reason: 'Preempted',
+      message: `node ${ticket.nodeID} is letting the volume go to a ticket of higher priority; it gets it back afterwards`,
+    };
+  }
+  if (isFencedOff(doc, ticket.nodeID)) {
     return {
       ...base,
       satisfied: false,
@@ -336,4 +458,174 @@ function dropNodeIfUnwanted(doc: VolumeDoc, node: string, now: string): void {
   if (!entry || ticketsOfNode(doc, node).length > 0) return;
   if (entry.phase === 'granted') delete doc.status.nodes[node];
   else if (entry.phase !== 'detaching') doc.status.nodes[node] = { ...entry, phase: 'detaching', since: now };
+}
+
+// ---- job tickets: work the node agent does for a ticket (docs/ledger.md, "Jobs") ------------------------------
+
+/** How many finished jobs a volume's status keeps (the oldest go first). */
+export const MAX_FINISHED_JOBS = 20;
+
+export type JobRequest = TicketRequest & { job: JobSpec };
+
+/** The job kind each job ticket type carries. */
+const KIND_OF_TYPE: Record<JobTicketType, JobSpec['kind']> = {
+  restore: 'restore',
+  manual: 'attach',
+  snapshot: 'snapshot',
+  backup: 'backup',
+  clone: 'clone',
+};
+
+/**
+ * Adds a job ticket. The same ID asking for the same job on the same node again changes nothing (its job status is
+ * kept), except that a job that failed and kept its ticket (a restore or clone target) is asked for afresh: its status
+ * goes, so an agent starts it again. The same ID asking for anything else is refused.
+ */
+export function requestJob(doc: VolumeDoc, request: JobRequest, now: string): VolumeDoc {
+  const kind = (JOB_TICKET_TYPES as readonly string[]).includes(request.type) ? KIND_OF_TYPE[request.type as JobTicketType] : undefined;
+  if (kind !== request.job.kind) {
+    throw new LatchError(`a ${request.type} ticket cannot carry a ${request.job.kind} job`);
+  }
+  const existing = doc.spec.tickets[request.id];
+  if (!existing) return addTicket(doc, request, now);
+  if (
+    existing.nodeID !== request.nodeID ||
+    existing.type !== request.type ||
+    existing.parameters.readOnly !== request.parameters.readOnly ||
+    !isDeepStrictEqual(existing.job, request.job)
+  ) {
+    throw new LatchError(
+      `a job named ${shortTicketId(request.id)} is already asked for on volume ${doc.name}: ${describeJob(existing)}; ` +
+        'wait for it to finish (or end it) before asking for something else under that name',
+    );
+  }
+  if (doc.status.tickets[request.id]?.job?.state !== 'failed') return doc;
+  const next = structuredClone(doc);
+  delete next.status.tickets[request.id]?.job;
+  return reconcile(next, now);
+}
+
+function describeJob(ticket: Ticket): string {
+  const job = ticket.job;
+  const what = !job
+    ? 'not a job'
+    : job.kind === 'snapshot'
+      ? `snapshot ${job.snapshot}`
+      : job.kind === 'backup'
+        ? `backup ${job.backup}`
+        : job.kind === 'restore'
+          ? `restore from backup ${job.backup}`
+          : job.kind === 'clone'
+            ? `clone ${job.source} -> ${job.target} (${job.role})`
+            : `manual attach${job.mountPath ? ` at ${job.mountPath}` : ''}`;
+  return `${ticket.type} ticket (${what}) for node ${ticket.nodeID}`;
+}
+
+/**
+ * An agent on `node` starts (or, after a kill, restarts) the ticket's job: running, one attempt more. Refused unless
+ * the job ticket exists, is for `node`, is satisfied, and its job is neither done nor asked to end.
+ */
+export function startJob(doc: VolumeDoc, id: string, node: string, now: string): VolumeDoc {
+  const ticket = doc.spec.tickets[id];
+  if (!ticket?.job) throw new LatchError(`volume ${doc.name} has no job ticket ${shortTicketId(id)}`);
+  if (ticket.nodeID !== node) throw new LatchError(`job ticket ${shortTicketId(id)} is for node ${ticket.nodeID}, not ${node}`);
+  const status = doc.status.tickets[id];
+  if (!isSatisfied(doc, id)) {
+    throw new LatchError(`job ticket ${shortTicketId(id)} is not granted on node ${node}: ${status?.message ?? 'no status yet'}`);
+  }
+  const previous = status?.job;
+  if (previous && previous.state !== 'running') {
+    throw new LatchError(`job ticket ${shortTicketId(id)} is ${previous.state}: it is not started again`);
+  }
+  const next = structuredClone(doc);
+  const own = next.status.tickets[id];
+  if (own) own.job = { state: 'running', node, startedAt: now, attempts: (previous?.attempts ?? 0) + 1, message: 'started' };
+  return reconcile(next, now);
+}
+
+/**
+ * Records how far the job got. finishedAt is set when it succeeded or failed. A job asked to end stays 'ending' unless
+ * it failed. No ticket, or the same record again: nothing changes.
+ */
+export function recordJob(
+  doc: VolumeDoc,
+  id: string,
+  update: { state: JobStatus['state']; message: string; result?: Record<string, unknown> },
+  now: string,
+): VolumeDoc {
+  const ticket = doc.spec.tickets[id];
+  if (!ticket?.job) return doc;
+  const previous = doc.status.tickets[id]?.job;
+  const state = previous?.state === 'ending' && update.state !== 'failed' ? 'ending' : update.state;
+  const result = update.result ?? previous?.result;
+  if (previous && previous.state === state && previous.message === update.message && isDeepStrictEqual(previous.result, result)) {
+    return doc;
+  }
+  const done = state === 'succeeded' || state === 'failed' || update.state === 'succeeded';
+  const job: JobStatus = {
+    state,
+    node: previous?.node ?? ticket.nodeID,
+    startedAt: previous?.startedAt ?? now,
+    ...(done && { finishedAt: now }),
+    attempts: previous?.attempts ?? 0,
+    message: update.message,
+    ...(result !== undefined && { result }),
+  };
+  const next = structuredClone(doc);
+  const own = next.status.tickets[id];
+  if (!own) return doc;
+  own.job = job;
+  return reconcile(next, now);
+}
+
+/**
+ * The job is over: ONE change removes its ticket and keeps how it ended in status.jobs (newest last, at most
+ * MAX_FINISHED_JOBS). No ticket: nothing changes. A job no agent started is kept as ended before it started.
+ */
+export function finishJob(doc: VolumeDoc, id: string, now: string): VolumeDoc {
+  const ticket = doc.spec.tickets[id];
+  if (!ticket) return doc;
+  if (!ticket.job) throw new LatchError(`ticket ${shortTicketId(id)} of volume ${doc.name} is not a job ticket`);
+  const status: JobStatus = doc.status.tickets[id]?.job ?? {
+    state: 'ending',
+    node: ticket.nodeID,
+    startedAt: now,
+    finishedAt: now,
+    attempts: 0,
+    message: 'ended before any agent started it',
+  };
+  const finished: FinishedJob = {
+    ticket: id,
+    type: ticket.type as JobTicketType,
+    node: ticket.nodeID,
+    job: ticket.job,
+    status: { ...status, finishedAt: status.finishedAt ?? now },
+  };
+  const next = removeTicket(doc, id, now);
+  next.status.jobs = [...(next.status.jobs ?? []), finished].slice(-MAX_FINISHED_JOBS);
+  return next;
+}
+
+/**
+ * A person asks the job to end (`latch volume detach` of a manual attach): a job no agent started is finished at once;
+ * a running one, or a manual attach that is set up, goes 'ending' and its agent lets go. A job that is done already
+ * (or a failed one that keeps its ticket) is left as it is. No ticket: nothing changes.
+ */
+export function endJob(doc: VolumeDoc, id: string, now: string): VolumeDoc {
+  const ticket = doc.spec.tickets[id];
+  if (!ticket?.job) return doc;
+  const job = doc.status.tickets[id]?.job;
+  if (!job) return finishJob(doc, id, now);
+  if (job.state !== 'running' && !(job.state === 'succeeded' && ticket.job.kind === 'attach')) return doc;
+  return recordJob(doc, id, { state: 'ending', message: 'asked to end' }, now);
+}
+
+/** The node's job tickets on the volume (the node agent's work list). */
+export function jobTicketsOfNode(doc: VolumeDoc, node: string): Ticket[] {
+  return ticketsOfNode(doc, node).filter((t) => t.job !== undefined);
+}
+
+/** How the job of ticket `id` ended: the latest entry for it in status.jobs. */
+export function finishedJob(doc: VolumeDoc, id: string): FinishedJob | undefined {
+  return [...(doc.status.jobs ?? [])].reverse().find((j) => j.ticket === id);
 }

@@ -21,3 +21,12 @@ export function podTicketId(pvName: string, driverName: string, node: string, po
 export function shortTicketId(id: string): string {
   return `${id.slice(0, id.indexOf('-') + 13)}...`;
 }
+
+/**
+ * A job ticket: `<type>-<sha256(volume + "\0" + key)>`, the same on every node, so that a repeated request (or a second
+ * agent racing for a recurring slot) finds the same ticket. The key names the job: the snapshot's name, the backup's
+ * name, the clone's target volume (on both volumes), the restore's backup, `manual` for a manual attach.
+ */
+export function jobTicketId(type: TicketType, volume: string, key: string): string {
+  return `${type}-${createHash('sha256').update(`${volume}\0${key}`).digest('hex')}`;
+}

@@ -10,20 +10,26 @@ import {
   addTicket,
   beginFence,
   completeFence,
+  endJob,
+  finishJob,
   isSatisfied,
   markAttached,
   markAttaching,
   markFenceCleared,
   markReleased,
   newVolume,
+  recordJob,
   releaseDeadNode,
   removeFence,
   removeTicket,
+  requestJob,
+  startJob,
+  type JobRequest,
   type TicketRequest,
 } from './arbitrate.js';
 import { reapTickets, releaseHoldWithoutDevice, touchTicket } from './automatic.js';
 import { pvKey, volumeKey } from './keys.js';
-import type { AutomaticAction, VolumeDoc } from './types.js';
+import type { AutomaticAction, JobStatus, VolumeDoc } from './types.js';
 
 const MAX_ATTEMPTS = 500;
 
@@ -175,6 +181,52 @@ export class Ledger {
       check?.(d, id);
       return removeTicket(d, id, this.now());
     });
+  }
+
+  // ---- job tickets: work the node agent does (docs/ledger.md, "Jobs"; the pure rules in arbitrate.ts) ----------
+
+  /**
+   * Adds a job ticket, first dropping expired tickets in the same write; creates the volume as `create` says when it
+   * does not exist (restore, clone target), else changes nothing. The same job asked for again changes nothing; another
+   * job under the same ID is refused (LatchError).
+   */
+  async requestJob(name: string, request: JobRequest, create?: NewVolumeSpec): Promise<VolumeDoc | undefined> {
+    let reaped: AutomaticAction[] = [];
+    const doc = await this.update(name, (d) => {
+      const found = d && this.withoutExpired(d);
+      reaped = found?.reaped ?? [];
+      const base = found?.doc ?? (create && newVolume(name, create.sizeBytes, create.fsType, this.now()));
+      return base && requestJob(base, request, this.now());
+    });
+    reaped.forEach(this.onAutomatic);
+    return doc;
+  }
+
+  /** The agent on `node` starts the job; refused (LatchError) unless its ticket is satisfied there and not done. */
+  startJob(name: string, id: string, node: string): Promise<VolumeDoc | undefined> {
+    return this.update(name, (d) => {
+      if (!d) throw new LatchError(`volume ${name} does not exist`);
+      return startJob(d, id, node, this.now());
+    });
+  }
+
+  /** Records the job's progress or outcome; no ticket, or the same record again: nothing changes. */
+  recordJob(
+    name: string,
+    id: string,
+    update: { state: JobStatus['state']; message: string; result?: Record<string, unknown> },
+  ): Promise<VolumeDoc | undefined> {
+    return this.update(name, (d) => d && recordJob(d, id, update, this.now()));
+  }
+
+  /** Removes the job's ticket and keeps its outcome in status.jobs, in one write; no ticket: nothing changes. */
+  finishJob(name: string, id: string): Promise<VolumeDoc | undefined> {
+    return this.update(name, (d) => d && finishJob(d, id, this.now()));
+  }
+
+  /** A person asks the job to end: finished at once if no agent started it, else 'ending' for its agent. */
+  endJob(name: string, id: string): Promise<VolumeDoc | undefined> {
+    return this.update(name, (d) => d && endJob(d, id, this.now()));
   }
 
   // ---- a node's hold on the volume --------------------------------------------------------------------------------
