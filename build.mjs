@@ -78,7 +78,7 @@ function asStringUntilImported(name) {
 }
 
 const bundleOptions = {
-  plugins: [englishOnlyZodLocales, asStringUntilImported('yaml'), asStringUntilImported('prom-client')],
+  plugins: [englishOnlyZodLocales, asStringUntilImported('yaml'), asStringUntilImported('prom-client'), asStringUntilImported('croner')],
   entryPoints: ['src/bin.ts'],
   bundle: true,
   platform: 'node',

@@ -7,6 +7,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { Config } from '../config.js';
 import { LatchError } from '../errors.js';
 import { writeLog } from '../log.js';
+import { parseSchedules } from './agent/recurring.js';
 import { AGENT_TASKS, freshContext, runAgentTasks } from './agent/tasks.js';
 import { configOf, type CommandIO } from './io.js';
 import { readLedger } from './metrics.js';
@@ -24,6 +25,8 @@ export interface AgentOptions {
 
 export async function agent(options: AgentOptions, io: CommandIO): Promise<void> {
   const config = configOf(io);
+  // A bad recurring job (its cron expression is parsed only here, never by driver calls) stops the agent at start.
+  await parseSchedules(config);
   const collected = await LatchMetrics.create();
   // One context (one store connection) for the agent's life; each task round gets a fresh log and ledger over it.
   const base = io.context(config);
