@@ -725,6 +725,17 @@ refused() {
   assert_success
   assert_equal "$stderr" ""
   assert_output --partial 'Demo finished'
+  refute_output --partial 'NOT AS EXPECTED'
+  # The snapshot and backup/restore round trip: a snapshot of the volume in use on node-b (frozen), a backup of it,
+  # restored into a new volume on node-a, and the file read back there with the checksum it had on node-b.
+  assert_output --partial 'snapshot demo-snapshot of volume pv-demo created'
+  assert_output --partial 'its filesystem was frozen while it was cut'
+  assert_output --partial 'backup demo-backup of volume pv-demo created'
+  assert_output --partial 'the restored filesystem: mounted, never reformatted'
+  local written restored
+  written=$(sed -n 's/^\[pod on node-b\] sha256 of hello.txt: \([0-9a-f]\{64\}\)$/\1/p' <<<"$output")
+  restored=$(sed -n 's/^\[pod on node-a\] read hello.txt from the restored volume: sha256 \([0-9a-f]\{64\}\) (the same)$/\1/p' <<<"$output")
+  [[ -n $written && $written == "$restored" ]] || fail "the restored hello.txt has sha256 '$restored', not '$written'"
   work=$(grep -o '/tmp/latch-demo-[A-Za-z0-9]*' <<<"$output" | head -n 1)
   [[ -n $work ]] || fail "the demo did not say where it worked"
   [[ ! -e $work ]] || fail "the demo left $work behind"
