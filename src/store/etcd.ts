@@ -6,6 +6,7 @@ import * as https from 'node:https';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { ConflictError, LatchError, StoreError } from '../errors.js';
 import { parseKey, type Store, type Versioned } from './types.js';
+import { ChangeSignal } from './watch.js';
 
 export interface EtcdStoreOptions {
   endpoints: string[];
@@ -32,6 +33,13 @@ const MIN_ATTEMPT_MS = 1000;
 /** Pauses between rounds over the endpoints: doubling, then the longest repeated. */
 const BACKOFF_MS = [50, 100, 200];
 const MAX_BACKOFF_MS = 400;
+/** A watch stream that broke is opened again after a pause: doubling from the first, up to the last. */
+const WATCH_BACKOFF_MS = { first: 200, max: 5000 };
+/**
+ * A watch stream is closed and opened again after this long, even when it looks healthy: a connection that died
+ * silently (a partition) would otherwise leave it waiting forever. TCP keep-alive finds most of those sooner.
+ */
+const WATCH_STREAM_MS = 5 * 60 * 1000;
 
 interface KeyValue {
   key?: string;
@@ -245,6 +253,105 @@ export class EtcdStore implements Store {
       from = Buffer.concat([Buffer.from(last.key ?? '', 'base64'), Buffer.from([0])]);
     }
     return names.sort();
+  }
+
+  /**
+   * etcd's watch (the gateway's streaming /v3/watch) on the kind's key range: every event yields. A stream that
+   * breaks (a member down, the deadline of WATCH_STREAM_MS) is opened again on the next endpoint after a pause, and
+   * yields once then, since changes may have been missed meanwhile. Never fails: while etcd is away it keeps trying.
+   */
+  async *watch(kind: string, signal: AbortSignal): AsyncIterable<void> {
+    if (!KIND.test(kind)) throw new LatchError(`etcd store: invalid kind ${JSON.stringify(kind)}`);
+    const start = Buffer.from(`${this.prefix}${kind}/`, 'utf8');
+    const request = JSON.stringify({ create_request: { key: b64(start), range_end: b64(prefixEnd(start)) } });
+    // Ends the streams when the reader stops early (breaks out of its loop) as well as on abort.
+    const local = new AbortController();
+    const stop = AbortSignal.any([signal, local.signal]);
+    const changes = new ChangeSignal(stop);
+    const streams = (async () => {
+      let pause = WATCH_BACKOFF_MS.first;
+      for (let round = 0; !stop.aborted; round++) {
+        const endpoint = this.endpoints[(this.preferred + round) % this.endpoints.length] ?? '';
+        const created = await this.watchStream(endpoint, request, stop, () => changes.notify());
+        if (stop.aborted) break;
+        changes.notify(); // the stream ended: what happened until the next one is up is unknown
+        pause = created ? WATCH_BACKOFF_MS.first : Math.min(pause * 2, WATCH_BACKOFF_MS.max);
+        await sleep(pause, undefined, { signal: stop }).catch(() => undefined);
+      }
+    })();
+    try {
+      yield* changes;
+    } finally {
+      local.abort();
+      await streams;
+    }
+  }
+
+  /**
+   * One watch stream on one endpoint until it breaks, WATCH_STREAM_MS pass, or `signal` aborts. Calls onChange for
+   * each answer that carries events; resolves whether etcd confirmed the watch (so the caller knows it worked).
+   */
+  private watchStream(endpoint: string, request: string, signal: AbortSignal, onChange: () => void): Promise<boolean> {
+    const isHttps = endpoint.startsWith('https:');
+    return new Promise((resolve) => {
+      let created = false;
+      let req: http.ClientRequest | undefined;
+      const finish = () => {
+        clearTimeout(timer);
+        signal.removeEventListener('abort', finish);
+        req?.destroy();
+        resolve(created);
+      };
+      const timer = setTimeout(finish, WATCH_STREAM_MS);
+      signal.addEventListener('abort', finish, { once: true });
+      if (signal.aborted) return finish();
+      try {
+        req = (isHttps ? https : http).request(new URL(`${endpoint}/v3/watch`), {
+          method: 'POST',
+          // Its own connection: a stream must not hold one of the pooled keep-alive sockets the other calls use.
+          agent: false,
+          ...(isHttps && this.httpsAgent
+            ? { ca: this.httpsAgent.options.ca, cert: this.httpsAgent.options.cert, key: this.httpsAgent.options.key }
+            : {}),
+          headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(request), 'grpc-metadata-hasleader': 'true' },
+        });
+      } catch {
+        return finish();
+      }
+      req.on('socket', (socket) => socket.setKeepAlive(true, 10_000));
+      req.on('error', finish);
+      req.on('response', (res) => {
+        if (res.statusCode !== 200) {
+          res.resume();
+          return finish();
+        }
+        let buffered = '';
+        res.setEncoding('utf8');
+        res.on('data', (text: string) => {
+          buffered += text;
+          // The gateway writes one JSON object per message, each on its own line.
+          for (let nl = buffered.indexOf('\n'); nl >= 0; nl = buffered.indexOf('\n')) {
+            const line = buffered.slice(0, nl).trim();
+            buffered = buffered.slice(nl + 1);
+            if (line === '') continue;
+            let message: { result?: { created?: boolean; canceled?: boolean; events?: unknown[] }; error?: unknown };
+            try {
+              message = JSON.parse(line) as typeof message;
+            } catch {
+              return finish();
+            }
+            const result = message.result;
+            if (message.error !== undefined || result === undefined || result.canceled) return finish();
+            if (result.created) created = true;
+            if ((result.events?.length ?? 0) > 0) onChange();
+          }
+          if (buffered.length > MAX_RESPONSE_BYTES) finish();
+        });
+        res.on('end', finish);
+        res.on('error', finish);
+      });
+      req.end(request);
+    });
   }
 
   async close(): Promise<void> {

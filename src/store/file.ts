@@ -1,11 +1,12 @@
 // The embedded `file` store: one directory per key, one file per revision, compare-and-swap by exclusive link.
 // Layout, the writer's steps and why garbage collection cannot resurrect a revision: docs/ledger.md, "The file store".
-import type { Dirent } from 'node:fs';
+import { watch as watchPath, type Dirent, type FSWatcher } from 'node:fs';
 import * as nodeFs from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { ConflictError, LatchError, StoreError } from '../errors.js';
 import { parseKey, type Store, type Versioned } from './types.js';
+import { ChangeSignal } from './watch.js';
 
 /** The few file system calls the store makes; tests pass a wrapper to count or delay them. */
 export type FileStoreFs = Pick<typeof nodeFs, 'open' | 'readdir' | 'readFile' | 'link' | 'unlink' | 'mkdir' | 'chmod' | 'lstat'>;
@@ -116,6 +117,57 @@ export class FileStore implements Store {
       if (!cur.absent) names.push(name);
     }
     return names.sort();
+  }
+
+  /**
+   * inotify (fs.watch) on the kind's directory, for keys that appear, and on each key's directory, where a write
+   * links its new revision file: every `<n>.json` that appears or goes yields. Temp files are ignored.
+   */
+  async *watch(kind: string, signal: AbortSignal): AsyncIterable<void> {
+    if (!KIND.test(kind)) throw new LatchError(`file store: invalid kind ${JSON.stringify(kind)}`);
+    const changes = new ChangeSignal(signal);
+    const kindDir = join(this.root, kind);
+    const watchers = new Map<string, FSWatcher>();
+    const follow = (dir: string, onEvent: (name: string | null) => void) => {
+      if (signal.aborted || watchers.has(dir)) return;
+      try {
+        const w = watchPath(dir, { persistent: false }, (_event, name) => onEvent(name === null ? null : String(name)));
+        // The directory went away (or inotify failed): stop following it; the reader reads again.
+        w.on('error', () => {
+          w.close();
+          watchers.delete(dir);
+          changes.notify();
+        });
+        watchers.set(dir, w);
+      } catch {
+        // It vanished before we could follow it: nothing to watch there.
+      }
+    };
+    const followKeys = async () => {
+      const entries = await nodeFs.readdir(kindDir, { withFileTypes: true }).catch(() => []);
+      for (const entry of entries) {
+        if (!entry.isDirectory() || entry.name.startsWith('.')) continue;
+        follow(join(kindDir, entry.name), (name) => {
+          if (name === null || REVISION_FILE.test(name)) changes.notify();
+        });
+      }
+    };
+    try {
+      // Made now (0700, as a writer makes it) so that a store nobody wrote to yet can be watched.
+      await nodeFs.mkdir(kindDir, { recursive: true, mode: DIR_MODE }).catch((err: unknown) => {
+        throw ioError(`create state directory ${kindDir}`, err);
+      });
+      follow(kindDir, () => {
+        // A key's first write makes its directory: follow it, and read again.
+        changes.notify();
+        void followKeys();
+      });
+      await followKeys();
+      yield* changes;
+    } finally {
+      for (const w of watchers.values()) w.close();
+      watchers.clear();
+    }
   }
 
   async close(): Promise<void> {}

@@ -26,8 +26,22 @@ export function lazyStore(config: Pick<Config, 'store' | 'stateDir'>): Store {
     put: async (key, value, expectedRevision) => (await store()).put(key, value, expectedRevision),
     delete: async (key, expectedRevision) => (await store()).delete(key, expectedRevision),
     list: async (kind) => (await store()).list(kind),
+    watch: (kind, signal) => watchOpened(store, kind, signal),
     close: async () => {
       if (opened) await (await opened).close();
     },
   };
+}
+
+/** The opened store's watch; a store without one yields nothing until aborted (its reader polls). */
+async function* watchOpened(store: () => Promise<Store>, kind: string, signal: AbortSignal): AsyncIterable<void> {
+  const opened = await store();
+  if (opened.watch) {
+    yield* opened.watch(kind, signal);
+    return;
+  }
+  await new Promise<void>((resolve) => {
+    if (signal.aborted) resolve();
+    else signal.addEventListener('abort', () => resolve(), { once: true });
+  });
 }

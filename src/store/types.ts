@@ -25,6 +25,13 @@ export interface Store {
   delete(key: string, expectedRevision: number): Promise<void>;
   /** Names (the part after `<kind>/`) of the existing keys of one kind, sorted. Admin use only: may be O(n). */
   list(kind: string): Promise<string[]>;
+  /**
+   * A cheap change signal for one kind of keys (the node agent wakes on it): yields after keys of `kind` may have
+   * changed, once per burst (coalesced), and ends when `signal` aborts. It says "read again", never what changed; it
+   * may yield with nothing changed, and may yield late or miss a change while it reconnects (it yields once after
+   * reconnecting), so a reader still polls now and then. Optional: a store without it is polled only.
+   */
+  watch?(kind: string, signal: AbortSignal): AsyncIterable<void>;
   close(): Promise<void>;
 }
 

@@ -261,6 +261,42 @@ describe('etcd store', { skip }, () => {
     });
   });
 
+  describe('watch', () => {
+    it('yields after a key of its kind changes, and again after etcd restarts', async () => {
+      const s = store();
+      const other = store();
+      const stop = new AbortController();
+      const changes = s.watch('volumes', stop.signal)[Symbol.asyncIterator]();
+      let next = changes.next();
+      // Until etcd confirmed the watch a write could be missed: write until it yields (a lost watch only delays).
+      const writeUntil = async (p: Promise<IteratorResult<void>>, key: string) => {
+        let settled = false;
+        void p.then(() => (settled = true));
+        for (let i = 0, rev = (await s.get(key))?.revision ?? 0; !settled && i < 200; i++) {
+          await other.put('volumes/elsewhere', i, (await other.get('volumes/elsewhere'))?.revision ?? 0); // another prefix: not watched
+          rev = await s.put(key, { i }, rev);
+          await new Promise((r) => setTimeout(r, 50));
+        }
+        return p;
+      };
+      assert.deepEqual(await writeUntil(next, 'volumes/a'), { done: false, value: undefined });
+
+      // A write through another store under the same prefix.
+      next = changes.next();
+      const same = store({ prefix: s.prefix });
+      await same.put('volumes/b', 1, 0);
+      assert.deepEqual(await next, { done: false, value: undefined });
+
+      // etcd goes away and comes back: the stream is opened again (and yields, since changes may have been missed).
+      await etcd.members[0]!.kill();
+      await etcd.members[0]!.start();
+      next = changes.next();
+      assert.deepEqual(await writeUntil(next, 'volumes/c'), { done: false, value: undefined });
+      stop.abort();
+      assert.equal((await changes.next()).done, true);
+    });
+  });
+
   describe('outages', () => {
     it('fails over to the next endpoint when one is down, and sticks to the one that answers', async () => {
       const dead = `http://127.0.0.1:${await freePort()}`;

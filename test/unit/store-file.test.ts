@@ -400,3 +400,41 @@ describe('openStore', () => {
     await etcd.close();
   });
 });
+
+describe('file store: watch', () => {
+  it('yields after a key of its kind is created or written (by any store on the directory), and ends on abort', async () => {
+    const dir = stateDir();
+    const watcher = new FileStore(dir);
+    const writer = new FileStore(dir);
+    const stop = new AbortController();
+    const changes = watcher.watch('volumes', stop.signal)[Symbol.asyncIterator]();
+    let next = changes.next(); // sets the watch up, then waits for a change
+
+    // A write to another kind first (its directory is not watched), then a new key of ours.
+    await writer.put('pvs/x', { volume: 'a' }, 0);
+    const r1 = await writer.put('volumes/a', { v: 1 }, 0);
+    assert.deepEqual(await next, { done: false, value: undefined });
+    next = changes.next();
+    // A later revision of an existing key (its directory is followed, not only the kind's).
+    await writer.put('volumes/a', { v: 2 }, r1);
+    assert.deepEqual(await next, { done: false, value: undefined });
+    stop.abort();
+    assert.equal((await changes.next()).done, true);
+  });
+
+  it('a reader that breaks out of its loop stops the watch', async () => {
+    const dir = stateDir();
+    const s = new FileStore(dir);
+    const stop = new AbortController();
+    let seen = 0;
+    const writing = (async () => {
+      for (let i = 0, rev = 0; i < 50 && seen === 0; i++) rev = await s.put('volumes/b', { i }, rev);
+    })();
+    for await (const _ of s.watch('volumes', stop.signal)) {
+      seen++;
+      break;
+    }
+    await writing;
+    assert.equal(seen, 1);
+  });
+});

@@ -1,0 +1,104 @@
+// The backup job: backup `job.backup` of the volume (or of its snapshot `job.fromSnapshot`) into the configured
+// target, on the node that holds the volume. Idempotent by name: a backup exists only once its manifest is published
+// (written last, atomically: src/backup/create.ts), so a complete manifest of that name for this volume is this job's,
+// done by an earlier attempt; an interrupted attempt left no manifest, and is redone (its stored chunks are reused).
+import { createBackup } from '../../backup/create.js';
+import { checkTarget, type BackupTarget } from '../../backup/layout.js';
+import { manifestExists, readManifest, type Manifest } from '../../backup/manifest.js';
+import { LatchError } from '../../errors.js';
+import { isSatisfied } from '../../ledger/arbitrate.js';
+import { formatSize } from '../../size.js';
+import { openBackupSource, type BackupSource } from '../snapshot.js';
+import { setUpForJobsOnly } from './snapshot.js';
+import type { JobHandler, JobRun } from './types.js';
+
+function summary(manifest: Manifest, consistency: string): Record<string, unknown> {
+  const s = manifest.stats;
+  return {
+    backup: manifest.name,
+    sizeBytes: manifest.sizeBytes,
+    dataChunks: s.dataChunks,
+    newChunks: s.newChunks,
+    newBytesStored: s.newBytesStored,
+    presentChunks: s.presentChunks,
+    consistency,
+    ...(manifest.parent !== undefined && { parent: manifest.parent }),
+  };
+}
+
+/**
+ * The device itself as the source, when the runner set it up for jobs only (setUpForJobsOnly): no pod's ticket on
+ * this node and nothing mounts it, so nothing writes it while it is read, and no snapshot (a full copy on pools
+ * without reflink) is needed. Before publishing, the ledger must still say so: the job's ticket still granted here,
+ * still no pod's ticket on this node (a workload preempts a backup: the abort comes too, this is the last check).
+ */
+async function deviceSource(run: JobRun): Promise<BackupSource | undefined> {
+  const { ctx, volume, device, ticket } = run;
+  if (!setUpForJobsOnly(run) || (await ctx.system.isDeviceMounted(device))) return undefined;
+  return {
+    image: {
+      path: device,
+      description: `device ${device} of volume ${volume} (set up for this backup only)`,
+      release: async () => undefined,
+    },
+    consistency: 'idle',
+    beforePublish: async () => {
+      const doc = await ctx.ledger.get(volume);
+      if (!doc || !isSatisfied(doc, ticket.id) || !setUpForJobsOnly({ ctx, doc }) || (await ctx.system.isDeviceMounted(device))) {
+        throw new LatchError(
+          `volume ${volume} was asked for by a pod while it was being read; this backup was abandoned (nothing was published)`,
+        );
+      }
+    },
+    release: async () => undefined,
+  };
+}
+
+export const backupJob: JobHandler<'backup'> = {
+  kind: 'backup',
+  async run(job, run) {
+    const { ctx, volume, signal } = run;
+    const config = ctx.config;
+    if (!config.backupTarget) throw new LatchError(`no backup target is configured on node ${config.nodeName} (config: backupTarget)`);
+    const target: BackupTarget = config.backupTarget;
+    await checkTarget(target);
+    if (await manifestExists(target, job.backup)) {
+      // readManifest checks it whole (checksum): a damaged one is an error, never "done".
+      const manifest = await readManifest(target, job.backup);
+      if (manifest.volume !== volume)
+        throw new LatchError(`a backup named ${job.backup} already exists in ${target.path}, of volume ${manifest.volume}`);
+      return {
+        message: `backup ${job.backup} of volume ${volume} exists (made by an earlier attempt)`,
+        result: summary(manifest, 'done before'),
+      };
+    }
+    signal.throwIfAborted();
+    const source = (job.fromSnapshot === undefined && (await deviceSource(run))) || (await openBackupSource(ctx, volume, job.fromSnapshot));
+    let manifest: Manifest;
+    try {
+      manifest = await createBackup({
+        target,
+        source: source.image.path,
+        volume,
+        name: job.backup,
+        sourceDescription: source.image.description,
+        node: config.nodeName,
+        // Preempted or stopped: stop between chunks, and never publish; without a manifest nothing looks complete.
+        onChunk: () => signal.throwIfAborted(),
+        beforePublish: async () => {
+          signal.throwIfAborted();
+          await source.beforePublish?.();
+        },
+      });
+    } finally {
+      await source.release();
+    }
+    const s = manifest.stats;
+    return {
+      message:
+        `backup ${manifest.name} of volume ${volume} created (${source.consistency}): ${formatSize(manifest.sizeBytes)}, ` +
+        `${s.newChunks} new chunk(s) (${formatSize(s.newBytesStored)} written), ${s.presentChunks} already in the target`,
+      result: summary(manifest, source.consistency),
+    };
+  },
+};
