@@ -13,6 +13,7 @@ import { mkdirSync, mkdtempSync, openSync, closeSync, rmSync, statSync, writeSyn
 import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import { createBackup } from '../../src/backup/create.js';
+import type { Manifest } from '../../src/backup/manifest.js';
 import { restoreBackup } from '../../src/backup/restore.js';
 import type { Figure } from './figures.js';
 
@@ -35,7 +36,8 @@ function duBytes(path: string): number {
 function median(values: number[]): number {
   const sorted = [...values].sort((a, b) => a - b);
   const mid = Math.floor(sorted.length / 2);
-  return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2;
+  const at = (i: number) => sorted[i] ?? Number.NaN;
+  return sorted.length % 2 === 1 ? at(mid) : (at(mid - 1) + at(mid)) / 2;
 }
 
 /** Overwrites `bytes` of the image at `offset` with random bytes (the "1% change" of an incremental backup). */
@@ -81,7 +83,7 @@ export async function backupThroughput(): Promise<{ figures: Figure[]; details: 
     const first: number[] = [];
     const restore: number[] = [];
     let target = { type: 'dir' as const, path: '' };
-    let firstManifest;
+    let firstManifest: Manifest | undefined;
     for (let i = 0; i < REPS; i++) {
       const copy = join(fresh('dd'), 'vol.img');
       dd.push((await timed(() => execFileSync('dd', [`if=${image}`, `of=${copy}`, 'bs=4M', 'conv=sparse,fsync', 'status=none']))).ms);
@@ -94,6 +96,7 @@ export async function backupThroughput(): Promise<{ figures: Figure[]; details: 
       execFileSync('cmp', [image, restored]);
       cp.push((await timed(() => execFileSync('cp', ['--sparse=always', image, join(fresh('cp'), 'vol.img')]))).ms);
     }
+    if (!firstManifest) throw new Error('BENCH_BACKUP_REPS must be at least 1');
     const storedFirst = duBytes(join(target.path, 'chunks'));
 
     // 1% of the image changes (in the middle: inside the filesystem's data, chunk-aligned), then the same target.
@@ -139,7 +142,7 @@ export async function backupThroughput(): Promise<{ figures: Figure[]; details: 
         pass: ratio(median(restore)) >= 0.5,
       },
     ];
-    const s = firstManifest!.stats;
+    const s = firstManifest.stats;
     const details = {
       image: `${SIZE / MiB} MiB, ${(allocated / MiB).toFixed(0)} MiB allocated (${((allocated / SIZE) * 100).toFixed(1)}%)`,
       rounds: REPS,
@@ -149,7 +152,7 @@ export async function backupThroughput(): Promise<{ figures: Figure[]; details: 
       'restore ms': restore.map(Math.round),
       'incremental backup ms': Math.round(incremental.ms),
       'incremental new chunks': incremental.value.stats.newChunks,
-      'data chunks': `${s.dataChunks} of ${firstManifest!.chunks.length} (${(s.dataBytes / MiB).toFixed(0)} MiB)`,
+      'data chunks': `${s.dataChunks} of ${firstManifest.chunks.length} (${(s.dataBytes / MiB).toFixed(0)} MiB)`,
       'stored (compressed)': `${(s.newBytesStored / MiB).toFixed(1)} MiB in ${s.newChunks} chunks (du: ${(storedFirst / MiB).toFixed(1)} MiB); ratio ${(s.dataBytes / s.newBytesStored).toFixed(2)} to the data chunks`,
       'dd copy on disk MiB': Number((duBytes(join(root, 'dd')) / MiB).toFixed(1)),
     };

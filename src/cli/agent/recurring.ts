@@ -93,7 +93,7 @@ export function recurringName(job: RecurringJobConfig, stamp: string, volume: st
 }
 
 /** The slot stamp of a name this job made for this volume, or undefined for any other name. */
-export function stampOfRecurringName(job: RecurringJobConfig, volume: string, name: string): string | undefined {
+function stampOfRecurringName(job: RecurringJobConfig, volume: string, name: string): string | undefined {
   const tail = job.task === 'snapshot' ? '' : `-${escapeRegExp(volume)}`;
   return new RegExp(`^${escapeRegExp(job.name)}-([0-9]{8}-[0-9]{4})${tail}$`).exec(name)?.[1];
 }
