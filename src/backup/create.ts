@@ -172,7 +172,7 @@ async function writeBackup(
 }
 
 /** `<volume>-<yyyymmdd>-<hhmmss>` in UTC: sorts by time, and fits the name rules. */
-function defaultBackupName(volume: string, createdAt: string): string {
+export function defaultBackupName(volume: string, createdAt: string): string {
   const compact = createdAt.replace(/[-:]/g, '').replace(/\..*$/, '').replace('T', '-').toLowerCase();
   return `${volume.slice(0, 180)}-${compact}`;
 }

@@ -1,12 +1,16 @@
-// latch agent: the long-running process of a node (a DaemonSet or a systemd unit). Every agent.intervalSeconds it
-// runs the tasks of agent/tasks.ts (reaping tickets, releasing this node's holds its kernel proves stale, the cheap
-// doctor checks), and it serves /metrics on agent.listen (loopback by default). It keeps nothing the ledger does not
-// hold, so it may be killed and restarted at any moment.
+// latch agent: the long-running process of a node (a DaemonSet or a systemd unit), one per node. Every
+// agent.intervalSeconds it runs the tasks of agent/tasks.ts (reaping tickets, releasing this node's holds its kernel
+// proves stale, the cheap doctor checks); on every ledger change (Store.watch) and every interval its job runner
+// (agent/jobs.ts) does the job tickets granted to this node; and it serves /metrics on agent.listen (loopback by
+// default). It keeps nothing the ledger does not hold, so it may be killed and restarted at any moment (docs/jobs.md).
 import { createServer, type Server } from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Config } from '../config.js';
 import { LatchError } from '../errors.js';
 import { writeLog } from '../log.js';
+import { errorMessage } from '../errors.js';
+import { withHostLock } from '../sys/lock.js';
+import { JobRunner } from './agent/jobs.js';
 import { parseSchedules } from './agent/recurring.js';
 import { AGENT_TASKS, freshContext, runAgentTasks } from './agent/tasks.js';
 import { configOf, type CommandIO } from './io.js';
@@ -15,7 +19,7 @@ import { LogFollower, readWholeLog } from './metrics/call-log.js';
 import { LatchMetrics } from './metrics/metrics.js';
 
 export interface AgentOptions {
-  /** Run the tasks once and exit, without serving /metrics (cron, tests). */
+  /** Run the tasks and one pass of the job runner, wait for the jobs it started, and exit, without serving /metrics. */
   once?: boolean;
   /** Stops the agent (tests); SIGTERM and SIGINT do the same for the real process. */
   signal?: AbortSignal;
@@ -27,12 +31,28 @@ export async function agent(options: AgentOptions, io: CommandIO): Promise<void>
   const config = configOf(io);
   // A bad recurring job (its cron expression is parsed only here, never by driver calls) stops the agent at start.
   await parseSchedules(config);
+  // One agent per node: two would start the same jobs. The lock is the node's kind of lock (sys/lock.ts: an abstract
+  // unix socket named after the state dir and node), which the kernel frees when the agent dies, even on SIGKILL.
+  return withHostLock(
+    [config.stateDir, config.nodeName, '', 'agent'],
+    0,
+    () => `another latch agent is already running for node ${config.nodeName} (state dir ${config.stateDir}): one agent per node`,
+    () => runAgent(config, options, io),
+  );
+}
+
+async function runAgent(config: Config, options: AgentOptions, io: CommandIO): Promise<void> {
   const collected = await LatchMetrics.create();
   // One context (one store connection) for the agent's life; each task round gets a fresh log and ledger over it.
   const base = io.context(config);
   const context = () => freshContext(base);
+  const log = (entry: Record<string, unknown>) => writeLog(config, { agent: 'jobs', pid: process.pid, node: config.nodeName, ...entry });
+  const jobs = new JobRunner(context, log);
+  const jobPass = () => jobs.pass().catch((err: unknown) => log({ error: errorMessage(err) }));
   if (options.once) {
     await runAgentTasks(config, context, collected, AGENT_TASKS);
+    await jobPass();
+    await jobs.settle();
     return;
   }
 
@@ -54,12 +74,25 @@ export async function agent(options: AgentOptions, io: CommandIO): Promise<void>
   const listening = typeof address === 'object' && address ? `${address.address}:${address.port}` : config.agent.listen;
   writeLog(config, { agent: 'start', pid: process.pid, node: config.nodeName, listen: listening });
   options.onListening?.(listening);
+  // Woken by a ledger change (jobs only: the tasks keep their interval) or the interval (both).
+  const changes = base.ledger.store.watch?.('volumes', stop.signal)[Symbol.asyncIterator]();
+  let changed = changes?.next();
+  const intervalMs = config.agent.intervalSeconds * 1000;
   try {
+    let tasksDue = 0;
     while (!stop.signal.aborted) {
-      await runAgentTasks(config, context, collected, AGENT_TASKS);
-      await sleep(config.agent.intervalSeconds * 1000, undefined, { signal: stop.signal }).catch(() => undefined);
+      if (Date.now() >= tasksDue) {
+        await runAgentTasks(config, context, collected, AGENT_TASKS);
+        tasksDue = Date.now() + intervalMs;
+      }
+      await jobPass();
+      const interval = sleep(Math.max(0, tasksDue - Date.now()), 'interval', { signal: stop.signal }).catch(() => 'stopped');
+      const woke = await Promise.race(changed ? [interval, changed.then(() => 'change')] : [interval]);
+      if (woke === 'change') changed = changes?.next();
     }
   } finally {
+    await jobs.stop();
+    await changes?.return?.();
     process.off('SIGTERM', onSignal);
     process.off('SIGINT', onSignal);
     await new Promise((resolve) => server.close(resolve));

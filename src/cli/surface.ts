@@ -26,7 +26,7 @@ import { ticketList } from './ticket/list.js';
 import { ticketRemove } from './ticket/remove.js';
 import { uninstall } from './uninstall.js';
 import { version } from './version.js';
-import { backupCreate } from './backup/create.js';
+import { backupCreate, type BackupCreateOptions } from './backup/create.js';
 import { backupDelete } from './backup/delete.js';
 import { backupList } from './backup/list.js';
 import { backupVerify } from './backup/verify.js';
@@ -305,12 +305,15 @@ function declareNode(node: Command, io: CommandIO, done: Done): void {
 
 function declareSnapshot(snapshot: Command, io: CommandIO, done: Done): void {
   const where =
-    'Runs on the node the volume is on: an idle volume is copied directly; one mounted here is frozen (fsfreeze) while ' +
-    'the copy is cut; one in use on another node is refused with that node named (auto-attach through a ticket comes ' +
-    'with the node agent).';
+    'A volume in use on this node is snapshotted here at once (frozen with fsfreeze while the copy is cut when mounted); ' +
+    'one in use on another node, or idle, through a snapshot ticket done by the latch agent of the node that holds it ' +
+    '(frozen there), or for an idle volume of --node or this node (docs/jobs.md).';
   snapshot
     .command('create <volume> <name>')
     .description(`take a consistent snapshot of a volume (a reflink clone where the pool can, else a sparse copy; rbd: its own). ${where}`)
+    .option(...JOB_NODE)
+    .option(...NO_WAIT)
+    .option(...JOB_TIMEOUT)
     .option(...OUTPUT)
     .action(async (volume: string, name: string, opts) => done(await snapshotCreate({ volume, name, ...opts }, io)));
 
@@ -328,15 +331,23 @@ function declareSnapshot(snapshot: Command, io: CommandIO, done: Done): void {
 
 function declareBackup(backup: Command, io: CommandIO, done: Done): void {
   backup
-    .command('create <volume>')
+    .command('create <volume> [name]')
     .description(
       'back a volume up: only chunks the target does not hold yet are written (compressed), then its manifest. ' +
-        'Runs on the node the volume is on, like latch snapshot create; an interrupted backup never shows in list',
+        'In use on this node: done here; in use on another node or idle: by the latch agent of that node (or of --node) ' +
+        'through a backup ticket, like latch snapshot create. An interrupted backup never shows in list',
     )
-    .option('--name <name>', 'the backup name (default: <volume>-<yyyymmdd>-<hhmmss>, UTC)')
+    .option('--name <name>', 'the backup name, as [name] (default: <volume>-<yyyymmdd>-<hhmmss>, UTC)')
     .option('--from-snapshot <snapshot>', 'back up this existing snapshot of the volume instead of its current state')
+    .option(...JOB_NODE)
+    .option(...NO_WAIT)
+    .option(...JOB_TIMEOUT)
     .option(...OUTPUT)
-    .action(async (volume: string, opts) => done(await backupCreate({ volume, ...opts }, io)));
+    .action(async (volume: string, name: string | undefined, opts: Omit<BackupCreateOptions, 'volume'>) => {
+      if (name !== undefined && opts.name !== undefined && name !== opts.name)
+        throw new LatchError(`two backup names given: ${name} and ${opts.name}`);
+      done(await backupCreate({ volume, ...opts, ...(name !== undefined && { name }) }, io));
+    });
 
   backup
     .command('list [volume]')
@@ -361,6 +372,19 @@ const DRIVER = ['--driver <vendor/driver>', `driver name (default: driverName fr
 
 /** -o/--output, as every command that prints data takes it. */
 const OUTPUT = ['-o, --output <format>', 'table or json', valueOf(parseFormat), 'table'] as const;
+function parseTimeout(value: string): number {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 1) throw new LatchError(`--timeout must be a whole number of seconds (1 or more), not "${value}"`);
+  return n;
+}
+/** The options of a command that asks a node agent for a job (docs/jobs.md, "Requesting"). */
+const JOB_NODE = ['--node <node>', 'for an idle volume: the node whose agent does it (default: this node)'] as const;
+const NO_WAIT = ['--no-wait', 'return once the job ticket is added, printing its ID, without waiting for the agent'] as const;
+const JOB_TIMEOUT = [
+  '--timeout <seconds>',
+  "how long to wait for the agent's outcome (the job goes on after)",
+  valueOf(parseTimeout),
+] as const;
 
 /**
  * An option value parser for commander: the LatchError of a bad value becomes commander's "argument is invalid",

@@ -1,7 +1,8 @@
 // Snapshots and backups on real loop devices and filesystems (root): reflink snapshots on an xfs pool share space
 // with their volume, sparse copies on ext4; a snapshot of a mounted volume taken while a writer runs is cut with the
-// filesystem frozen, and is mountable and fsck-clean; `latch backup create` of an idle and of a mounted volume,
-// restored onto another node's loop device byte for byte; a volume in use on another node is refused.
+// filesystem frozen, and is mountable and fsck-clean; `latch backup create` of a mounted volume (here, at once) and
+// of an idle one (through a backup ticket and an in-process job runner), restored onto another node's loop device
+// byte for byte; a volume in use on another node: a snapshot here is refused, a backup is asked of that node.
 import assert from 'node:assert/strict';
 import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -20,7 +21,7 @@ import {
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { LoopBackend } from '../../src/backend/loop.js';
-import { listBackups } from '../../src/backup/manifest.js';
+import { listBackups, readManifest } from '../../src/backup/manifest.js';
 import { restoreBackup } from '../../src/backup/restore.js';
 import { verifyBackup } from '../../src/backup/verify.js';
 import { backupCreate } from '../../src/cli/backup/create.js';
@@ -30,6 +31,7 @@ import { parseConfig } from '../../src/config.js';
 import { createContext, type Context } from '../../src/context.js';
 import { snapshotVolume } from '../../src/node/snapshot.js';
 import { parseFilefrag } from '../../src/sys/clone.js';
+import { withJobRunner } from '../fixtures/job-runner.js';
 import { MemoryStore } from '../fixtures/memory-store.js';
 import { trackChild } from '../fixtures/tracked-children.js';
 
@@ -231,6 +233,8 @@ describe('snapshots and backups of volumes in use', { skip: notRoot || noXfs }, 
     scratch.cleanup();
   });
 
+  const readManifestOf = (name: string) => readManifest({ type: 'dir', path: targetDir }, name);
+
   async function setHolder(node: string | undefined, dev?: string): Promise<void> {
     await ctx.ledger.update('vol', (doc) => {
       if (!doc) return doc;
@@ -297,25 +301,29 @@ describe('snapshots and backups of volumes in use', { skip: notRoot || noXfs }, 
     assert.equal((await verifyBackup({ target: { type: 'dir', path: targetDir }, name: 'online' })).ok, true);
   });
 
-  it('backup create of the idle volume reads its image; a second one moves only the change; restore onto a loop device', async () => {
+  it('backup create of the idle volume (through a ticket: the agent reads the device it set up); a second one moves only the change; restore onto a loop device', async () => {
     scratch.umount(mnt);
     await ctx.backend.release('vol');
     await setHolder(undefined);
     const target = { type: 'dir' as const, path: targetDir };
 
     printed = '';
-    await backupCreate({ volume: 'vol', name: 'idle-1', output: 'json' }, io);
-    const first = JSON.parse(printed) as { consistency: string; source: string; stats: { newChunks: number } };
-    assert.equal(first.consistency, 'idle');
-    assert.match(first.source, /the image of volume vol .*detached/);
+    await withJobRunner(ctx, () => backupCreate({ volume: 'vol', name: 'idle-1', output: 'json' }, io));
+    const first = JSON.parse(printed) as { outcome: string; job: { status: { state: string; result: { consistency: string } } } };
+    assert.equal(first.outcome, 'finished');
+    assert.equal(first.job.status.state, 'succeeded');
+    assert.equal(first.job.status.result.consistency, 'idle');
+    assert.match((await readManifestOf('idle-1')).source, /device \/dev\/loop\d+ of volume vol \(set up for this backup only\)/);
+    assert.equal(await ctx.backend.findDevice('vol'), undefined, 'the device the agent set up is released');
 
     const image = (ctx.backend as LoopBackend).imagePath('vol');
     writeRandom(image, 100, 1);
     printed = '';
-    await backupCreate({ volume: 'vol', name: 'idle-2', output: 'json' }, io);
-    const second = JSON.parse(printed) as { stats: { newChunks: number; newBytesStored: number } };
-    assert.equal(second.stats.newChunks, 1, 'one 4 MiB chunk changed');
-    assert.ok(second.stats.newBytesStored <= 4.1 * MiB, `${second.stats.newBytesStored} bytes written for a 1 MiB change`);
+    await withJobRunner(ctx, () => backupCreate({ volume: 'vol', name: 'idle-2', output: 'json' }, io));
+    const second = (JSON.parse(printed) as { job: { status: { result: { newChunks: number; newBytesStored: number } } } }).job.status
+      .result;
+    assert.equal(second.newChunks, 1, 'one 4 MiB chunk changed');
+    assert.ok(second.newBytesStored <= 4.1 * MiB, `${second.newBytesStored} bytes written for a 1 MiB change`);
 
     // "Another node": its own pool, a volume of the same size set up as a loop device, restored onto the device.
     const other = new LoopBackend({ poolDir: otherPool, maxSize: 1024 * MiB });
@@ -336,10 +344,18 @@ describe('snapshots and backups of volumes in use', { skip: notRoot || noXfs }, 
     );
   });
 
-  it('refuses a volume in use on another node, naming it, and a volume that does not exist', async () => {
+  it('refuses a volume in use on another node here (backup create asks that node), and a volume that does not exist', async () => {
     await setHolder('node-b', '/dev/loop99');
     await assert.rejects(snapshotVolume(ctx, 'vol', 'x'), /in use on node node-b: run "latch snapshot create vol x" on node node-b/);
-    await assert.rejects(backupCreate({ volume: 'vol', output: 'table' }, io), /in use on node node-b: run "latch backup create vol"/);
+    printed = '';
+    await backupCreate({ volume: 'vol', name: 'for-b', output: 'table', wait: false }, io);
+    assert.match(printed, /asked node node-b for it: ticket backup-[0-9a-f]{64}/);
+    const asked = Object.values((await ctx.ledger.get('vol'))?.spec.tickets ?? {});
+    assert.deepEqual(
+      asked.map((t) => [t.type, t.nodeID, t.job]),
+      [['backup', 'node-b', { kind: 'backup', backup: 'for-b' }]],
+    );
+    await ctx.ledger.removeTicket('vol', asked[0]?.id ?? '');
     await assert.rejects(snapshotVolume(ctx, 'nope', 'x'), /volume nope does not exist/);
     await setHolder(undefined);
   });

@@ -1,12 +1,15 @@
-// latch backup create: back a volume up to the backup target, from the node it is on. An idle loop volume is read
-// from its image file; one in use here through a snapshot taken with its filesystem frozen; one in use on another
-// node is refused, naming that node (through a ticket and the node agent, later).
-import { createBackup } from '../../backup/create.js';
+// latch backup create: back a volume up to the backup target. In use on this node: done here at once, through a
+// snapshot taken with its filesystem frozen. In use on another node, or idle: asked of the node agent through a
+// backup ticket (docs/jobs.md), on the node that holds it or, for an idle volume, on --node or this node.
+import { createBackup, defaultBackupName } from '../../backup/create.js';
 import { checkBackupName, checkTarget } from '../../backup/layout.js';
+import { manifestExists } from '../../backup/manifest.js';
+import { LatchError } from '../../errors.js';
 import { checkVolumeName } from '../../names.js';
 import { openBackupSource } from '../../node/snapshot.js';
 import { formatSize } from '../../size.js';
 import { configOf, type CommandIO } from '../io.js';
+import { describeOutcome, holdersOf, jobNode, jobRequest, requestAndWait } from '../jobs/request.js';
 import { formatJson, type OutputFormat } from '../output.js';
 import { backupTargetOf } from './target.js';
 
@@ -15,6 +18,12 @@ export interface BackupCreateOptions {
   name?: string;
   fromSnapshot?: string;
   output: OutputFormat;
+  /** The node that does it when the volume is idle (default: this one). */
+  node?: string;
+  /** false (--no-wait): return once the ticket is added. */
+  wait?: boolean;
+  /** Seconds to wait for the agent's outcome (default 3600). */
+  timeout?: number;
 }
 
 export async function backupCreate(options: BackupCreateOptions, io: CommandIO): Promise<void> {
@@ -22,9 +31,34 @@ export async function backupCreate(options: BackupCreateOptions, io: CommandIO):
   const volume = checkVolumeName(options.volume);
   if (options.name !== undefined) checkBackupName(options.name);
   const target = backupTargetOf(config);
-  // Before a snapshot is taken for it (on an ext4 pool, a full copy): a missing target fails at once.
+  // Before a snapshot is taken or a ticket added for it: a missing target fails at once.
   await checkTarget(target);
   const ctx = io.context(config);
+  const doc = await ctx.ledger.get(volume);
+  if (!doc) throw new LatchError(`volume ${volume} does not exist (latch volume list shows the volumes)`);
+  const node = jobNode(ctx, volume, doc, options.node);
+  // The name is fixed now, so that the ticket (and an agent that redoes it after a kill) names the same backup.
+  const name = options.name ?? defaultBackupName(volume, new Date(ctx.clock()).toISOString());
+  const job = { kind: 'backup' as const, backup: name, ...(options.fromSnapshot !== undefined && { fromSnapshot: options.fromSnapshot }) };
+  const request = jobRequest(ctx, volume, job, node);
+  const underWay = doc.spec.tickets[request.id] !== undefined;
+  if (!underWay && (await manifestExists(target, name))) throw new LatchError(`a backup named ${name} already exists in ${target.path}`);
+
+  if (!(node === config.nodeName && holdersOf(doc).includes(node)) || underWay) {
+    const result = await requestAndWait(ctx, volume, request, {
+      wait: options.wait ?? true,
+      timeoutMs: (options.timeout ?? 3600) * 1000,
+    });
+    if (options.output === 'json') {
+      io.out(formatJson(result));
+      describeOutcome(result); // a failed job still fails the command
+      return;
+    }
+    io.out(`${describeOutcome(result)}\n`);
+    return;
+  }
+
+  // In use here: done now, beside the pod, without an agent.
   const source = await openBackupSource(ctx, volume, options.fromSnapshot);
   let manifest;
   try {
@@ -32,7 +66,7 @@ export async function backupCreate(options: BackupCreateOptions, io: CommandIO):
       target,
       source: source.image.path,
       volume,
-      name: options.name,
+      name,
       sourceDescription: source.image.description,
       node: config.nodeName,
       beforePublish: source.beforePublish,
