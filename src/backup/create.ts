@@ -29,6 +29,8 @@ export interface CreateBackupOptions {
   name?: string | undefined;
   /** What `source` is, in words, for the manifest (default: its path). */
   sourceDescription?: string | undefined;
+  /** The filesystem the volume holds (the ledger's status.filesystem), for the manifest: a restore recreates it. */
+  fsType?: string | undefined;
   /** This node's name, for the manifest and the target's lock. */
   node?: string | undefined;
   chunkSize?: number | undefined;
@@ -165,6 +167,7 @@ async function writeBackup(
     source: options.sourceDescription ?? options.source,
     node: node ?? hostname(),
     ...(parent !== undefined && { parent }),
+    ...(options.fsType !== undefined && { fsType: options.fsType }),
     stats,
   };
   await publishManifest(target, manifest);

@@ -40,6 +40,8 @@ export interface Manifest {
   node?: string;
   /** The volume's previous complete backup in this target, when there was one. */
   parent?: string;
+  /** The filesystem the volume held, when the caller knew it: `latch volume restore` creates the new volume with it. */
+  fsType?: string;
   stats: BackupStats;
 }
 
@@ -97,6 +99,7 @@ function parseManifest(text: string, name: string, path: string): Manifest {
   if (!Array.isArray(m.chunks) || m.chunks.length !== Math.ceil(m.sizeBytes / m.chunkSize)) throw corrupt('wrong number of chunks');
   if (!m.chunks.every((c) => c === null || isChunkHash(c))) throw corrupt('a chunk entry is not a sha256');
   if (m.compression !== 'brotli') throw corrupt(`unknown compression ${JSON.stringify(m.compression)}`);
+  if (m.fsType !== undefined && (typeof m.fsType !== 'string' || !/^[a-z0-9]{1,16}$/.test(m.fsType))) throw corrupt('bad fsType');
   return m;
 }
 

@@ -24,6 +24,8 @@ export interface RestoreOptions {
   overwriteFile?: boolean | undefined;
   /** Chunks read ahead and decompressed at once (default 4). */
   parallel?: number | undefined;
+  /** Stops the restore between chunks (the node agent's job was preempted or the agent is stopping). */
+  signal?: AbortSignal | undefined;
 }
 
 export interface RestoreReport {
@@ -79,6 +81,7 @@ export async function restoreBackup(options: RestoreOptions): Promise<RestoreRep
       holeStart = undefined;
     };
     for (let index = 0; index < manifest.chunks.length; index++) {
+      options.signal?.throwIfAborted();
       for (let ahead = index; ahead < index + parallel; ahead++) fetch(ahead);
       const offset = index * chunkSize;
       const length = chunkLength(sizeBytes, chunkSize, index);

@@ -33,12 +33,15 @@ import { backupVerify } from './backup/verify.js';
 import { snapshotCreate } from './snapshot/create.js';
 import { snapshotDelete } from './snapshot/delete.js';
 import { snapshotList } from './snapshot/list.js';
+import { volumeAttach, volumeDetach } from './volume/attach.js';
+import { volumeClone } from './volume/clone.js';
 import { volumeCreate } from './volume/create.js';
 import { volumeDelete } from './volume/delete.js';
 import { volumeExpand } from './volume/expand.js';
 import { volumeInspect } from './volume/inspect.js';
 import { volumeList } from './volume/list.js';
 import { volumeRelease } from './volume/release.js';
+import { volumeRestore } from './volume/restore.js';
 
 /** The exit code commander chose for help, --version or a usage error (its text is already written); else undefined. */
 export function commanderExitCode(err: unknown): number | undefined {
@@ -80,7 +83,8 @@ export function buildProgram(io: CliIO, exit: (code: number) => void): Command {
         .option('--pool <pool>', 'rbd: an existing pool initialised for rbd', 'latch')
         .action(async (opts) => done(await demo(opts, io))),
 
-    volume: (c) => declareVolume(c.description('create, list, inspect, delete and release volumes'), io, done),
+    volume: (c) =>
+      declareVolume(c.description('create, list, inspect, delete, release, restore, clone, attach and detach volumes'), io, done),
 
     ticket: (c) => declareTicket(c.description('list, add and remove attachment tickets'), io, done),
 
@@ -222,6 +226,46 @@ function declareVolume(volume: Command, io: CommandIO, done: Done): void {
     .requiredOption('--node <node>', 'the node that is down')
     .option('--node-is-down', 'confirm the node is really down (powered off, or fenced): its device may still be set up')
     .action(async (name: string, opts) => done(await volumeRelease({ name, ...opts }, io)));
+  // Jobs the node agent does (docs/jobs.md): restore, clone, and a person's attach.
+  volume
+    .command('restore <new>')
+    .description(
+      'make a new volume from a backup: the node agent fills it (restore ticket, priority 2000: no workload gets the ' +
+        'volume until it is done); a failed restore keeps its ticket, so the half-made volume is never used',
+    )
+    .requiredOption('--from-backup <backup>', 'the backup in the backup target (latch backup list)')
+    .option('--node <node>', 'the node whose agent restores it (default: this node)')
+    .option('--fs-type <type>', `the filesystem recorded for the volume (default: the backup's, else defaultFsType)`)
+    .option('--no-wait', 'return once the restore is asked for (latch ticket list shows how it goes)')
+    .action(async (name: string, opts) => done(await volumeRestore({ name, ...opts }, io)));
+
+  volume
+    .command('clone <source> <new>')
+    .description(
+      "make a new volume with a copy of another's bytes (consistent: its filesystem frozen while a snapshot is cut if " +
+        'it is mounted), or of one of its snapshots; clone tickets on both volumes, on the node that holds the source',
+    )
+    .option('--from-snapshot <snapshot>', 'copy this snapshot of the source instead of its current state')
+    .option('--node <node>', 'the node whose agent copies it when the source is not in use (default: this node)')
+    .option('--no-wait', 'return once the clone is asked for (latch ticket list shows how it goes)')
+    .action(async (source: string, name: string, opts) => done(await volumeClone({ source, name, ...opts }, io)));
+
+  volume
+    .command('attach <name>')
+    .description(
+      "set a volume's device up on a node for a person (manual ticket, priority 1000), and mount it for inspection " +
+        'or fsck if asked (an existing filesystem only: never formats); it stays until latch volume detach',
+    )
+    .requiredOption('--node <node>', 'the node to set it up on')
+    .option('--mount <path>', 'mount it at this existing, empty directory on that node')
+    .option('--read-only', 'read-only: the device is shared with other readers and mounted read-only')
+    .action(async (name: string, opts) => done(await volumeAttach({ name, ...opts }, io)));
+
+  volume
+    .command('detach <name>')
+    .description("end a volume's manual attach: its agent unmounts it, releases the device and removes the ticket")
+    .option('--node <node>', 'the node it is attached on (checked)')
+    .action(async (name: string, opts) => done(await volumeDetach({ name, ...opts }, io)));
 }
 
 function declareTicket(ticket: Command, io: CommandIO, done: Done): void {

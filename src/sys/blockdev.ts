@@ -92,3 +92,8 @@ function checkDevicePath(device: string): string {
   }
   return device;
 }
+
+/** Drops the kernel's cached blocks of a device (BLKFLSBUF), so that the next reads come from the device: verifying a copy. */
+export async function flushBuffers(device: string): Promise<void> {
+  await run('blockdev', ['--flushbufs', checkDevicePath(device)]);
+}

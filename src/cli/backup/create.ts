@@ -69,6 +69,8 @@ export async function backupCreate(options: BackupCreateOptions, io: CommandIO):
       name,
       sourceDescription: source.image.description,
       node: config.nodeName,
+      // The filesystem it holds, so that a restore recreates the volume with it.
+      fsType: doc.status.filesystem,
       beforePublish: source.beforePublish,
     });
   } finally {

@@ -1,6 +1,7 @@
-// latch volume delete: a volume and its data; refused while it has tickets or a node holds it.
+// latch volume delete: a volume and its data; refused while it has tickets or a node holds it (a failed restore's or
+// clone's ticket excepted: it only guards the half-made volume).
 import { LatchError } from '../../errors.js';
-import type { VolumeDoc } from '../../ledger/types.js';
+import type { Ticket, VolumeDoc } from '../../ledger/types.js';
 import { configOf, type CommandIO } from '../io.js';
 import { getVolume } from './volume-doc.js';
 
@@ -16,8 +17,12 @@ export async function volumeDelete(options: { name: string }, io: CommandIO): Pr
 }
 
 function refuseIfInUse(doc: VolumeDoc): void {
-  const tickets = Object.keys(doc.spec.tickets).length;
-  const nodes = Object.keys(doc.status.nodes);
+  // A failed restore's or clone's ticket only keeps everyone off the half-made volume: deleting it is one way out.
+  const wanted = Object.values(doc.spec.tickets).filter((t) => !isHalfMade(doc, t));
+  const tickets = wanted.length;
+  const nodes = Object.entries(doc.status.nodes)
+    .filter(([node, entry]) => entry.phase !== 'granted' || wanted.some((t) => t.nodeID === node))
+    .map(([node]) => node);
   if (tickets > 0 || nodes.length > 0) {
     throw new LatchError(
       `volume ${doc.name} is in use: ${tickets} ticket(s)` +
@@ -25,4 +30,11 @@ function refuseIfInUse(doc: VolumeDoc): void {
         '; detach it first (latch ticket list shows who asked for it)',
     );
   }
+}
+
+/** A restore or clone target that failed: its ticket stays so that nothing uses what it half made. */
+function isHalfMade(doc: VolumeDoc, ticket: Ticket): boolean {
+  const job = ticket.job;
+  const failed = doc.status.tickets[ticket.id]?.job?.state === 'failed';
+  return failed && (job?.kind === 'restore' || (job?.kind === 'clone' && job.role === 'target'));
 }

@@ -83,6 +83,8 @@ export const backupJob: JobHandler<'backup'> = {
         name: job.backup,
         sourceDescription: source.image.description,
         node: config.nodeName,
+        // The filesystem it holds, so that a restore recreates the volume with it.
+        fsType: run.doc.status.filesystem,
         // Preempted or stopped: stop between chunks, and never publish; without a manifest nothing looks complete.
         onChunk: () => signal.throwIfAborted(),
         beforePublish: async () => {

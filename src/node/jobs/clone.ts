@@ -1,10 +1,185 @@
-// A placeholder until the clone handler lands (it is written on another branch): the job fails saying so.
-import { NotSupportedError } from '../../errors.js';
-import type { JobHandler } from './types.js';
+// The clone job (`latch volume clone SOURCE NEW [--from-snapshot S]`, docs/jobs.md, "Clone"), as the seeds' cloning
+// controller: one clone ticket on each volume, same node, same key (the new volume's name).
+//
+// Role target (on NEW, read-write, never preempted) does the work: it waits until the source's ticket holds SOURCE
+// here, reads a consistent image of it (snapshot S; else node/snapshot.ts's openBackupSource: a snapshot cut with the
+// filesystem frozen when SOURCE is mounted here, the idle image checked unchanged afterwards, ...), copies it onto
+// NEW's device sparsely (zero blocks become holes, never written), reads the device back to check every byte, and
+// records the filesystem it holds so that kubelet never formats NEW.
+//
+// Role source (on SOURCE, read-only) only holds SOURCE: its run() waits, reading the ledger, until the target's job is
+// over (succeeded: it succeeds; failed: it fails with the target's message; NEW or its ticket gone: it ends), and
+// then the runner lets SOURCE go as for any job. Everything it waits on is in the ledger, so an agent killed and
+// restarted simply waits again (or finds the target done and ends at once); the target's handler never writes the
+// source's ticket, so no two processes finish the same ticket.
+import { createHash } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { isAllZero } from '../../backup/chunks.js';
+import { readExactly } from '../../backup/files.js';
+import { openImage } from '../../backup/source.js';
+import { LatchError } from '../../errors.js';
+import { finishedJob, isPreempted, isSatisfied } from '../../ledger/arbitrate.js';
+import { jobTicketId } from '../../ledger/ids.js';
+import { blockDeviceSize, flushBuffers } from '../../sys/blockdev.js';
+import { zeroRange } from '../../sys/zero.js';
+import { openBackupSource } from '../snapshot.js';
+import { halfMade } from './restore.js';
+import type { JobHandler, JobOf, JobRun } from './types.js';
+
+/** How often a clone's two sides look at each other's ticket in the ledger. */
+const POLL_MS = 500;
+/** The unit of the copy: a block of zeros this size becomes a hole. */
+const BLOCK = 1024 * 1024;
 
 export const cloneJob: JobHandler<'clone'> = {
   kind: 'clone',
-  run() {
-    return Promise.reject(new NotSupportedError('clone jobs are not built into this latch yet'));
-  },
+  run: (job, run) =>
+    job.role === 'source'
+      ? holdSource(job, run)
+      : cloneInto(job, run).catch((err: unknown) => {
+          const repeat = `latch volume clone ${job.source} ${job.target}${job.fromSnapshot === undefined ? '' : ` --from-snapshot ${job.fromSnapshot}`}`;
+          throw run.signal.aborted ? err : halfMade(job.target, repeat, err);
+        }),
 };
+
+type CloneJob = JobOf<'clone'>;
+
+/** The clone tickets' IDs: on each volume, keyed by the new volume's name. */
+export function cloneTicketIds(job: Pick<CloneJob, 'source' | 'target'>): { source: string; target: string } {
+  return { source: jobTicketId('clone', job.source, job.target), target: jobTicketId('clone', job.target, job.target) };
+}
+
+async function holdSource(job: CloneJob, { ctx, signal }: JobRun) {
+  const id = cloneTicketIds(job).target;
+  for (;;) {
+    const doc = await ctx.ledger.get(job.target);
+    if (!doc) return { message: `volume ${job.target} is gone; stopped holding ${job.source} for its clone` };
+    const status = doc.status.tickets[id]?.job;
+    const finished = doc.spec.tickets[id] ? undefined : finishedJob(doc, id);
+    const state = status?.state ?? finished?.status.state;
+    if (state === 'failed') {
+      throw new LatchError(`the clone of ${job.source} into ${job.target} failed: ${status?.message ?? finished?.status.message ?? ''}`);
+    }
+    if (state === 'succeeded') return { message: `held ${job.source} while it was cloned into ${job.target}` };
+    if (!doc.spec.tickets[id]) return { message: `the clone ticket of ${job.target} was removed; stopped holding ${job.source}` };
+    await sleep(POLL_MS, undefined, { signal });
+  }
+}
+
+async function cloneInto(job: CloneJob, run: JobRun) {
+  const { ctx, volume, device, signal } = run;
+  if (job.fromSnapshot === undefined) await waitForSource(job, run);
+  else if (!(await ctx.ledger.get(job.source))) throw new LatchError(`volume ${job.source} does not exist`);
+  const source = await openBackupSource(ctx, job.source, job.fromSnapshot);
+  let copied: CopyReport;
+  try {
+    copied = await copySparse(source.image.path, device, signal);
+    // An idle image read directly: refused if SOURCE was asked for or written meanwhile (the job fails; run it again).
+    await source.beforePublish?.();
+  } finally {
+    await source.release();
+  }
+  await verifyCopy(device, copied, signal);
+  const filesystem = await ctx.system.probeFsType(device);
+  if (filesystem !== undefined) await ctx.ledger.recordFilesystem(volume, filesystem);
+  const from = job.fromSnapshot === undefined ? `${job.source} (${source.consistency})` : `snapshot ${job.fromSnapshot} of ${job.source}`;
+  return {
+    message:
+      `cloned ${from} into ${volume}: ${copied.dataBytes} bytes of data, ${copied.sizeBytes - copied.dataBytes} as holes, verified` +
+      (filesystem === undefined ? ', no filesystem on it' : `, ${filesystem} filesystem`),
+    result: {
+      source: job.source,
+      ...(job.fromSnapshot !== undefined && { fromSnapshot: job.fromSnapshot }),
+      consistency: source.consistency,
+      sizeBytes: copied.sizeBytes,
+      dataBytes: copied.dataBytes,
+      imageSha256: copied.sha256,
+      ...(filesystem !== undefined && { filesystem }),
+    },
+  };
+}
+
+/**
+ * Waits until the source's clone ticket holds SOURCE on this node with its device set up (by this agent's run of the
+ * source ticket, or a pod's): openBackupSource then reads a snapshot of it here, and nothing that sets the device up
+ * meanwhile can make the read inconsistent. A missing source ticket is waited for too (the command adds it right after
+ * the target's, and a repeat of the command adds it if it was interrupted in between).
+ */
+async function waitForSource(job: CloneJob, run: JobRun): Promise<void> {
+  const { ctx, volume, ticket, signal } = run;
+  const id = cloneTicketIds(job).source;
+  const node = ctx.config.nodeName;
+  let said = '';
+  for (;;) {
+    const doc = await ctx.ledger.get(job.source);
+    if (!doc) throw new LatchError(`volume ${job.source} does not exist`);
+    const theirs = doc.spec.tickets[id];
+    if (theirs && theirs.nodeID !== node)
+      throw new LatchError(`the clone ticket on ${job.source} is for node ${theirs.nodeID}, not ${node}`);
+    if (theirs && isSatisfied(doc, id) && !isPreempted(doc, id) && doc.status.nodes[node]?.phase === 'attached') return;
+    const waiting = theirs ? `waiting for ${job.source} to be set up on ${node}` : `waiting for the clone ticket on ${job.source}`;
+    if (waiting !== said) await ctx.ledger.recordJob(volume, ticket.id, { state: 'running', message: waiting });
+    said = waiting;
+    await sleep(POLL_MS, undefined, { signal });
+  }
+}
+
+interface CopyReport {
+  sizeBytes: number;
+  dataBytes: number;
+  sha256: string;
+}
+
+/** Copies the image onto the device block by block: data is written, zero blocks are zeroed as holes. */
+async function copySparse(path: string, device: string, signal: AbortSignal): Promise<CopyReport> {
+  const { handle: input, sizeBytes } = await openImage(path);
+  const { handle: output } = await openImage(device, 'r+');
+  try {
+    const deviceBytes = await blockDeviceSize(device);
+    if (deviceBytes < sizeBytes) throw new LatchError(`${device} holds ${deviceBytes} bytes, less than the ${sizeBytes} of ${path}`);
+    const whole = createHash('sha256');
+    let dataBytes = 0;
+    let holeStart: number | undefined;
+    for (let offset = 0; offset < sizeBytes; offset += BLOCK) {
+      signal.throwIfAborted();
+      const length = Math.min(BLOCK, sizeBytes - offset);
+      const data = await readExactly(input, length, offset, path);
+      whole.update(data);
+      if (isAllZero(data)) {
+        holeStart ??= offset;
+        continue;
+      }
+      // A repeat after a kill may find data from the earlier run in a range that is zero now: zero it, never skip it.
+      if (holeStart !== undefined) await zeroRange(output, device, holeStart, offset - holeStart);
+      holeStart = undefined;
+      for (let written = 0; written < length;) {
+        written += (await output.write(data, written, length - written, offset + written)).bytesWritten;
+      }
+      dataBytes += length;
+    }
+    if (holeStart !== undefined) await zeroRange(output, device, holeStart, sizeBytes - holeStart);
+    await output.sync();
+    return { sizeBytes, dataBytes, sha256: whole.digest('hex') };
+  } finally {
+    await input.close();
+    await output.close();
+  }
+}
+
+/** Reads the copy back from the device itself (its cached blocks dropped first) and compares the checksum. */
+async function verifyCopy(device: string, copied: CopyReport, signal: AbortSignal): Promise<void> {
+  await flushBuffers(device);
+  const { handle } = await openImage(device);
+  try {
+    const whole = createHash('sha256');
+    for (let offset = 0; offset < copied.sizeBytes; offset += BLOCK) {
+      signal.throwIfAborted();
+      whole.update(await readExactly(handle, Math.min(BLOCK, copied.sizeBytes - offset), offset, device));
+    }
+    if (whole.digest('hex') !== copied.sha256) {
+      throw new LatchError(`the copy on ${device} does not read back as what was written; this clone must not be used`);
+    }
+  } finally {
+    await handle.close();
+  }
+}

@@ -1,10 +1,59 @@
-// A placeholder until the restore handler lands (it is written on another branch): the job fails saying so.
-import { NotSupportedError } from '../../errors.js';
-import type { JobHandler } from './types.js';
+// The restore job (`latch volume restore NEW --from-backup B`, docs/jobs.md, "Restore"): fills the new volume's device
+// with backup B from the configured backup target. The ticket (restore, 2000, never preempted) keeps every workload
+// away from the volume until the job is done; a failed restore keeps its ticket, so a half-made volume is never used.
+//
+// Repeating after a kill starts over from the first chunk (restoreBackup zeroes holes and rewrites data, so whatever
+// an interrupted run wrote is overwritten); the job is done only once the whole image hashed to the manifest's
+// checksum. Only then is the filesystem found on the device recorded in the ledger: from then on kubelet's
+// mountdevice mounts it and never formats the volume.
+import { LatchError, errorMessage } from '../../errors.js';
+import { readManifest } from '../../backup/manifest.js';
+import { restoreBackup } from '../../backup/restore.js';
+import type { JobHandler, JobOf, JobRun } from './types.js';
 
 export const restoreJob: JobHandler<'restore'> = {
   kind: 'restore',
-  run() {
-    return Promise.reject(new NotSupportedError('restore jobs are not built into this latch yet'));
-  },
+  run: (job, run) =>
+    restore(job, run).catch((err: unknown) => {
+      throw run.signal.aborted ? err : halfMade(run.volume, `latch volume restore ${run.volume} --from-backup ${job.backup}`, err);
+    }),
 };
+
+/**
+ * The error of a failed restore or clone, saying what it means for the volume: the runner keeps the ticket (nothing
+ * may use the half-made volume), and what a person can do.
+ */
+export function halfMade(volume: string, repeat: string, err: unknown): LatchError {
+  return new LatchError(
+    `${errorMessage(err)}; volume ${volume} is incomplete and keeps its ticket so that nothing uses it: run \`${repeat}\` ` +
+      `again, or delete it (latch volume delete ${volume})`,
+    { cause: err },
+  );
+}
+
+async function restore(job: JobOf<'restore'>, { ctx, volume, device, signal }: JobRun) {
+  const target = ctx.config.backupTarget;
+  if (!target) throw new LatchError(`node ${ctx.config.nodeName} has no backup target configured (backupTarget in ${ctx.config.source})`);
+  const manifest = await readManifest(target, job.backup);
+  // restoreBackup refuses a device smaller than the backup, before it writes anything.
+  const report = await restoreBackup({ target, name: job.backup, destination: device, signal });
+  // The image matched the manifest's checksum (restoreBackup throws otherwise): what is on it now is the backup's.
+  const filesystem = await ctx.system.probeFsType(device);
+  if (filesystem !== undefined) await ctx.ledger.recordFilesystem(volume, filesystem);
+  return {
+    message:
+      `restored backup ${job.backup} (volume ${manifest.volume}) onto volume ${volume}: ${report.dataChunks} data chunk(s), ` +
+      `${report.holeChunks} hole(s), checksum verified` +
+      (filesystem === undefined ? ', no filesystem on it' : `, ${filesystem} filesystem`),
+    result: {
+      backup: job.backup,
+      sourceVolume: manifest.volume,
+      sizeBytes: report.sizeBytes,
+      dataChunks: report.dataChunks,
+      holeChunks: report.holeChunks,
+      bytesWritten: report.bytesWritten,
+      imageSha256: manifest.imageSha256,
+      ...(filesystem !== undefined && { filesystem }),
+    },
+  };
+}

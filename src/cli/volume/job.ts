@@ -1,0 +1,67 @@
+// What `latch volume restore|clone|attach` share: ask for the job, print how it goes, and take back a volume the
+// request created when no agent ever started on it.
+import type { Context } from '../../context.js';
+import type { JobRequest } from '../../ledger/arbitrate.js';
+import type { NewVolumeSpec } from '../../ledger/ledger.js';
+import type { VolumeDoc } from '../../ledger/types.js';
+import type { CommandIO } from '../io.js';
+import { describeOutcome, requestAndWait, type JobResult } from '../jobs/request.js';
+
+export interface RunJobOptions {
+  wait: boolean;
+  timeoutMs: number;
+  create?: NewVolumeSpec;
+  /**
+   * Never take the ticket back when no agent starts it (a repeated restore or clone whose earlier run failed: the
+   * volume is half-made, and its ticket is what keeps workloads off it).
+   */
+  keepUnstarted?: boolean;
+  /** The request creates the volume: if it ends with the volume an unused shell (no agent started), delete it. */
+  undoCreate?: boolean;
+}
+
+/** Requests the job, prints progress and the outcome; a failed job is thrown (LatchError with its message). */
+export async function runJob(ctx: Context, io: CommandIO, volume: string, request: JobRequest, options: RunJobOptions): Promise<JobResult> {
+  let result: JobResult;
+  try {
+    result = await requestAndWait(ctx, volume, request, {
+      wait: options.wait,
+      timeoutMs: options.timeoutMs,
+      ...(options.create && { create: options.create }),
+      ...(options.keepUnstarted && { pickupMs: Number.POSITIVE_INFINITY }),
+      onProgress: (message) => io.out(`  ${message}\n`),
+    });
+  } catch (err) {
+    if (options.undoCreate) await removeUnusedShell(ctx, volume);
+    throw err;
+  }
+  io.out(`${describeOutcome(result)}\n`);
+  return result;
+}
+
+/** Removes the job ticket if no agent started its job (one CAS write). */
+export async function takeBackUnstarted(ctx: Context, volume: string, id: string): Promise<void> {
+  await ctx.ledger.removeTicket(volume, (doc) => (doc.status.tickets[id]?.job === undefined ? id : undefined));
+}
+
+/**
+ * Deletes the volume's document if nothing ever used it: the ticket that created it was taken back before any agent
+ * started (so no image was made either), and nothing else asked for it meanwhile. Anything else is left as it is.
+ */
+async function removeUnusedShell(ctx: Context, volume: string): Promise<void> {
+  await ctx.ledger
+    .deleteVolume(volume, (doc) => {
+      if (!isUnusedShell(doc)) throw new Error('not an unused shell');
+    })
+    .catch(() => undefined);
+}
+
+/** No tickets, no holder, no filesystem, no job history: a document nothing ever used. */
+function isUnusedShell(doc: VolumeDoc): boolean {
+  return (
+    Object.keys(doc.spec.tickets).length === 0 &&
+    Object.keys(doc.status.nodes).length === 0 &&
+    doc.status.filesystem === undefined &&
+    (doc.status.jobs ?? []).length === 0
+  );
+}
