@@ -6,9 +6,8 @@
 import { createServer, type Server } from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Config } from '../config.js';
-import { LatchError } from '../errors.js';
+import { LatchError, errorMessage } from '../errors.js';
 import { writeLog } from '../log.js';
-import { errorMessage } from '../errors.js';
 import { withHostLock } from '../sys/lock.js';
 import { JobRunner } from './agent/jobs.js';
 import { parseSchedules } from './agent/recurring.js';

@@ -11,7 +11,6 @@ import { after, describe, it } from 'node:test';
 import type { LoopBackend } from '../../src/backend/loop.js';
 import {
   beyondRetention,
-  jobNode,
   latestSlot,
   parseSchedules,
   recurringName,
@@ -22,7 +21,6 @@ import {
 import { parseConfig, type RecurringJobConfig } from '../../src/config.js';
 import { createContext, type Context } from '../../src/context.js';
 import { ConfigError } from '../../src/errors.js';
-import { newVolume } from '../../src/ledger/arbitrate.js';
 import { jobTicketId } from '../../src/ledger/ids.js';
 import { MemoryStore } from '../fixtures/memory-store.js';
 
@@ -119,18 +117,6 @@ describe('slots, names and selectors', () => {
       beyondRetention(backups, 'pvc-1', ['hourly-20261123-0700-pvc-1', 'hourly-20261123-0800-pvc-1', 'hourly-20261123-0700-pvc-10']),
       ['hourly-20261123-0700-pvc-1'],
     );
-  });
-
-  it('the job’s node: the holder of a volume in use, else the asking node', () => {
-    const doc = newVolume('pvc-1', MiB, 'ext4', '2026-01-01T00:00:00Z');
-    assert.equal(jobNode(doc, 'node-a'), 'node-a');
-    doc.status.nodes['node-b'] = { phase: 'attached', readOnly: false, since: '2026-01-01T00:00:00Z' };
-    assert.equal(jobNode(doc, 'node-a'), 'node-b');
-    doc.status.nodes['node-a'] = { phase: 'attached', readOnly: true, since: '2026-01-01T00:00:00Z' };
-    assert.equal(jobNode(doc, 'node-a'), 'node-a', 'one of several holders asks for itself');
-    delete doc.status.nodes['node-a'];
-    doc.status.nodes['node-b'].phase = 'granted';
-    assert.equal(jobNode(doc, 'node-a'), 'node-a', 'granted is not in use yet');
   });
 });
 

@@ -14,9 +14,9 @@ import type { Config, RecurringJobConfig } from '../../config.js';
 import type { Context } from '../../context.js';
 import { ConfigError, LatchError, errorMessage } from '../../errors.js';
 import { finishedJob } from '../../ledger/arbitrate.js';
-import { jobTicketId } from '../../ledger/ids.js';
-import type { JobSpec, NodePhase, VolumeDoc } from '../../ledger/types.js';
+import type { JobSpec, VolumeDoc } from '../../ledger/types.js';
 import { backupTargetOf } from '../backup/target.js';
+import { jobNode, jobRequest } from '../jobs/request.js';
 
 /** What latch uses of a parsed cron expression (croner's Cron). */
 interface Cron {
@@ -110,20 +110,6 @@ export function beyondRetention(job: RecurringJobConfig, volume: string, names: 
   return made.slice(job.retain).map((m) => m.name);
 }
 
-const IN_USE: readonly NodePhase[] = ['attaching', 'attached', 'detaching'];
-
-/**
- * The node a job ticket for this volume names: the one that holds it when it is in use (a job never moves a volume
- * in use; this node when it is one of several read-only holders), else this node.
- */
-export function jobNode(doc: VolumeDoc, me: string): string {
-  const holders = Object.entries(doc.status.nodes)
-    .filter(([, n]) => IN_USE.includes(n.phase))
-    .map(([node]) => node)
-    .sort();
-  return holders.length === 0 || holders.includes(me) ? me : (holders[0] as string);
-}
-
 type Log = (entry: Record<string, unknown>) => void;
 
 /** Retention runs once per finished job and node in this process (it is idempotent; this only saves the listing). */
@@ -161,7 +147,11 @@ async function runSlot(ctx: Context, job: RecurringJobConfig, stamp: string, doc
       `the backup name ${name.slice(0, 40)}... would be longer than ${MAX_BACKUP_NAME} characters: shorten the job's name`,
     );
   }
-  const id = jobTicketId(job.task, volume, name);
+  const spec: JobSpec = job.task === 'snapshot' ? { kind: 'snapshot', snapshot: name } : { kind: 'backup', backup: name };
+  // The holder of a volume in use; for an idle one, this node (the first agent to ask wins: the ID is the same).
+  const node = jobNode(ctx, volume, doc);
+  const request = jobRequest(ctx, volume, spec, node, { owner: `recurring job ${job.name}` });
+  const id = request.id;
   const finished = finishedJob(doc, id);
   if (finished) {
     // Done (succeeded or failed: a failed slot is not retried; the next slot is a new try).
@@ -171,18 +161,8 @@ async function runSlot(ctx: Context, job: RecurringJobConfig, stamp: string, doc
   }
   if (doc.spec.tickets[id]) return; // asked for already, by this agent or another: under way
   if (await alreadyMade(ctx, job, volume, name)) return;
-  const spec: JobSpec = job.task === 'snapshot' ? { kind: 'snapshot', snapshot: name } : { kind: 'backup', backup: name };
-  const node = jobNode(doc, me);
   try {
-    await ctx.ledger.requestJob(volume, {
-      id,
-      type: job.task,
-      nodeID: node,
-      parameters: { readOnly: true, disableFrontend: true },
-      job: spec,
-      requestedBy: { admin: true },
-      owner: `recurring job ${job.name}`,
-    });
+    await ctx.ledger.requestJob(volume, request);
   } catch (err) {
     // Another agent asked first, for another node: its ticket is the slot's ticket (the IDs are the same).
     const now = await ctx.ledger.get(volume);
