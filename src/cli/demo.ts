@@ -1,7 +1,8 @@
 // latch demo, the main job of the README's quick start: plays, against the real executable, what the controller and
 // kubelet do when a pod using a latch volume starts on node-a and stops, shows node-b refused while node-a holds the
-// volume, then moves the volume (and its data) to node-b; takes a snapshot of it in use there and a backup of that,
-// restores the backup into a new volume on node-a and reads the data back; and leaves nothing behind.
+// volume, then moves the volume (and its data) to node-b; has node-b's agent take a snapshot of it in use there and
+// a backup of that, and node-a's agent restore the backup into a new volume, read back by a pod on node-a; and leaves
+// nothing behind.
 // `--backend rbd` plays the same on a Ceph cluster, with a fence (demo-rbd.ts).
 import { createHash } from 'node:crypto';
 import { mkdir, mkdtemp, readFile, writeFile } from 'node:fs/promises';
@@ -14,62 +15,84 @@ import type { CommandIO } from './io.js';
 const sha256 = (text: string) => createHash('sha256').update(text).digest('hex');
 
 /**
- * While the pod on node-b uses the volume: a snapshot (its filesystem frozen while it is cut), a backup of that
- * snapshot to the backup target, and the backup restored into a new volume on node-a, mounted there like a pod's,
- * with hello.txt read back and its checksum compared. The new volume is gone again at the end.
+ * While the pod on node-b uses the volume, an admin on node-a asks for a snapshot and a backup of it: tickets for
+ * node-b, which holds it, done by node-b's agent beside the pod (the snapshot cut with the filesystem frozen). Then a
+ * restore of the backup into a new volume, done by node-a's agent; a pod on node-a mounts it and reads hello.txt,
+ * whose checksum must be the one written on node-b's volume. Each job is asked for with --no-wait and done by one
+ * round of that node's agent (`latch agent --once`), so the demo needs no agent running in the background.
  */
 async function snapshotBackupRestore(
   narrator: Narrator,
-  demo: { nodeA: string; nodeB: string; pv: string; backups: string; work: string; text: string },
+  demo: { nodeA: string; nodeB: string; pv: string; work: string; text: string },
 ): Promise<void> {
-  const { nodeA, nodeB, pv, backups, work, text } = demo;
+  const { nodeA, nodeB, pv, work, text } = demo;
   const say = (line: string) => narrator.say(line);
-  say('\n== A snapshot and a backup of the volume in use on node-b, restored into a new volume on node-a');
+  /** The message of the volume's latest finished job, as its agent recorded it. */
+  const lastJob = async (config: string, volume: string, done: string) => {
+    const inspected = await runSelf(['volume', 'inspect', volume, '-o', 'json'], config);
+    const jobs = (JSON.parse(inspected.stdout || '{}') as { status?: { jobs?: { status: { state: string; message: string } }[] } }).status
+      ?.jobs;
+    const last = jobs?.at(-1)?.status;
+    narrator.check(
+      last?.state === 'succeeded' && last.message.includes(done),
+      `    -> the job: ${last?.state ?? 'none'}: ${last?.message ?? ''}`,
+    );
+  };
+  say('\n== Snapshot, backup and restore: job tickets, done by the node agents');
   say(`[pod on node-b] sha256 of hello.txt: ${sha256(text)}`);
-  await narrator.admin(nodeB, ['snapshot', 'create', pv, 'demo-snapshot']);
-  await narrator.admin(nodeB, ['snapshot', 'list', pv]);
-  await narrator.admin(nodeB, ['backup', 'create', pv, '--name', 'demo-backup', '--from-snapshot', 'demo-snapshot']);
+  await narrator.admin(nodeA, ['snapshot', 'create', pv, 'demo-snapshot', '--no-wait'], false, 'admin on node-a');
+  say('       the volume is in use on node-b: the snapshot ticket is for node-b, whose agent takes it beside the pod');
+  await narrator.admin(nodeB, ['agent', '--once'], false, 'agent on node-b');
+  await lastJob(nodeA, pv, 'demo-snapshot');
+  await narrator.admin(
+    nodeA,
+    ['backup', 'create', pv, 'demo-backup', '--from-snapshot', 'demo-snapshot', '--no-wait'],
+    false,
+    'admin on node-a',
+  );
+  await narrator.admin(nodeB, ['agent', '--once'], false, 'agent on node-b');
+  await lastJob(nodeA, pv, 'demo-backup');
+  await narrator.admin(nodeA, ['backup', 'list', pv]);
 
   const restored = 'pv-restored';
+  await narrator.admin(
+    nodeA,
+    ['volume', 'restore', restored, '--from-backup', 'demo-backup', '--node', 'node-a', '--no-wait'],
+    false,
+    'admin on node-a',
+  );
+  say('       a new volume with a restore ticket (priority 2000): no pod gets it before the restore is done');
+  await narrator.admin(nodeA, ['agent', '--once'], false, 'agent on node-a');
+  await lastJob(nodeA, restored, 'demo-backup');
+
   const options = kubeletOptions(restored, '256Mi');
-  await narrator.call({
-    who: 'controller',
-    config: nodeA,
-    args: ['attach', options, 'node-a'],
-    expect: success,
-    note: 'a new, empty volume',
-  });
+  await narrator.call({ who: 'controller', config: nodeA, args: ['attach', options, 'node-a'], expect: success });
   const wait = await narrator.call({
     who: 'kubelet node-a',
     config: nodeA,
     args: ['waitforattach', '', options],
     expect: (r) => typeof r.device === 'string',
   });
-  const device = String(wait.device);
-  // TODO(jobs): through `latch volume restore` and the node agent once they are in; the backup engine directly here.
-  say(`[admin] restore backup demo-backup onto ${device} (node-a)`);
-  const { restoreBackup } = await import('../backup/restore.js');
-  const report = await restoreBackup({ target: { type: 'dir', path: backups }, name: 'demo-backup', destination: device });
-  say(`    -> ${report.dataChunks} data chunk(s) written, ${report.holeChunks} hole(s) left as holes; every checksum checked`);
   const mount = join(work, `kubelet/plugins/kubernetes.io/flexvolume/${DEFAULT_DRIVER_NAME}/mounts`, restored);
   await mkdir(mount, { recursive: true, mode: 0o750 });
   await narrator.call({
     who: 'kubelet node-a',
     config: nodeA,
-    args: ['mountdevice', mount, device, options],
+    args: ['mountdevice', mount, String(wait.device), options],
     expect: success,
     note: 'the restored filesystem: mounted, never reformatted',
   });
   const readBack = await readFile(join(mount, 'hello.txt'), 'utf8').catch(() => '(missing)');
+  const same = sha256(readBack) === sha256(text);
   narrator.check(
-    sha256(readBack) === sha256(text),
-    `[pod on node-a] read hello.txt from the restored volume: sha256 ${sha256(readBack)} ${sha256(readBack) === sha256(text) ? '(the same)' : '(DIFFERENT)'}`,
+    same,
+    `[pod on node-a] read hello.txt from the restored volume: sha256 ${sha256(readBack)} ${same ? '(the same)' : '(DIFFERENT)'}`,
   );
   await narrator.call({ who: 'kubelet node-a', config: nodeA, args: ['unmountdevice', mount], expect: success });
   await narrator.call({ who: 'controller', config: nodeA, args: ['detach', restored, 'node-a'], expect: success });
   await narrator.admin(nodeA, ['volume', 'delete', restored]);
-  await narrator.admin(nodeB, ['backup', 'delete', 'demo-backup']);
-  await narrator.admin(nodeB, ['snapshot', 'delete', pv, 'demo-snapshot']);
+  await narrator.admin(nodeA, ['backup', 'delete', 'demo-backup']);
+  await narrator.admin(nodeA, ['snapshot', 'delete', pv, 'demo-snapshot']);
 }
 
 /** Exit status 0 when every call answered as expected and nothing was left behind, else 1. */
@@ -175,7 +198,7 @@ export async function demo(options: DemoOptions, io: CommandIO): Promise<number>
     const readBack = await readFile(join(globalMount, 'hello.txt'), 'utf8').catch(() => '(missing)');
     narrator.check(readBack === text, `[pod on node-b] read hello.txt: ${readBack.trim()}`);
 
-    await snapshotBackupRestore(narrator, { nodeA, nodeB, pv, backups, work, text });
+    await snapshotBackupRestore(narrator, { nodeA, nodeB, pv, work, text });
 
     await call({ who: 'kubelet node-b', config: nodeB, args: ['unmountdevice', globalMount], expect: success });
     await call({ who: 'controller', config: nodeB, args: ['detach', pv, 'node-b'], expect: success });

@@ -726,11 +726,15 @@ refused() {
   assert_equal "$stderr" ""
   assert_output --partial 'Demo finished'
   refute_output --partial 'NOT AS EXPECTED'
-  # The snapshot and backup/restore round trip: a snapshot of the volume in use on node-b (frozen), a backup of it,
-  # restored into a new volume on node-a, and the file read back there with the checksum it had on node-b.
-  assert_output --partial 'snapshot demo-snapshot of volume pv-demo created'
-  assert_output --partial 'its filesystem was frozen while it was cut'
-  assert_output --partial 'backup demo-backup of volume pv-demo created'
+  # The snapshot and backup/restore round trip through job tickets: asked for on node-a, the snapshot (frozen beside
+  # the pod) and the backup done by node-b's agent, which holds the volume; the restore into a new volume by node-a's
+  # agent; the file read back on node-a with the checksum it had on node-b.
+  assert_output --partial 'asked node node-b for it: ticket snapshot-'
+  assert_output --regexp 'the job: succeeded: snapshot demo-snapshot of volume pv-demo created \([^)]*frozen\)'
+  assert_output --partial 'asked node node-b for it: ticket backup-'
+  assert_output --partial 'the job: succeeded: backup demo-backup of volume pv-demo created'
+  assert_output --partial 'asked node node-a for it: ticket restore-'
+  assert_output --partial 'the job: succeeded: restored backup demo-backup (volume pv-demo) onto volume pv-restored'
   assert_output --partial 'the restored filesystem: mounted, never reformatted'
   local written restored
   written=$(sed -n 's/^\[pod on node-b\] sha256 of hello.txt: \([0-9a-f]\{64\}\)$/\1/p' <<<"$output")
