@@ -78,6 +78,18 @@ describe('recurringJobs in the configuration', () => {
   });
 });
 
+describe('the cron library in the bundle', () => {
+  const skip = !existsSync('bin/latch') ? 'needs bin/latch: npm run build' : false;
+  it('is embedded as a string, evaluated only when the agent imports it (driver calls never pay for it)', { skip }, () => {
+    const bundle = readFileSync('bin/latch', 'utf8');
+    const end = bundle.search(/\{\s*filename:\s*"croner"\s*\}/);
+    const start = bundle.lastIndexOf('runInThisContext(', end);
+    assert.ok(start > 0 && end > start, 'croner is wrapped in a runInThisContext of its source string');
+    const uses = [...bundle.matchAll(/CronIterator/g)].map((m) => m.index);
+    assert.ok(uses.length > 0 && uses.every((i) => i > start && i < end), 'all of croner is inside that string');
+  });
+});
+
 describe('slots, names and selectors', () => {
   it('the latest slot is at or before now, in UTC, by whole minutes', async () => {
     const [every5] = await parseSchedules(config({ recurringJobs: [{ ...hourly, cron: '*/5 * * * *' }] }));
