@@ -7,7 +7,6 @@ import { LatchError } from '../errors.js';
 import { FS_TYPES } from '../filesystems.js';
 import { DEFAULT_PLUGIN_DIR, OPENSHIFT_PLUGIN_DIR } from '../host/plugin-dir.js';
 import { PRESET_NAMES, PRESETS, presetNamed } from '../host/presets.js';
-import { TICKET_TYPES } from '../ledger/types.js';
 import { VERSION } from '../version.js';
 import { agent } from './agent.js';
 import { ADMIN_COMMANDS, type AdminCommandName } from './command-names.js';
@@ -21,7 +20,7 @@ import { metrics } from './metrics.js';
 import { nodeCheck } from './node/check.js';
 import { nodeClearFences, nodeFence, nodeUnfence } from './node/fence.js';
 import { parseFormat } from './output.js';
-import { parseOwner, parseTicketType, parseTtl, ticketAdd } from './ticket/add.js';
+import { ADDABLE_TICKET_TYPES, parseOwner, parseTicketType, parseTtl, ticketAdd } from './ticket/add.js';
 import { ticketList } from './ticket/list.js';
 import { ticketRemove } from './ticket/remove.js';
 import { uninstall } from './uninstall.js';
@@ -280,7 +279,7 @@ function declareTicket(ticket: Command, io: CommandIO, done: Done): void {
     .command('add <volume>')
     .description('add a ticket asking for the volume on a node')
     .requiredOption('--node <node>', 'the node that should have the volume')
-    .option('--type <type>', `ticket type (${TICKET_TYPES.join(', ')})`, valueOf(parseTicketType), 'admin')
+    .option('--type <type>', `ticket type (${ADDABLE_TICKET_TYPES.join(', ')})`, valueOf(parseTicketType), 'admin')
     .option('--read-only', 'ask for read-only access')
     .option('--owner <who>', 'who asks (required for admin and maintenance tickets); shown in ticket list', valueOf(parseOwner))
     .option('--ttl <duration>', 'remove the ticket by itself after this long (90s, 30m, 2h, 1d)', valueOf(parseTtl))

@@ -302,7 +302,7 @@ export function reconcile(doc: VolumeDoc, now: string): VolumeDoc {
  * from its node: a maintenance reservation, a snapshot, a backup, or the source side of a clone. Never a workload
  * (a pod's device), a person's attach or reservation, a restore or a clone target (data being written).
  */
-export function isPreemptible(ticket: Ticket): boolean {
+function isPreemptible(ticket: Ticket): boolean {
   if (ticket.type === 'maintenance') return true;
   const job = ticket.job;
   return job?.kind === 'snapshot' || job?.kind === 'backup' || (job?.kind === 'clone' && job.role === 'source');
@@ -400,7 +400,7 @@ function statusOf(doc: VolumeDoc, ticket: Ticket, sorted: Ticket[]): TicketStatu
       ...base,
       satisfied: false,
       reason: 'Preempted',
-      message: `node ${ticket.nodeID} is letting the volume go to a ticket of higher priority; it gets it back afterwards`,
+      message: `preempted: node ${ticket.nodeID} is letting the volume go for a ticket of higher priority elsewhere; this ticket is granted again once the volume is free`,
     };
   }
   if (isFencedOff(doc, ticket.nodeID)) {

@@ -3,7 +3,7 @@
 // "still wanted" touch that tells a live request from an abandoned one. None of them can let two nodes hold a volume:
 // removing a ticket never ends a node's hold (a node that had the device goes detaching), and a hold is released only
 // on the node's proof that it has no device (the caller's duty: see node/self-release.ts).
-import { isSatisfied, markReleased, removeTicket } from './arbitrate.js';
+import { finishJob, isSatisfied, markReleased, recordJob, removeTicket } from './arbitrate.js';
 import type { AutomaticAction, Ticket, VolumeDoc } from './types.js';
 
 /** How many automatic actions a volume's status keeps (the oldest go first). */
@@ -49,10 +49,20 @@ export function reapTickets(doc: VolumeDoc, now: string, abandonedAfterMs?: numb
         `not asked for since ${ticket.lastSeen ?? ticket.createdAt} (more than ${Math.round(abandonedAfterMs / 1000)} s)`;
     }
     if (message === undefined) continue;
-    next = removeTicket(next, ticket.id, now);
+    next = ticket.job ? reapJob(next, ticket.id, message, now) : removeTicket(next, ticket.id, now);
     reaped.push({ at: now, kind: isExpired(ticket, nowMs) ? 'expired' : 'abandoned', node: ticket.nodeID, ticket: ticket.id, message });
   }
   return reaped.length === 0 ? { doc, reaped } : { doc: recordAutomatic(next, reaped), reaped };
+}
+
+/**
+ * A reaped job ticket goes the way a finished one does, so that its requester finds the outcome in status.jobs: a job
+ * that had not come to an end is recorded as failed, saying why it was reaped.
+ */
+function reapJob(doc: VolumeDoc, id: string, message: string, now: string): VolumeDoc {
+  const state = doc.status.tickets[id]?.job?.state;
+  const ended = state === 'succeeded' || state === 'failed' || state === 'ending';
+  return finishJob(ended ? doc : recordJob(doc, id, { state: 'failed', message }, now), id, now);
 }
 
 /**

@@ -24,8 +24,10 @@ import {
   type JobRequest,
   type TicketRequest,
 } from '../../src/ledger/arbitrate.js';
+import { reapTickets } from '../../src/ledger/automatic.js';
 import { jobTicketId } from '../../src/ledger/ids.js';
-import type { JobSpec, TicketType, VolumeDoc } from '../../src/ledger/types.js';
+import { TICKET_PRIORITY, type JobSpec, type TicketType, type VolumeDoc } from '../../src/ledger/types.js';
+import { checkInvariants } from '../fixtures/ledger-invariants.js';
 
 const T0 = '2026-11-23T10:00:00.000Z';
 const T1 = '2026-11-23T10:00:01.000Z';
@@ -221,6 +223,18 @@ describe("job tickets: the job's life", () => {
     s = recordJob(s, 'snap-1', { state: 'succeeded', message: 'ok' }, T1);
     assert.equal(endJob(s, 'snap-1', T2), s);
   });
+  it('an expired job ticket is reaped the way a finished one goes: its requester finds the outcome', () => {
+    let doc = requestJob(vol(), { ...snap('snap-1', 'node-a'), expiresAt: T1 }, T0);
+    doc = startJob(doc, 'snap-1', 'node-a', T0);
+    doc = requestJob(doc, { ...snap('snap-2', 'node-a', 's2'), expiresAt: T1 }, T0);
+    doc = recordJob(startJob(doc, 'snap-2', 'node-a', T0), 'snap-2', { state: 'succeeded', message: 'taken' }, T0);
+    const { doc: reaped } = reapTickets(doc, T2);
+    assert.deepEqual(Object.keys(reaped.spec.tickets), []);
+    assert.equal(finishedJob(reaped, 'snap-1')?.status.state, 'failed');
+    assert.match(finishedJob(reaped, 'snap-1')?.status.message ?? '', /snapshot ticket expired at/);
+    assert.equal(finishedJob(reaped, 'snap-2')?.status.state, 'succeeded', 'a job done before it expired keeps its outcome');
+    assert.equal(reaped.status.automatic?.length, 2);
+  });
 });
 
 describe("job tickets: the seeds' conditions", () => {
@@ -327,6 +341,8 @@ describe('job tickets: preemption', () => {
     doc = addTicket(doc, ticket('workload-b', 'node-b'), T1);
     assert.equal(doc.status.nodes['node-a']?.phase, 'detaching');
     assert.equal(doc.status.tickets['snap-a']?.reason, 'Preempted');
+    assert.match(doc.status.tickets['snap-a']?.message ?? '', /^preempted: node node-a is letting the volume go/);
+    assert.equal(condition(doc, 'snap-a', 'Job')?.reason, 'Preempted');
     assert.equal(isPreempted(doc, 'snap-a'), true);
     assert.equal(doc.status.tickets['workload-b']?.reason, 'Detaching');
     assert.equal(isSatisfied(doc, 'workload-b'), false, 'never two nodes');
@@ -425,5 +441,105 @@ describe('lastAttachedBy', () => {
     assert.deepEqual(moved?.status.lastAttachedBy, doc.status.lastAttachedBy);
     doc = markReleased(removeTicket(removeTicket(doc, 'workload-a', T3), 'snap-a', T3), 'node-a', T3);
     assert.equal(doc.status.lastAttachedBy?.ticket, 'workload-a', 'kept after detach');
+  });
+});
+
+describe('job tickets: random walks', () => {
+  /** A small deterministic generator (mulberry32), so a failing walk can be replayed from its seed. */
+  const random = (seed: number) => () => {
+    seed = (seed + 0x6d2b79f5) | 0;
+    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+  const NODES = ['node-a', 'node-b', 'node-c'];
+  const SPECS: JobSpec[] = [
+    { kind: 'snapshot', snapshot: 's' },
+    { kind: 'backup', backup: 'b' },
+    { kind: 'clone', role: 'source', source: 'v1', target: 'v2' },
+    { kind: 'clone', role: 'target', source: 'v0', target: 'v1' },
+    { kind: 'restore', backup: 'b' },
+    { kind: 'attach' },
+  ];
+  const NOT_PREEMPTIBLE = new Set(['workload', 'manual', 'admin', 'restore']);
+
+  it('every step keeps the ledger sound, reconciling again changes nothing, and no pod or person is preempted', () => {
+    for (const seed of [1, 2, 3, 4, 5, 6, 7, 8]) {
+      const rand = random(seed);
+      const pick = <T>(items: readonly T[]): T => items[Math.floor(rand() * items.length)] as T;
+      let doc = vol();
+      let clock = Date.parse(T0);
+      for (let step = 0; step < 600; step++) {
+        const now = new Date((clock += 1000)).toISOString();
+        const node = pick(NODES);
+        const ids = Object.keys(doc.spec.tickets);
+        const id = ids.length > 0 ? pick(ids) : 'none';
+        const before = doc;
+        const op = Math.floor(rand() * 12);
+        try {
+          if (op === 0) doc = addTicket(doc, ticket(`workload-${node}`, node, 'workload', rand() < 0.3), now);
+          else if (op === 1)
+            doc = addTicket(
+              doc,
+              ticket(`${pick(['admin', 'maintenance'] as const)}-${node}`, node, pick(['admin', 'maintenance'] as const), rand() < 0.5),
+              now,
+            );
+          else if (op === 2) {
+            const spec = pick(SPECS);
+            doc = requestJob(
+              doc,
+              job(
+                `${spec.kind}-${'role' in spec ? spec.role : ''}-${node}`,
+                node,
+                spec,
+                spec.kind === 'snapshot' || spec.kind === 'backup' || (spec.kind === 'clone' && spec.role === 'source'),
+              ),
+              now,
+            );
+          } else if (op === 3) doc = removeTicket(doc, id, now);
+          else if (op === 4) doc = markAttaching(doc, node, now) ?? doc;
+          else if (op === 5) doc = markAttached(doc, node, `/dev/loop${NODES.indexOf(node)}`, now) ?? doc;
+          else if (op === 6) doc = markReleased(doc, node, now);
+          else if (op === 7) doc = startJob(doc, id, doc.spec.tickets[id]?.nodeID ?? node, now);
+          else if (op === 8)
+            doc = recordJob(doc, id, { state: pick(['running', 'succeeded', 'failed'] as const), message: pick(['a', 'b']) }, now);
+          else if (op === 9) doc = finishJob(doc, id, now);
+          else if (op === 10) doc = endJob(doc, id, now);
+          else doc = reconcile(structuredClone(doc), now);
+        } catch (err) {
+          // Refusals are fine (startJob of a waiting job, finishJob of a non-job ticket): they change nothing.
+          assert.match(String(err), /LatchError/);
+          doc = before;
+        }
+        const where = `seed ${seed} step ${step} op ${op}`;
+        assert.deepEqual(checkInvariants(doc), [], where);
+        assert.deepEqual(
+          reconcile(structuredClone(doc), new Date(clock + 500).toISOString()),
+          doc,
+          `${where}: a second reconcile is a no-op`,
+        );
+        for (const [n, entry] of Object.entries(doc.status.nodes)) {
+          const wasInUse = before.status.nodes[n]?.phase === 'attaching' || before.status.nodes[n]?.phase === 'attached';
+          if (!wasInUse || entry.phase !== 'detaching') continue;
+          // A node that lets go while tickets still want it there: only preemptible ones, for a more important ticket.
+          const kept = Object.values(doc.spec.tickets).filter((t) => t.nodeID === n);
+          for (const t of kept) {
+            assert.ok(!NOT_PREEMPTIBLE.has(t.type) && !(t.job?.kind === 'clone' && t.job.role === 'target'), `${where}: ${t.id} preempted`);
+          }
+          if (kept.length > 0) {
+            const top = Math.max(...kept.map((t) => TICKET_PRIORITY[t.type]));
+            assert.ok(
+              Object.values(doc.spec.tickets).some((t) => t.nodeID !== n && TICKET_PRIORITY[t.type] > top),
+              `${where}: ${n} preempted for nothing`,
+            );
+          }
+        }
+        for (const [key, st] of Object.entries(doc.status.tickets)) {
+          const conditions = st.conditions ?? [];
+          assert.equal(conditions[0]?.type, 'Satisfied', `${where}: ${key}`);
+          assert.equal(conditions.length, st.job ? 2 : 1, `${where}: ${key} Job condition iff job status`);
+        }
+      }
+    }
   });
 });

@@ -82,7 +82,7 @@ describe('volume and ticket commands, called as functions', () => {
     const table = io.take();
     assert.match(
       table,
-      new RegExp(`^data +${id.slice(0, 'admin-'.length + 12)}\\.\\.\\. +admin +node-b +ro +yes +admin \\(alice\\) +- `, 'm'),
+      new RegExp(`^data +${id.slice(0, 'admin-'.length + 12)}\\.\\.\\. +admin \\(1000\\) +node-b +ro +yes +- +admin \\(alice\\) +- `, 'm'),
     );
 
     await volumeInspect({ name: 'data', output: 'json' }, io);

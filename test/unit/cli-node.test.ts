@@ -215,7 +215,7 @@ describe('--node on ticket list and volume list', () => {
     await ticketList({ volume: 'granted-b', node: 'node-b', output: 'table' }, io);
     const table = io.take().split('\n');
     assert.equal(table.length, 3, 'heading, one row, final newline');
-    assert.match(defined(table[1]), /^granted-b +admin-[0-9a-f]{12}\.\.\. +admin +node-b +rw +yes +admin/);
+    assert.match(defined(table[1]), /^granted-b +admin-[0-9a-f]{12}\.\.\. +admin \(1000\) +node-b +rw +yes +- +admin/);
     await ticketList({ node: 'node-d', output: 'json' }, io);
     assert.deepEqual(JSON.parse(io.take()), [], 'node-d lost its ticket');
   });

@@ -11,6 +11,7 @@ import { jobTicketId } from '../../src/ledger/ids.js';
 import { volumeKey } from '../../src/ledger/keys.js';
 import { Ledger } from '../../src/ledger/ledger.js';
 import { FileStore } from '../../src/store/file.js';
+import { defined } from '../fixtures/defined.js';
 
 let work: string;
 let n = 0;
@@ -52,7 +53,7 @@ describe('Ledger job methods (file store)', () => {
     assert.equal(await store.get(volumeKey('new')), undefined);
     const doc = await ledger.requestJob('new', restore, { sizeBytes: 1 << 20, fsType: 'ext4' });
     assert.equal(doc?.spec.sizeBytes, 1 << 20);
-    assert.equal(isSatisfied(doc!, restore.id), true);
+    assert.equal(isSatisfied(defined(doc, 'the volume'), restore.id), true);
     const rev = await revision(store, 'new');
     tick();
     await ledger.requestJob('new', restore, { sizeBytes: 1 << 20, fsType: 'ext4' });
@@ -75,7 +76,7 @@ describe('Ledger job methods (file store)', () => {
     let doc = await ledger.startJob('v', req.id, 'node-a');
     assert.equal(doc?.status.tickets[req.id]?.job?.state, 'running');
     assert.deepEqual(
-      jobTicketsOfNode(doc!, 'node-a').map((t) => t.id),
+      jobTicketsOfNode(defined(doc, 'the volume'), 'node-a').map((t) => t.id),
       [req.id],
     );
     tick();
@@ -88,7 +89,7 @@ describe('Ledger job methods (file store)', () => {
     doc = await ledger.finishJob('v', req.id);
     assert.equal(doc?.spec.tickets[req.id], undefined);
     assert.equal(doc?.status.state, 'detached');
-    assert.deepEqual(finishedJob(doc!, req.id)?.status.result, { name: 's1' });
+    assert.deepEqual(finishedJob(defined(doc, 'the volume'), req.id)?.status.result, { name: 's1' });
     const stored = (await store.get(volumeKey('v')))?.value as typeof doc;
     assert.deepEqual(stored, doc, 'what the requester reads is what is stored');
     const after = await revision(store, 'v');
@@ -109,7 +110,7 @@ describe('Ledger job methods (file store)', () => {
     await ledger.requestJob('v', manual);
     const doc = await ledger.endJob('v', manual.id);
     assert.equal(doc?.spec.tickets[manual.id], undefined);
-    assert.equal(finishedJob(doc!, manual.id)?.status.state, 'ending');
+    assert.equal(finishedJob(defined(doc, 'the volume'), manual.id)?.status.state, 'ending');
   });
 
   it('racing requesters of the same job (two agents for one recurring slot) end with one ticket', async () => {

@@ -2,7 +2,7 @@
 // have a time to live, after which the reaper (latch agent, or the next ticket write on the volume) removes them.
 import { LatchError } from '../../errors.js';
 import { ticketId } from '../../ledger/ids.js';
-import { TICKET_TYPES, type TicketType } from '../../ledger/types.js';
+import type { TicketType } from '../../ledger/types.js';
 import { checkNodeName } from '../../names.js';
 import { configOf, type CommandIO } from '../io.js';
 import { getVolume } from '../volume/volume-doc.js';
@@ -21,10 +21,30 @@ export interface TicketAddOptions {
 /** Ticket types a person asks for: they must say who they are, so a leftover ticket has someone to ask. */
 const OWNED_TYPES: readonly TicketType[] = ['admin', 'maintenance'];
 
+/**
+ * The types a person adds by hand: reservations (no device is set up for them) and a workload ticket. A restore
+ * ticket added here is a reservation at restore priority, as before jobs existed: it carries no job.
+ */
+export const ADDABLE_TICKET_TYPES: readonly TicketType[] = ['restore', 'admin', 'workload', 'maintenance'];
+
+/** Job ticket types carry work for the node agent: the command that does the work makes them, with their job. */
+const MADE_BY: Partial<Record<TicketType, string>> = {
+  manual: 'latch volume attach',
+  snapshot: 'latch snapshot create',
+  backup: 'latch backup create',
+  clone: 'latch volume clone',
+};
+
 /** The --type value; a LatchError (which the surface reports as a bad option value) for anything else. */
 export function parseTicketType(value: string): TicketType {
-  if (!(TICKET_TYPES as string[]).includes(value)) {
-    throw new LatchError(`--type ${value} is not a ticket type; use one of ${TICKET_TYPES.join(', ')}`);
+  const command = MADE_BY[value as TicketType];
+  if (command !== undefined) {
+    throw new LatchError(
+      `--type ${value}: ${value} tickets carry a job for the node agent and are made by \`${command}\`, not by ticket add`,
+    );
+  }
+  if (!(ADDABLE_TICKET_TYPES as string[]).includes(value)) {
+    throw new LatchError(`--type ${value} is not a ticket type; use one of ${ADDABLE_TICKET_TYPES.join(', ')}`);
   }
   return value as TicketType;
 }

@@ -1,5 +1,6 @@
 // latch ticket list: who asked for a volume (one volume's tickets, or every volume's; all of them, or one node's).
 import { shortTicketId } from '../../ledger/ids.js';
+import { SEED_ATTACHER_TYPE, TICKET_PRIORITY, type Ticket, type TicketStatus } from '../../ledger/types.js';
 import { checkNodeName } from '../../names.js';
 import { configOf, type CommandIO } from '../io.js';
 import { formatJson, formatTable, type OutputFormat } from '../output.js';
@@ -20,7 +21,13 @@ export async function ticketList(options: TicketListOptions, io: CommandIO): Pro
   const rows = docs.flatMap((d) =>
     Object.values(d.spec.tickets)
       .filter((t) => node === undefined || t.nodeID === node)
-      .map((t) => ({ volume: d.name, ...t, status: d.status.tickets[t.id] })),
+      .map((t) => ({
+        volume: d.name,
+        ...t,
+        priority: TICKET_PRIORITY[t.type],
+        attacherType: SEED_ATTACHER_TYPE[t.type],
+        status: d.status.tickets[t.id],
+      })),
   );
   if (options.output === 'json') {
     io.out(formatJson(rows));
@@ -28,18 +35,28 @@ export async function ticketList(options: TicketListOptions, io: CommandIO): Pro
   }
   io.out(
     formatTable(
-      ['volume', 'ticket', 'type', 'node', 'mode', 'satisfied', 'requested by', 'expires', 'condition'],
+      ['volume', 'ticket', 'type', 'node', 'mode', 'satisfied', 'job', 'requested by', 'expires', 'conditions', 'message'],
       rows.map((r) => [
         r.volume,
         shortTicketId(r.id),
-        r.type,
+        `${r.type} (${r.priority})`,
         r.nodeID,
         r.parameters.readOnly ? 'ro' : 'rw',
         r.status?.satisfied && r.status.generation === r.generation ? 'yes' : 'no',
+        describeJob(r, r.status),
         r.owner ? `${describeRequester(r.requestedBy)} (${r.owner})` : describeRequester(r.requestedBy),
         r.expiresAt ?? '-',
-        r.status?.message ?? '',
+        (r.status?.conditions ?? []).map((c) => `${c.type}=${c.status}(${c.reason})`).join(' ') || '-',
+        r.status?.job ? `${r.status.message}; job: ${r.status.job.message}` : (r.status?.message ?? ''),
       ]),
     ),
   );
+}
+
+/** A job ticket's job and how far it got, e.g. "snapshot: running (attempt 2)" or "backup: not started". */
+function describeJob(ticket: Ticket, status: TicketStatus | undefined): string {
+  if (!ticket.job) return '-';
+  const job = status?.job;
+  if (!job) return `${ticket.job.kind}: not started`;
+  return `${ticket.job.kind}: ${job.state}${job.attempts > 1 ? ` (attempt ${job.attempts})` : ''}`;
 }

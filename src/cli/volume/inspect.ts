@@ -1,4 +1,5 @@
 // latch volume inspect: a volume's ledger document: tickets, holders, conditions.
+import { shortTicketId } from '../../ledger/ids.js';
 import { formatSize } from '../../size.js';
 import { configOf, type CommandIO } from '../io.js';
 import { formatJson, type OutputFormat } from '../output.js';
@@ -10,6 +11,7 @@ export async function volumeInspect(options: { name: string; output: OutputForma
     io.out(formatJson(doc));
     return;
   }
+  const by = doc.status.lastAttachedBy;
   const lines = [
     `Name:        ${doc.name}`,
     `Size:        ${formatSize(doc.spec.sizeBytes)}`,
@@ -17,6 +19,7 @@ export async function volumeInspect(options: { name: string; output: OutputForma
     `State:       ${doc.status.state}`,
     `Nodes:       ${describeNodes(doc) || '-'}`,
     `Created:     ${doc.createdAt}`,
+    `Last attach: ${by ? `node ${by.node} for ${by.type} ticket ${shortTicketId(by.ticket)} at ${by.at}` : '-'}`,
     'Tickets:',
   ];
   for (const t of Object.values(doc.spec.tickets)) {
@@ -26,6 +29,10 @@ export async function volumeInspect(options: { name: string; output: OutputForma
       `    type ${t.type}, node ${t.nodeID}, ${t.parameters.readOnly ? 'read-only' : 'read-write'}, generation ${t.generation}`,
     );
     lines.push(`    ${s?.satisfied ? 'satisfied' : 'unsatisfied'} (${s?.reason ?? 'unknown'}): ${s?.message ?? ''}`);
+    if (t.job)
+      lines.push(
+        `    job ${t.job.kind}: ${s?.job ? `${s.job.state} on ${s.job.node}, attempt ${s.job.attempts}: ${s.job.message}` : 'not started'}`,
+      );
   }
   if (Object.keys(doc.spec.tickets).length === 0) lines.push('  (none)');
   const fences = Object.entries(doc.status.fences ?? {});
