@@ -19,6 +19,8 @@ const NAME = 'latch';
 const LABELS = { 'app.kubernetes.io/name': NAME };
 /** Where the detecting DaemonSet mounts the host's /. */
 const HOST_ROOT_MOUNT = '/host';
+/** kubelet's root dir, where it mounts pod volumes: what a pinned DaemonSet's agent sees of the host's mounts. */
+const KUBELET_DIR = '/var/lib/kubelet';
 
 /** What every node gets without --cluster-config: the file store, attach mode unless the control plane is managed. */
 export function defaultClusterConfig(preset?: Preset): Record<string, unknown> {
@@ -176,6 +178,27 @@ function daemonSet(options: ManifestOptions & { pluginDir: string | undefined; a
     hostDir('log', '/var/log/latch'),
     hostDir('dev', '/dev', 'Directory'),
   );
+  // The agent (`latch agent`: jobs, reaping, metrics) beside the installer, with the same view of the host: its mounts
+  // (the host's / under /host when detecting, HostToContainer: kubelet's mounts of pod volumes are seen, so a busy
+  // device is never released and a mounted filesystem can be frozen for a snapshot; kubelet's dir when pinned), /dev
+  // for loop devices, the state, config and log. It starts once the installer has written this node's config.
+  const agentMounts: Record<string, unknown>[] = mounts
+    .filter((m) => m.name !== 'config-template' && m.name !== 'plugin-dir')
+    .map((m) => (m.name === 'config' ? { ...m, readOnly: true } : m));
+  if (pluginDir !== undefined) {
+    agentMounts.push({ name: 'kubelet-dir', mountPath: KUBELET_DIR, mountPropagation: 'HostToContainer' });
+    volumes.push(hostDir('kubelet-dir', KUBELET_DIR));
+  }
+  const agent = {
+    name: 'agent',
+    image: options.image,
+    imagePullPolicy: 'IfNotPresent',
+    command: ['/bin/sh', '-c', 'until [ -s "$LATCH_CONFIG" ]; do sleep 1; done; exec latch agent'],
+    env: [{ name: 'LATCH_CONFIG', value: '/etc/latch/config.json' }],
+    securityContext: { privileged: true },
+    resources: { requests: { cpu: '10m', memory: '64Mi' }, limits: { memory: '512Mi' } },
+    volumeMounts: agentMounts,
+  };
   const where =
     pluginDir === undefined
       ? "The pod finds kubelet's plugin dir on its node: kubelet's --volume-plugin-dir, else volumePluginDir in its\n" +
@@ -187,9 +210,12 @@ function daemonSet(options: ManifestOptions & { pluginDir: string | undefined; a
       'latch on every node' +
       (options.attach ? ', control-plane nodes included (in attach mode kube-controller-manager runs the driver there)' : '') +
       '.\n' +
-      "The pod only installs: it writes this node's /etc/latch/config.json (the ConfigMap plus nodeName), copies the\n" +
+      "The install container writes this node's /etc/latch/config.json (the ConfigMap plus nodeName), copies the\n" +
       "self-contained driver into kubelet's plugin dir atomically, prints `latch doctor`, and sleeps. kubelet runs the\n" +
       'driver from the host; stopping or deleting the pod never removes it (`latch uninstall` on a drained node does).\n' +
+      'The agent container runs `latch agent`: the jobs of the tickets granted to this node (snapshots, backups, ...;\n' +
+      "docs/jobs.md), reaping, and /metrics on the node's 127.0.0.1:9742. hostNetwork: its per-volume locks (abstract\n" +
+      "unix sockets) must be the same as the driver's, which kubelet runs in the host's network namespace.\n" +
       where,
     object: {
       apiVersion: 'apps/v1',
@@ -204,6 +230,7 @@ function daemonSet(options: ManifestOptions & { pluginDir: string | undefined; a
             serviceAccountName: NAME,
             automountServiceAccountToken: false,
             ...(pluginDir === undefined && { hostPID: true }),
+            hostNetwork: true,
             // Attach mode: KCM calls attach, isattached and detach on the control-plane nodes.
             ...(options.attach && {
               tolerations: ['node-role.kubernetes.io/control-plane', 'node-role.kubernetes.io/master'].map((key) => ({
@@ -224,6 +251,7 @@ function daemonSet(options: ManifestOptions & { pluginDir: string | undefined; a
                 resources: { requests: { cpu: '10m', memory: '32Mi' }, limits: { memory: '256Mi' } },
                 volumeMounts: mounts,
               },
+              agent,
             ],
             volumes,
           },

@@ -189,10 +189,25 @@ describe('install/daemonset.yaml gives latch what it needs', () => {
   const volumes = new Map<string, Doc>(pod.volumes.map((v: Doc) => [v.name, v]));
   const mountOf = (path: string) => container.volumeMounts.find((m: Doc) => m.mountPath === path);
 
-  test('one privileged container; hostNetwork is not needed', () => {
-    assert.equal(pod.containers.length, 1);
+  test("two privileged containers, the installer and the agent; hostNetwork, so that the agent's locks are the driver's", () => {
+    assert.deepEqual(
+      pod.containers.map((c: Doc) => c.name),
+      ['install', 'agent'],
+    );
     assert.equal(container.securityContext.privileged, true);
-    assert.notEqual(pod.hostNetwork, true);
+    assert.equal(pod.hostNetwork, true);
+  });
+
+  test("the agent runs `latch agent` once the config is written, seeing the host's mounts, /dev and the state", () => {
+    const agentContainer = pod.containers[1];
+    assert.equal(agentContainer.securityContext.privileged, true);
+    assert.match(agentContainer.command.join(' '), /until \[ -s "\$LATCH_CONFIG" \].*exec latch agent$/);
+    assert.deepEqual(agentContainer.env, [{ name: 'LATCH_CONFIG', value: '/etc/latch/config.json' }]);
+    const agentMount = (name: string) => agentContainer.volumeMounts.find((m: Doc) => m.name === name);
+    assert.deepEqual(agentMount('host-root'), { name: 'host-root', mountPath: '/host', mountPropagation: 'HostToContainer' });
+    assert.deepEqual(agentMount('config'), { name: 'config', mountPath: '/etc/latch', readOnly: true });
+    for (const name of ['state', 'log', 'dev']) assert.deepEqual(agentMount(name), mountOf(agentMount(name)?.mountPath));
+    assert.equal(agentMount('config-template'), undefined);
   });
 
   test('install/daemonset.yaml is exactly what `latch install --print-manifests` generates', async () => {
@@ -323,6 +338,11 @@ describe('every preset generates valid manifests pinned to its plugin dir', () =
       const pod = daemonSet(docs).spec.template.spec;
       assert.equal(pod.hostPID, undefined, 'a pinned DaemonSet needs no host pid namespace');
       assert.ok(!pod.volumes.some((v: Doc) => v.hostPath?.path === '/'), "a pinned DaemonSet does not mount the host's /");
+      // Its agent sees kubelet's mounts of pod volumes through kubelet's dir instead.
+      assert.deepEqual(
+        pod.containers[1].volumeMounts.find((m: Doc) => m.name === 'kubelet-dir'),
+        { name: 'kubelet-dir', mountPath: '/var/lib/kubelet', mountPropagation: 'HostToContainer' },
+      );
 
       const config = JSON.parse(defined(docs.find((d) => d.kind === 'ConfigMap')).data['config.json']);
       assert.equal(config.attach, !preset.managedControlPlane, 'managed control planes cannot run the driver: attach is off');
