@@ -2,6 +2,7 @@
 // node agent (docs/jobs.md, "Clone"). As the seeds' cloning controller: one clone ticket on each volume, for the same
 // node, keyed by NEW's name. NEW is created together with its ticket in one ledger write; SOURCE's ticket (read-only)
 // is added right after, and the target's job waits for it.
+import { isDeepStrictEqual } from 'node:util';
 import { LatchError } from '../../errors.js';
 import { FS_TYPES, type FsType } from '../../filesystems.js';
 import { hasSnapshots } from '../../backend/types.js';
@@ -50,7 +51,9 @@ export async function volumeClone(options: VolumeCloneOptions, io: CommandIO): P
   const existing = await ctx.ledger.get(name);
   const repeat = existing?.spec.tickets[ids.target];
   if (existing && !repeat) {
-    if (finishedJob(existing, ids.target)?.status.state === 'succeeded') {
+    // The target's ticket ID names only NEW: the same clone is the same job (source and snapshot too).
+    const done = finishedJob(existing, ids.target);
+    if (done?.status.state === 'succeeded' && isDeepStrictEqual(done.job, { kind: 'clone', role: 'target', ...job })) {
       io.out(`volume ${name} was cloned from ${source} already\n`);
       return;
     }

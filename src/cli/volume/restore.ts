@@ -6,6 +6,7 @@ import { checkBackupName } from '../../backup/layout.js';
 import { LatchError } from '../../errors.js';
 import { FS_TYPES, type FsType } from '../../filesystems.js';
 import { finishedJob } from '../../ledger/arbitrate.js';
+import { jobTicketId } from '../../ledger/ids.js';
 import { checkVolumeName } from '../../names.js';
 import { formatSize } from '../../size.js';
 import { backupTargetOf } from '../backup/target.js';
@@ -40,12 +41,12 @@ export async function volumeRestore(options: VolumeRestoreOptions, io: CommandIO
   }
   const ctx = io.context(config);
   const job = { kind: 'restore', backup } as const;
+  const id = jobTicketId('restore', name, backup);
   const existing = await ctx.ledger.get(name);
-  const probe = jobRequest(ctx, name, job, config.nodeName);
   if (existing) {
-    const repeat = existing.spec.tickets[probe.id];
+    const repeat = existing.spec.tickets[id];
     if (!repeat) {
-      if (finishedJob(existing, probe.id)?.status.state === 'succeeded') {
+      if (finishedJob(existing, id)?.status.state === 'succeeded') {
         io.out(`volume ${name} was restored from backup ${backup} already\n`);
         return;
       }
@@ -53,7 +54,7 @@ export async function volumeRestore(options: VolumeRestoreOptions, io: CommandIO
     }
   }
   // A repeated restore stays on the node it was asked for (its ticket says which); a new one on --node or here.
-  const node = existing?.spec.tickets[probe.id]?.nodeID ?? jobNode(ctx, name, existing, options.node);
+  const node = existing?.spec.tickets[id]?.nodeID ?? jobNode(ctx, name, existing, options.node);
   if (options.node !== undefined && node !== options.node) {
     throw new LatchError(`the restore of ${name} was asked for on node ${node}; repeat it without --node, or delete ${name} first`);
   }
