@@ -256,6 +256,29 @@ describe('the recurring-jobs agent task', () => {
     assert.deepEqual(await jobTickets(c.a, 'pvc-1'), []);
   });
 
+  it('while an earlier slot’s ticket is not done, no ticket for a later slot (tickets never pile up)', async () => {
+    const c = cluster([hourly]);
+    await makeVolume(c.a, 'pvc-1');
+    await c.run(c.a); // 10:00, and no agent does it
+    c.setClock('2026-11-23T11:00:00Z');
+    await c.run(c.a);
+    c.setClock('2026-11-23T12:00:00Z');
+    await c.run(c.b);
+    const tickets = await jobTickets(c.a, 'pvc-1');
+    assert.deepEqual(
+      tickets.map((t) => t.job),
+      [{ kind: 'snapshot', snapshot: 'hourly-20261123-1000' }],
+    );
+    assert.equal(c.logs.filter((l) => typeof l.waiting === 'string').length, 2);
+    // Once it is done, the latest slot is asked for (not 11:00: no backlog).
+    await doSnapshotJob(c, 'pvc-1', tickets[0]!.id);
+    await c.run(c.a);
+    assert.deepEqual(
+      (await jobTickets(c.a, 'pvc-1')).map((t) => t.job),
+      [{ kind: 'snapshot', snapshot: 'hourly-20261123-1200' }],
+    );
+  });
+
   it('a volume in use on another node: the ticket is for that node, whoever asks', async () => {
     const c = cluster([hourly]);
     await makeVolume(c.a, 'pvc-1');

@@ -160,6 +160,13 @@ async function runSlot(ctx: Context, job: RecurringJobConfig, stamp: string, doc
     return;
   }
   if (doc.spec.tickets[id]) return; // asked for already, by this agent or another: under way
+  // An earlier slot's ticket of this job is still there (its node's agent is down, or the volume is held by a failed
+  // restore): no second one, so that tickets never pile up behind it.
+  const earlier = Object.values(doc.spec.tickets).find((t) => t.job && madeBy(job, volume, t.job));
+  if (earlier) {
+    log({ volume, recurring: job.name, slot: stamp, waiting: `the ticket of an earlier slot (${earlier.id}) is not done yet` });
+    return;
+  }
   if (await alreadyMade(ctx, job, volume, name)) return;
   try {
     await ctx.ledger.requestJob(volume, request);
@@ -170,6 +177,12 @@ async function runSlot(ctx: Context, job: RecurringJobConfig, stamp: string, doc
     throw err;
   }
   log({ volume, recurring: job.name, slot: stamp, ticket: id, node, [job.task]: name });
+}
+
+/** Whether a job spec is one this recurring job asks for on this volume (any slot). */
+function madeBy(job: RecurringJobConfig, volume: string, spec: JobSpec): boolean {
+  const name = spec.kind === 'snapshot' ? spec.snapshot : spec.kind === 'backup' ? spec.backup : undefined;
+  return spec.kind === job.task && name !== undefined && stampOfRecurringName(job, volume, name) !== undefined;
 }
 
 /** The slot's snapshot or backup exists (made by hand, or by a job whose record rolled out of status.jobs). */
