@@ -351,6 +351,31 @@ describe('recurring jobs through `latch agent --once` (root, bin/latch)', () => 
   const skip =
     process.getuid?.() !== 0 ? 'needs root and loop devices' : !existsSync('bin/latch') ? 'needs bin/latch: npm run build' : false;
 
+  it(
+    'refuses to start on a bad cron expression, which driver calls never parse',
+    { skip: !existsSync('bin/latch') && 'needs bin/latch' },
+    () => {
+      const dir = mkdtempSync(join(work, 'bad-'));
+      const configFile = join(dir, 'config.json');
+      const bad = { ...hourly, cron: '61 * * * *' };
+      writeFileSync(
+        configFile,
+        JSON.stringify({ poolDir: join(dir, 'pool'), stateDir: join(dir, 'state'), logFile: join(dir, 'l.log'), recurringJobs: [bad] }),
+      );
+      const run = (...args: string[]) =>
+        spawnSync(process.execPath, ['bin/latch', ...args], { env: { ...process.env, LATCH_CONFIG: configFile }, encoding: 'utf8' });
+      const agentRun = run('agent', '--once');
+      assert.equal(agentRun.status, 1);
+      assert.match(
+        agentRun.stderr,
+        /^latch: invalid configuration in .*: field "recurringJobs\.0\.cron": "61 \* \* \* \*" is not a cron expression/,
+      );
+      const init = run('init');
+      assert.equal(init.status, 0, init.stdout);
+      assert.equal((JSON.parse(init.stdout) as { status: string }).status, 'Success');
+    },
+  );
+
   it('snapshots and backs up the selected volume once, then keeps the newest retain of the job’s own', { skip }, async () => {
     const dir = mkdtempSync(join(work, 'agent-'));
     const target = join(dir, 'backups');
