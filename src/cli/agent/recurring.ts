@@ -1,10 +1,11 @@
-// Recurring jobs (config.recurringJobs, docs/jobs.md "Recurring jobs"): every agent, every round, asks for the job
+// Recurring jobs (config.recurringJobs, docs/recurring-jobs.md): every agent, every round, asks for the job
 // ticket of each job's latest due slot on each volume the job selects, unless that slot is done. The ticket's ID
-// depends only on the volume and the name of what it makes (`<job>-<YYYYMMDD-HHMM>`), so agents of several nodes
-// racing for one slot converge on one ticket; the node that holds the volume (or, for an idle one, the first agent
-// to ask) does the job through the job runner like any other. Only the latest slot is ever asked for: an agent that
-// was down for a day makes one snapshot, not a backlog. After a success, the agent of the node that did the job
-// deletes the oldest of that job's snapshots or backups of the volume beyond `retain`, and nothing else.
+// depends only on the volume and the name of what it makes (`<job>-<YYYYMMDD-HHMM>`, plus `-<volume>` for a
+// backup), so agents of several nodes racing for one slot converge on one ticket; the node that holds the volume
+// (or, for an idle one, the first agent to ask) does the job through the job runner like any other. Only the latest
+// slot is ever asked for: an agent that was down for a day makes one snapshot, not a backlog. After a success, the
+// agent of the node that did the job deletes the oldest of that job's snapshots or backups of the volume beyond
+// `retain`, and nothing else.
 //
 // The cron library is loaded here only (lazily): driver calls never pay for it.
 import { deleteBackup } from '../../backup/delete.js';
