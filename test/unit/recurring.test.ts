@@ -10,6 +10,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 import type { LoopBackend } from '../../src/backend/loop.js';
+import { createBackup } from '../../src/backup/create.js';
+import { listBackups } from '../../src/backup/manifest.js';
 import {
   beyondRetention,
   latestSlot,
@@ -327,6 +329,32 @@ describe('the recurring-jobs agent task', () => {
         ['node-b', 'deleted snapshot hourly-20261123-0700'],
       ],
     );
+  });
+
+  it('backup retention deletes the job’s oldest backups of that volume only', async () => {
+    const target = mkdtempSync(join(work, 'target-'));
+    const c = cluster([{ ...hourly, task: 'backup', retain: 1 }], { backupTarget: { type: 'dir', path: target } });
+    for (const volume of ['pvc-1', 'pvc-10']) await makeVolume(c.a, volume);
+    const backup = (volume: string, name: string) =>
+      createBackup({ target: { type: 'dir', path: target }, source: join(c.a.config.poolDir, `${volume}.img`), volume, name });
+    await backup('pvc-1', 'hourly-20261123-0800-pvc-1');
+    await backup('pvc-1', 'manual-pvc-1');
+    await backup('pvc-10', 'hourly-20261123-0800-pvc-10');
+    await c.run(c.a); // both volumes' 10:00 slots
+    for (const volume of ['pvc-1', 'pvc-10']) {
+      const [ticket] = await jobTickets(c.a, volume);
+      assert.ok(ticket?.job?.kind === 'backup');
+      await c.a.ledger.startJob(volume, ticket.id, 'node-a');
+      await backup(volume, ticket.job.backup);
+      await c.a.ledger.recordJob(volume, ticket.id, { state: 'succeeded', message: 'done' });
+      await c.a.ledger.finishJob(volume, ticket.id);
+    }
+    await c.run(c.a);
+    assert.deepEqual((await listBackups({ type: 'dir', path: target })).map((b) => b.name).sort(), [
+      'hourly-20261123-1000-pvc-1',
+      'hourly-20261123-1000-pvc-10',
+      'manual-pvc-1',
+    ]);
   });
 
   it('backup jobs name the volume in the backup and ask on each selected volume', async () => {
