@@ -176,7 +176,7 @@ export class JobRunner {
         return setUpDevice(ctx, volume, current);
       });
       signal.throwIfAborted();
-      const outcome = await (handler).run(job, { ctx, volume, ticket, doc, device, signal } satisfies JobRun);
+      const outcome = await handler.run(job, { ctx, volume, ticket, doc, device, signal } satisfies JobRun);
       signal.throwIfAborted();
       update = { state: 'succeeded', message: outcome.message, ...(outcome.result !== undefined && { result: outcome.result }) };
     } catch (err) {
@@ -217,7 +217,7 @@ export class JobRunner {
       if (!doc) return;
       const handler = await handlerOf(job);
       const device = (await ctx.backend.findDevice(volume)) ?? '';
-      if (handler.cleanUp) await (handler).cleanUp?.(job, { ctx, volume, ticket, doc, device });
+      if (handler.cleanUp) await handler.cleanUp?.(job, { ctx, volume, ticket, doc, device });
       const needed = Object.values(doc.spec.tickets).some((t) => t.nodeID === node && t.id !== ticket.id && needsDevice(doc, t));
       if (needed || !nodeHoldsDevice(doc, node)) return;
       const busy = await releaseDevice(ctx, volume);

@@ -11,7 +11,7 @@ import type { FinishedJob, JobSpec, JobStatus, JobTicketType, Ticket, VolumeDoc 
 import { checkNodeName } from '../../names.js';
 
 /** How long an agent has to take a granted job up before the requester gives up on it (and removes its ticket). */
-export const PICKUP_MS = 30_000;
+const PICKUP_MS = 30_000;
 /** Between two looks at the ledger when no change signal came. */
 const POLL_MS = 1000;
 

@@ -3,7 +3,7 @@ import type { JobHandler, JobKind, JobOf } from './types.js';
 
 type Loaders = { [K in JobKind]: () => Promise<JobHandler<K>> };
 
-export const JOB_HANDLERS: Loaders = {
+const JOB_HANDLERS: Loaders = {
   snapshot: async () => (await import('./snapshot.js')).snapshotJob,
   backup: async () => (await import('./backup.js')).backupJob,
   restore: async () => (await import('./restore.js')).restoreJob,

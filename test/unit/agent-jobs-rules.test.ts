@@ -1,0 +1,200 @@
+// The job runner's rules and the requester's side without root (docs/jobs.md): simulated nodes with fake kernels over
+// one in-memory ledger (test/fixtures/op-harness.ts), the runner driven pass by pass. A failed job is finished with
+// its message and lets go of the device it set up, but never of a pod's; a job preempted after its agent was killed
+// is let go of so the pod's ticket wins; which node a job goes to; --no-wait; no agent taking the job up.
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { JobRunner } from '../../src/cli/agent/jobs.js';
+import { jobNode, jobRequest, requestAndWait } from '../../src/cli/jobs/request.js';
+import { finishedJob } from '../../src/ledger/arbitrate.js';
+import type { JobSpec } from '../../src/ledger/types.js';
+import { setUpDevice } from '../../src/node/device.js';
+import { Cluster, GiB, type TestNode } from '../fixtures/op-harness.js';
+
+const snapshot = (name: string): JobSpec => ({ kind: 'snapshot', snapshot: name });
+
+/** A volume with storage in the shared pool and a ledger document. */
+async function volume(cluster: Cluster, name: string): Promise<void> {
+  await cluster.ledger.createVolume(name, { sizeBytes: GiB, fsType: 'ext4' });
+  cluster.node('node-a').fake.addVolume(name, GiB, 'ext4');
+}
+
+/** A pod's ticket on `node`, with the device set up there (as waitforattach leaves it). */
+async function podOn(node: TestNode, name: string): Promise<string> {
+  const id = `workload-${name}-${node.name}`;
+  const ctx = node.context();
+  await ctx.ledger.addTicket(name, {
+    id,
+    type: 'workload',
+    nodeID: node.name,
+    parameters: { readOnly: false },
+    requestedBy: { pvName: name },
+  });
+  await ctx.ledger.claimGrant(name, node.name);
+  const doc = await ctx.ledger.get(name);
+  assert.ok(doc);
+  await setUpDevice(ctx, name, doc);
+  return id;
+}
+
+/** Runs passes of node's runner until the ticket is gone (or `passes` are done), waiting for its jobs each time. */
+async function runUntilFinished(node: TestNode, name: string, ticket: string, passes = 5): Promise<void> {
+  const runner = new JobRunner(
+    () => node.context(),
+    () => undefined,
+  );
+  for (let i = 0; i < passes; i++) {
+    await runner.pass();
+    await runner.settle();
+    if (!(await node.cluster.mustDoc(name)).spec.tickets[ticket]) return;
+  }
+}
+
+describe('the job runner', () => {
+  it('a job that fails is finished with its message, and the device it set up is released', async () => {
+    const cluster = new Cluster();
+    const a = cluster.node('node-a');
+    await volume(cluster, 'v1');
+    const request = jobRequest(a.context(), 'v1', snapshot('s1'), 'node-a');
+    await a.context().ledger.requestJob('v1', request);
+    await runUntilFinished(a, 'v1', request.id);
+
+    const doc = await cluster.mustDoc('v1');
+    assert.deepEqual(Object.keys(doc.spec.tickets), []);
+    assert.deepEqual(doc.status.nodes, {});
+    const done = finishedJob(doc, request.id);
+    assert.equal(done?.status.state, 'failed');
+    assert.match(done?.status.message ?? '', /cannot take snapshots/, 'the fake backend has no snapshots');
+    assert.equal(done?.status.attempts, 1);
+    assert.ok(a.fake.callsOf('attach').length > 0, 'the device was set up for the job');
+    assert.equal(a.fake.devices.size, 0, 'and released');
+  });
+
+  it("a job beside a pod on its node never releases the pod's device", async () => {
+    const cluster = new Cluster({ config: { backupTarget: undefined } });
+    const b = cluster.node('node-b');
+    await volume(cluster, 'v2');
+    const pod = await podOn(b, 'v2');
+    const request = jobRequest(b.context(), 'v2', { kind: 'backup', backup: 'b1' }, 'node-b');
+    await b.context().ledger.requestJob('v2', request);
+    await runUntilFinished(b, 'v2', request.id);
+
+    const doc = await cluster.mustDoc('v2');
+    assert.deepEqual(Object.keys(doc.spec.tickets), [pod]);
+    assert.equal(doc.status.nodes['node-b']?.phase, 'attached');
+    assert.equal(b.fake.devices.size, 1, "the pod's device stays");
+    assert.match(finishedJob(doc, request.id)?.status.message ?? '', /no backup target is configured on node node-b/);
+  });
+
+  it("a job preempted after its agent was killed: the next agent lets go, so the pod's ticket wins", async () => {
+    const cluster = new Cluster();
+    const a = cluster.node('node-a');
+    const b = cluster.node('node-b');
+    await volume(cluster, 'v3');
+    const ctx = a.context();
+    const request = jobRequest(ctx, 'v3', snapshot('s3'), 'node-a');
+    await ctx.ledger.requestJob('v3', request);
+    // What a killed agent left: the job running, the device set up.
+    await ctx.ledger.startJob('v3', request.id, 'node-a');
+    await ctx.ledger.claimGrant('v3', 'node-a');
+    await setUpDevice(ctx, 'v3', await cluster.mustDoc('v3'));
+    // A pod's ticket on node-b preempts the snapshot (workload 900 > snapshot 800).
+    const pod = 'workload-v3-b';
+    await b
+      .context()
+      .ledger.addTicket('v3', {
+        id: pod,
+        type: 'workload',
+        nodeID: 'node-b',
+        parameters: { readOnly: false },
+        requestedBy: { pvName: 'v3' },
+      });
+    assert.equal((await cluster.mustDoc('v3')).status.tickets[pod]?.satisfied, false, 'not before node-a lets go');
+
+    const runner = new JobRunner(
+      () => a.context(),
+      () => undefined,
+    );
+    await runner.pass();
+    await runner.settle();
+    const doc = await cluster.mustDoc('v3');
+    assert.equal(a.fake.devices.size, 0, "node-a's device is released");
+    assert.equal(doc.status.tickets[pod]?.satisfied, true, "the pod's ticket is granted");
+    assert.equal(doc.status.tickets[request.id]?.satisfied, false, 'the snapshot waits');
+    assert.equal(doc.status.tickets[request.id]?.job?.state, 'running', 'to be started again later');
+  });
+});
+
+describe('requesting a job', () => {
+  it('goes to the node that holds the volume; --node elsewhere is refused; an idle volume goes to --node or this node', async () => {
+    const cluster = new Cluster();
+    const a = cluster.node('node-a');
+    await volume(cluster, 'v4');
+    const ctx = a.context();
+    assert.equal(jobNode(ctx, 'v4', await cluster.mustDoc('v4')), 'node-a');
+    assert.equal(jobNode(ctx, 'v4', await cluster.mustDoc('v4'), 'node-c'), 'node-c');
+    await podOn(cluster.node('node-b'), 'v4');
+    const inUse = await cluster.mustDoc('v4');
+    assert.equal(jobNode(ctx, 'v4', inUse), 'node-b');
+    assert.throws(
+      () => jobNode(ctx, 'v4', inUse, 'node-a'),
+      /volume v4 is in use on node node-b: a job on it runs there, not on node node-a/,
+    );
+  });
+
+  it('--no-wait returns the ticket; with no agent to take a granted job up, it is taken back and the error says so', async () => {
+    const cluster = new Cluster();
+    const a = cluster.node('node-a');
+    await volume(cluster, 'v5');
+    const ctx = a.context();
+    const request = jobRequest(ctx, 'v5', snapshot('s5'), 'node-a');
+    assert.deepEqual(await requestAndWait(ctx, 'v5', request, { wait: false, timeoutMs: 1000 }), {
+      outcome: 'requested',
+      ticket: request.id,
+      node: 'node-a',
+    });
+    assert.ok((await cluster.mustDoc('v5')).spec.tickets[request.id]);
+    // Asking again finds the same ticket; nobody takes it up.
+    await assert.rejects(
+      requestAndWait(ctx, 'v5', request, { wait: true, timeoutMs: 60_000, pickupMs: 300 }),
+      /no latch agent on node node-a took the job up in 0 s: is `latch agent` running there\? \(its ticket was removed\)/,
+    );
+    assert.deepEqual(Object.keys((await cluster.mustDoc('v5')).spec.tickets), []);
+    await assert.rejects(requestAndWait(ctx, 'nope', request, { wait: false, timeoutMs: 1000 }), /volume nope does not exist/);
+  });
+
+  it('waits for the outcome the agent records; an outcome of the same job from before the request does not count', async () => {
+    const cluster = new Cluster();
+    const a = cluster.node('node-a');
+    await volume(cluster, 'v6');
+    const ctx = a.context();
+    const request = jobRequest(ctx, 'v6', snapshot('s6'), 'node-a');
+    // An earlier run of the same job, finished (failed).
+    await ctx.ledger.requestJob('v6', request);
+    await runUntilFinished(a, 'v6', request.id);
+    const earlier = finishedJob(await cluster.mustDoc('v6'), request.id);
+    assert.equal(earlier?.status.state, 'failed');
+
+    const runner = new JobRunner(
+      () => a.context(),
+      () => undefined,
+    );
+    let stop = false;
+    const agent = (async () => {
+      while (!stop) {
+        await runner.pass();
+        await runner.settle();
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    })();
+    try {
+      const result = await requestAndWait(ctx, 'v6', request, { wait: true, timeoutMs: 60_000 });
+      assert.equal(result.outcome, 'finished');
+      assert.ok(result.outcome === 'finished' && result.job.status.startedAt >= (earlier?.status.startedAt ?? ''));
+      assert.notDeepEqual(result.outcome === 'finished' && result.job, earlier, 'the new run, not the earlier one');
+    } finally {
+      stop = true;
+      await agent;
+    }
+  });
+});
