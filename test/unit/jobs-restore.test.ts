@@ -188,6 +188,12 @@ async function until(ctx: Context, volume: string, what: string, test: (doc: Vol
   }
 }
 
+/** Seconds between a finished job's start and its finish (figures for the log, never asserted). */
+function jobSeconds(job: { status: { startedAt: string; finishedAt?: string } } | undefined): string {
+  if (!job?.status.finishedAt) return '?';
+  return ((Date.parse(job.status.finishedAt) - Date.parse(job.status.startedAt)) / 1000).toFixed(2);
+}
+
 /** A workload ticket of a pod on `node` (kubelet's attach would add it; no device is set up for it here). */
 async function addWorkload(ctx: Context, volume: string, node: Node): Promise<string> {
   const id = `workload-test-${node}`;
@@ -218,7 +224,7 @@ describe('restore, clone and manual attach through the node agents', { skip: not
     await world?.cleanup();
   });
 
-  it('a backup taken on node-a restores on node-b byte for byte, mountable and fsck-clean; a workload waits until it is done', async () => {
+  it('a backup taken on node-a restores on node-b byte for byte, mountable and fsck-clean; a workload waits until it is done', async (t) => {
     const ctx = world.ctx();
     const manifest = await readManifest({ type: 'dir', path: world.target }, 'b1');
     assert.equal(manifest.node, 'node-a');
@@ -249,6 +255,7 @@ describe('restore, clone and manual attach through the node agents', { skip: not
     assert.equal(finished?.status.state, 'succeeded', finished?.status.message);
     assert.equal(finished?.node, 'node-b');
     assert.equal(finished?.status.result?.imageSha256, manifest.imageSha256);
+    t.diagnostic(`restore of 64 MiB on node-b: ${jobSeconds(finished)} s from start to finish`);
     assert.equal(done.status.filesystem, 'ext4');
     await until(ctx, 'dst', 'the workload to be granted', (doc) => doc !== undefined && isSatisfied(doc, workload));
     await ctx.ledger.removeTicket('dst', workload);
@@ -300,7 +307,7 @@ describe('restore, clone and manual attach through the node agents', { skip: not
     await volumeDetach({ name: 'dst', node: 'node-b' }, world.io());
   });
 
-  it('the restoring agent SIGKILLed midway and restarted: the restore completes, and the volume is only usable after', async () => {
+  it('the restoring agent SIGKILLed midway and restarted: the restore completes, and the volume is only usable after', async (t) => {
     const ctx = world.ctx();
     await world.volumeWithFiles('big', 256 * MiB, { 'random.bin': randomBytes(160 * MiB), 'hello.txt': hello });
     await backupCreate({ volume: 'big', name: 'big-1', output: 'table' }, world.io('node-a'));
@@ -316,6 +323,7 @@ describe('restore, clone and manual attach through the node agents', { skip: not
     }
     const agentB = world.agentOf('node-b');
     agentB.kill('SIGSTOP');
+    t.diagnostic(`stopped with ${Math.round((statSync(image).blocks * 512) / MiB)} MiB of 256 MiB written`);
     const midway = await ctx.ledger.get('big-copy');
     assert.equal(midway?.status.tickets[restoreId]?.job?.state, 'running', 'stopped midway');
     assert.equal(midway?.status.filesystem, undefined);
@@ -335,6 +343,7 @@ describe('restore, clone and manual attach through the node agents', { skip: not
     const finished = finishedJob(done, restoreId);
     assert.equal(finished?.status.state, 'succeeded', finished?.status.message);
     assert.equal(finished?.status.attempts, 2, 'redone from the start by the restarted agent');
+    t.diagnostic(`the second attempt took ${jobSeconds(finished)} s`);
     await until(ctx, 'big-copy', 'the workload to be granted', (doc) => doc !== undefined && isSatisfied(doc, workload));
     await ctx.ledger.removeTicket('big-copy', workload);
     assert.equal(sha256(image), sha256(world.image('big')), 'byte for byte after the restart');

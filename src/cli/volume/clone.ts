@@ -13,7 +13,7 @@ import { formatSize } from '../../size.js';
 import { configOf, type CommandIO } from '../io.js';
 import { jobNode, jobRequest, requestAndWait } from '../jobs/request.js';
 import { getVolume } from './volume-doc.js';
-import { runJob, takeBackUnstarted } from './job.js';
+import { createWithTicket, runJob, takeBackUnstarted } from './job.js';
 
 export interface VolumeCloneOptions {
   source: string;
@@ -70,7 +70,8 @@ export async function volumeClone(options: VolumeCloneOptions, io: CommandIO): P
   io.out(`cloning ${from} (${formatSize(sizeBytes)}) into new volume ${name} on node ${node}\n`);
   // The target first (it creates NEW, and its job waits for the source's ticket), then the source's: a command
   // interrupted in between leaves a target job that waits, and repeating the command adds what is missing.
-  await requestAndWait(ctx, name, target, { wait: false, timeoutMs: 0, create: { sizeBytes, fsType } });
+  if (existing) await requestAndWait(ctx, name, target, { wait: false, timeoutMs: 0 });
+  else await createWithTicket(ctx, name, target, { sizeBytes, fsType });
   await requestAndWait(ctx, source, holder, { wait: false, timeoutMs: 0 });
   try {
     await runJob(ctx, io, name, target, {

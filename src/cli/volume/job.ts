@@ -4,13 +4,13 @@ import type { Context } from '../../context.js';
 import type { JobRequest } from '../../ledger/arbitrate.js';
 import type { NewVolumeSpec } from '../../ledger/ledger.js';
 import type { VolumeDoc } from '../../ledger/types.js';
+import { LatchError } from '../../errors.js';
 import type { CommandIO } from '../io.js';
 import { describeOutcome, requestAndWait, type JobResult } from '../jobs/request.js';
 
 export interface RunJobOptions {
   wait: boolean;
   timeoutMs: number;
-  create?: NewVolumeSpec;
   /**
    * Never take the ticket back when no agent starts it (a repeated restore or clone whose earlier run failed: the
    * volume is half-made, and its ticket is what keeps workloads off it).
@@ -27,7 +27,6 @@ export async function runJob(ctx: Context, io: CommandIO, volume: string, reques
     result = await requestAndWait(ctx, volume, request, {
       wait: options.wait,
       timeoutMs: options.timeoutMs,
-      ...(options.create && { create: options.create }),
       ...(options.keepUnstarted && { pickupMs: Number.POSITIVE_INFINITY }),
       onProgress: (message) => io.out(`  ${message}\n`),
     });
@@ -37,6 +36,23 @@ export async function runJob(ctx: Context, io: CommandIO, volume: string, reques
   }
   io.out(`${describeOutcome(result)}\n`);
   return result;
+}
+
+/**
+ * Creates NEW with its job ticket (restore, clone target) in one write and checks that the volume is the one this
+ * request made: when another restore or clone created NEW first (between our look and our write), its ticket is there
+ * too; then ours is taken back (still unstarted) and the command refused, rather than two jobs filling one volume.
+ */
+export async function createWithTicket(ctx: Context, volume: string, request: JobRequest, create: NewVolumeSpec): Promise<void> {
+  await requestAndWait(ctx, volume, request, { wait: false, timeoutMs: 0, create });
+  const doc = await ctx.ledger.get(volume);
+  // Another filler of the volume (a workload that asks meanwhile is fine: it waits for ours), or data already there.
+  const fillers = Object.values(doc?.spec.tickets ?? {}).filter(
+    (t) => t.id !== request.id && (t.job?.kind === 'restore' || (t.job?.kind === 'clone' && t.job.role === 'target')),
+  );
+  if (doc && fillers.length === 0 && doc.status.filesystem === undefined) return;
+  await takeBackUnstarted(ctx, volume, request.id);
+  throw new LatchError(`volume ${volume} was created by another request meanwhile; choose another name`);
 }
 
 /** Removes the job ticket if no agent started its job (one CAS write). */

@@ -12,7 +12,7 @@ import { formatSize } from '../../size.js';
 import { backupTargetOf } from '../backup/target.js';
 import { configOf, type CommandIO } from '../io.js';
 import { jobNode, jobRequest } from '../jobs/request.js';
-import { runJob } from './job.js';
+import { createWithTicket, runJob } from './job.js';
 
 export interface VolumeRestoreOptions {
   name: string;
@@ -62,10 +62,10 @@ export async function volumeRestore(options: VolumeRestoreOptions, io: CommandIO
   io.out(
     `restoring backup ${backup} (volume ${manifest.volume}, ${formatSize(manifest.sizeBytes)}) into new volume ${name} on node ${node}\n`,
   );
+  if (!existing) await createWithTicket(ctx, name, request, { sizeBytes: manifest.sizeBytes, fsType });
   await runJob(ctx, io, name, request, {
     wait: options.wait,
     timeoutMs: RESTORE_WAIT_MS,
-    create: { sizeBytes: manifest.sizeBytes, fsType },
     // A repeat after a failure must never lose its ticket (the volume is half-made); a fresh one that no agent takes
     // up is taken back, with the empty volume it made.
     keepUnstarted: existing !== undefined,
