@@ -85,7 +85,7 @@ export interface Config {
   ticketTouchSeconds: number;
   /** latch agent: where /metrics listens (host:port, loopback by default) and how often its tasks run. */
   agent: AgentConfig;
-  /** Snapshots and backups the agents take on a schedule (docs/recurring-jobs.md); empty by default. */
+  /** Snapshots and backups the agents take on a schedule (docs/jobs.md, "Recurring jobs"); empty by default. */
   recurringJobs: RecurringJobConfig[];
 }
 

@@ -1,4 +1,4 @@
-// Recurring jobs (config.recurringJobs, docs/recurring-jobs.md): every agent, every round, asks for the job
+// Recurring jobs (config.recurringJobs, docs/jobs.md "Recurring jobs"): every agent, every round, asks for the job
 // ticket of each job's latest due slot on each volume the job selects, unless that slot is done. The ticket's ID
 // depends only on the volume and the name of what it makes (`<job>-<YYYYMMDD-HHMM>`, plus `-<volume>` for a
 // backup), so agents of several nodes racing for one slot converge on one ticket; the node that holds the volume
