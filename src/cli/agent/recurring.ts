@@ -113,8 +113,11 @@ export function beyondRetention(job: RecurringJobConfig, volume: string, names: 
 
 type Log = (entry: Record<string, unknown>) => void;
 
-/** Retention runs once per finished job and node in this process (it is idempotent; this only saves the listing). */
-const retentionDone = new Set<string>();
+/**
+ * Retention runs once per finished job in this process (it is idempotent; this only saves the listing): per node, job
+ * and volume, the finished job it last ran for. Bounded by jobs times volumes, however long the agent runs.
+ */
+const retentionDone = new Map<string, string>();
 
 /**
  * One round: for each job, its latest due slot on each selected volume. One volume's failure does not stop the rest.
@@ -195,8 +198,8 @@ async function alreadyMade(ctx: Context, job: RecurringJobConfig, volume: string
 
 /** Deletes this job's oldest snapshots or backups of the volume beyond `retain`. */
 async function applyRetention(ctx: Context, job: RecurringJobConfig, volume: string, key: string, log: Log): Promise<void> {
-  const done = `${ctx.config.nodeName}/${volume}/${key}`;
-  if (retentionDone.has(done)) return;
+  const where = `${ctx.config.nodeName}/${job.name}/${volume}`;
+  if (retentionDone.get(where) === key) return;
   if (job.task === 'snapshot') {
     if (!hasSnapshots(ctx.backend)) return;
     const backend = ctx.backend;
@@ -214,5 +217,5 @@ async function applyRetention(ctx: Context, job: RecurringJobConfig, volume: str
       log({ volume, recurring: job.name, retention: `deleted backup ${old}` });
     }
   }
-  retentionDone.add(done);
+  retentionDone.set(where, key);
 }
