@@ -75,7 +75,17 @@ async function runAgent(config: Config, options: AgentOptions, io: CommandIO): P
   options.onListening?.(listening);
   // Woken by a ledger change (jobs only: the tasks keep their interval) or the interval (both).
   const changes = base.ledger.store.watch?.('volumes', stop.signal)[Symbol.asyncIterator]();
-  let changed = changes?.next();
+  const nextChange = () =>
+    changes?.next().then(
+      () => 'change',
+      (err: unknown) => {
+        // The watch broke for good (it retries by itself otherwise): poll only, at the interval.
+        log({ error: `ledger watch: ${errorMessage(err)}; polling every ${config.agent.intervalSeconds} s` });
+        return 'watch-failed';
+      },
+    );
+  let change = nextChange();
+  let interval: Promise<string> | undefined;
   const intervalMs = config.agent.intervalSeconds * 1000;
   try {
     let tasksDue = 0;
@@ -85,9 +95,12 @@ async function runAgent(config: Config, options: AgentOptions, io: CommandIO): P
         tasksDue = Date.now() + intervalMs;
       }
       await jobPass();
-      const interval = sleep(Math.max(0, tasksDue - Date.now()), 'interval', { signal: stop.signal }).catch(() => 'stopped');
-      const woke = await Promise.race(changed ? [interval, changed.then(() => 'change')] : [interval]);
-      if (woke === 'change') changed = changes?.next();
+      // One pending timer and one pending watch read at a time, however often the ledger changes.
+      interval ??= sleep(Math.max(0, tasksDue - Date.now()), 'interval', { signal: stop.signal }).catch(() => 'stopped');
+      const woke = await Promise.race(change ? [interval, change] : [interval]);
+      if (woke === 'change') change = nextChange();
+      else if (woke === 'watch-failed') change = undefined;
+      else interval = undefined;
     }
   } finally {
     await jobs.stop();

@@ -100,15 +100,13 @@ describe('the job runner', () => {
     await setUpDevice(ctx, 'v3', await cluster.mustDoc('v3'));
     // A pod's ticket on node-b preempts the snapshot (workload 900 > snapshot 800).
     const pod = 'workload-v3-b';
-    await b
-      .context()
-      .ledger.addTicket('v3', {
-        id: pod,
-        type: 'workload',
-        nodeID: 'node-b',
-        parameters: { readOnly: false },
-        requestedBy: { pvName: 'v3' },
-      });
+    await b.context().ledger.addTicket('v3', {
+      id: pod,
+      type: 'workload',
+      nodeID: 'node-b',
+      parameters: { readOnly: false },
+      requestedBy: { pvName: 'v3' },
+    });
     assert.equal((await cluster.mustDoc('v3')).status.tickets[pod]?.satisfied, false, 'not before node-a lets go');
 
     const runner = new JobRunner(

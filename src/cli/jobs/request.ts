@@ -127,7 +127,12 @@ export async function requestAndWait(ctx: Context, volume: string, request: JobR
 
   const stop = new AbortController();
   const changes = ctx.ledger.store.watch?.('volumes', stop.signal)[Symbol.asyncIterator]();
-  let changed = changes?.next();
+  const nextChange = () =>
+    changes?.next().then(
+      () => true,
+      () => false, // a broken watch: the poll goes on
+    );
+  let changed = nextChange();
   const deadline = Date.now() + options.timeoutMs;
   const pickupMs = options.pickupMs ?? PICKUP_MS;
   /** Since when the ticket has been granted with no job status: an agent should have taken it up by now. */
@@ -167,12 +172,10 @@ export async function requestAndWait(ctx: Context, volume: string, request: JobR
             '`latch ticket list` shows it, and status.jobs its outcome once done)',
         );
       }
-      const wake = sleep(Math.min(POLL_MS, left));
-      if (changed) {
-        if ((await Promise.race([changed.then(() => true), wake.then(() => false)])) === true) changed = changes?.next();
-      } else {
-        await wake;
-      }
+      const poll = sleep(Math.min(POLL_MS, left)).then(() => 'poll' as const);
+      const woke = await Promise.race(changed ? [poll, changed] : [poll]);
+      if (woke === true) changed = nextChange();
+      else if (woke === false) changed = undefined;
     }
   } finally {
     stop.abort();
