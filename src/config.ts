@@ -85,6 +85,22 @@ export interface Config {
   ticketTouchSeconds: number;
   /** latch agent: where /metrics listens (host:port, loopback by default) and how often its tasks run. */
   agent: AgentConfig;
+  /** Snapshots and backups the agents take on a schedule (docs/jobs.md, "Recurring jobs"); empty by default. */
+  recurringJobs: RecurringJobConfig[];
+}
+
+/**
+ * One recurring job: every slot of `cron` (five fields, UTC), a snapshot or a backup of each volume `volumes` selects,
+ * named `<name>-<YYYYMMDD-HHMM>`; the newest `retain` of those this job made are kept.
+ */
+export interface RecurringJobConfig {
+  name: string;
+  task: 'snapshot' | 'backup';
+  /** Checked here for its shape only; the agent parses it with the cron library (cli/agent/recurring.ts). */
+  cron: string;
+  /** Volume names and glob patterns (`*` any run of characters, `?` one character), e.g. ["db", "pvc-*"]. */
+  volumes: string[];
+  retain: number;
 }
 
 export interface AgentConfig {
@@ -207,6 +223,33 @@ function buildSchema() {
         })
         .strict()
         .default({ listen: '127.0.0.1:9742', intervalSeconds: 30 }),
+      recurringJobs: z
+        .array(
+          z
+            .object({
+              // Lower-case letters, digits and '-' (no '.'): the job's name starts the names of what it makes.
+              name: z
+                .string()
+                .regex(/^[a-z0-9]([a-z0-9-]*[a-z0-9])?$/, "must be lower-case letters, digits and '-', e.g. nightly")
+                .max(63),
+              task: z.enum(['snapshot', 'backup']),
+              // The shape only (five fields, as cron writes them): the agent checks it with the cron library, which
+              // driver calls never load.
+              cron: z.string().regex(/^\s*(@[a-z]+|\S+(\s+\S+){4})\s*$/, 'must be a cron expression of five fields, e.g. "0 3 * * *"'),
+              volumes: z.array(z.string().regex(/^[a-z0-9._*?-]+$/, "must be a volume name or a pattern of them with '*' and '?'")).min(1),
+              retain: z.number().int().min(1).max(1000),
+            })
+            .strict(),
+        )
+        .default([])
+        .superRefine((jobs, ctx) => {
+          const seen = new Set<string>();
+          jobs.forEach((job, i) => {
+            if (seen.has(job.name))
+              ctx.addIssue({ code: 'custom', path: [i, 'name'], message: `a recurring job named "${job.name}" is already defined` });
+            seen.add(job.name);
+          });
+        }),
     })
     .strict();
 }

@@ -6,11 +6,11 @@
 import { createServer, type Server } from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Config } from '../config.js';
-import { LatchError } from '../errors.js';
+import { LatchError, errorMessage } from '../errors.js';
 import { writeLog } from '../log.js';
-import { errorMessage } from '../errors.js';
 import { withHostLock } from '../sys/lock.js';
 import { JobRunner } from './agent/jobs.js';
+import { parseSchedules } from './agent/recurring.js';
 import { AGENT_TASKS, freshContext, runAgentTasks } from './agent/tasks.js';
 import { configOf, type CommandIO } from './io.js';
 import { readLedger } from './metrics.js';
@@ -28,6 +28,8 @@ export interface AgentOptions {
 
 export async function agent(options: AgentOptions, io: CommandIO): Promise<void> {
   const config = configOf(io);
+  // A bad recurring job (its cron expression is parsed only here, never by driver calls) stops the agent at start.
+  await parseSchedules(config);
   // One agent per node: two would start the same jobs. The lock is the node's kind of lock (sys/lock.ts: an abstract
   // unix socket named after the state dir and node), which the kernel frees when the agent dies, even on SIGKILL.
   return withHostLock(

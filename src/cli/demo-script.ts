@@ -52,14 +52,17 @@ export class Narrator {
     return reply;
   }
 
-  /** An admin command of this executable with `config`; a non-zero exit fails the demo unless `mayFail`. */
-  async admin(config: string, args: string[], mayFail = false): Promise<{ output: string; exitCode: number }> {
-    this.say(`[admin] latch ${args.join(' ')}`);
+  /**
+   * An admin command of this executable with `config`; a non-zero exit fails the demo unless `mayFail`. `who` names
+   * where it runs (an admin on node-a, node-b's agent), when that is the point.
+   */
+  async admin(config: string, args: string[], mayFail = false, who = 'admin'): Promise<{ output: string; exitCode: number }> {
+    this.say(`[${who}] latch ${args.join(' ')}`);
     const result = await runSelf(args, config);
     const output = `${result.stdout}${result.stderr}`.trim();
     const good = mayFail || result.exitCode === 0;
     this.ok &&= good;
-    this.say(`${output.replace(/^/gm, '    -> ')}${good ? '' : '   <-- NOT AS EXPECTED'}`);
+    this.say(`${(output || `(exit ${result.exitCode})`).replace(/^/gm, '    -> ')}${good ? '' : '   <-- NOT AS EXPECTED'}`);
     return { output, exitCode: result.exitCode };
   }
 

@@ -725,6 +725,21 @@ refused() {
   assert_success
   assert_equal "$stderr" ""
   assert_output --partial 'Demo finished'
+  refute_output --partial 'NOT AS EXPECTED'
+  # The snapshot and backup/restore round trip through job tickets: asked for on node-a, the snapshot (frozen beside
+  # the pod) and the backup done by node-b's agent, which holds the volume; the restore into a new volume by node-a's
+  # agent; the file read back on node-a with the checksum it had on node-b.
+  assert_output --partial 'asked node node-b for it: ticket snapshot-'
+  assert_output --regexp 'the job: succeeded: snapshot demo-snapshot of volume pv-demo created \([^)]*frozen\)'
+  assert_output --partial 'asked node node-b for it: ticket backup-'
+  assert_output --partial 'the job: succeeded: backup demo-backup of volume pv-demo created'
+  assert_output --partial 'asked node node-a for it: ticket restore-'
+  assert_output --partial 'the job: succeeded: restored backup demo-backup (volume pv-demo) onto volume pv-restored'
+  assert_output --partial 'the restored filesystem: mounted, never reformatted'
+  local written restored
+  written=$(sed -n 's/^\[pod on node-b\] sha256 of hello.txt: \([0-9a-f]\{64\}\)$/\1/p' <<<"$output")
+  restored=$(sed -n 's/^\[pod on node-a\] read hello.txt from the restored volume: sha256 \([0-9a-f]\{64\}\) (the same)$/\1/p' <<<"$output")
+  [[ -n $written && $written == "$restored" ]] || fail "the restored hello.txt has sha256 '$restored', not '$written'"
   work=$(grep -o '/tmp/latch-demo-[A-Za-z0-9]*' <<<"$output" | head -n 1)
   [[ -n $work ]] || fail "the demo did not say where it worked"
   [[ ! -e $work ]] || fail "the demo left $work behind"

@@ -3,7 +3,7 @@
 // every call's reply is checked, since a call that fails is not a fast call.
 //
 //   npm run bench                     every section
-//   npm run bench -- --only io,rbd    some sections (calls, ledger, lifecycle, concurrent, io, rbd); the results file
+//   npm run bench -- --only io,rbd    some sections (calls, ledger, lifecycle, concurrent, io, rbd, backup); the results file
 //                                     keeps the other sections' figures from their last run
 import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -14,6 +14,7 @@ import { addTicket, newVolume } from '../../src/ledger/arbitrate.js';
 import { ticketId } from '../../src/ledger/ids.js';
 import { FileStore } from '../../src/store/file.js';
 import { printFigures, writeReport, type Figure, type Results } from './figures.js';
+import { backupThroughput } from './backup.js';
 import { cleanUp, loopIo, rbdIo } from './io.js';
 
 const ROOT = join(__dirname, '..', '..');
@@ -35,7 +36,7 @@ interface Stats {
 }
 const results: Record<string, unknown> = { machine: machine(), reps: REPS };
 const figures: Figure[] = [];
-const SECTIONS = ['calls', 'ledger', 'lifecycle', 'concurrent', 'io', 'rbd'] as const;
+const SECTIONS = ['calls', 'ledger', 'lifecycle', 'concurrent', 'io', 'rbd', 'backup'] as const;
 type Section = (typeof SECTIONS)[number];
 
 function stats(samples: Sample[]): Stats {
@@ -426,6 +427,7 @@ async function main(): Promise<void> {
   for (const [section, run] of [
     ['io', async () => loopIo()],
     ['rbd', rbdIo],
+    ['backup', backupThroughput],
   ] as const) {
     if (!only.has(section)) continue;
     const started = performance.now();

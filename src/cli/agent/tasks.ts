@@ -9,6 +9,7 @@ import { writeLog, type CallLog } from '../../log.js';
 import { Ledger } from '../../ledger/ledger.js';
 import { releaseHoldWithoutDevice } from '../../node/self-release.js';
 import { runLedgerChecks } from '../doctor/run.js';
+import { runRecurringJobs } from './recurring.js';
 import type { LatchMetrics } from '../metrics/metrics.js';
 
 /** What a task may use besides the context: the metrics it feeds and the log. */
@@ -63,7 +64,13 @@ const doctorFindings: AgentTask = {
   },
 };
 
-export const AGENT_TASKS: readonly AgentTask[] = [reapTickets, releaseStaleHolds, doctorFindings];
+/** Asks for the tickets of the recurring jobs' due slots, and applies their retention (agent/recurring.ts). */
+const recurringJobs: AgentTask = {
+  name: 'recurring-jobs',
+  run: ({ ctx, log }) => runRecurringJobs(ctx, log),
+};
+
+export const AGENT_TASKS: readonly AgentTask[] = [reapTickets, releaseStaleHolds, recurringJobs, doctorFindings];
 
 /**
  * A context for one task round over the agent's long-lived one: the same store, backend and system, but its own call
