@@ -19,7 +19,7 @@ import type { Figure } from './figures.js';
 const ROOT = join(__dirname, '..', '..');
 const LATCH = join(ROOT, 'bin/latch');
 const SECONDS = Number(process.env.BENCH_FIO_SECONDS ?? 2);
-const ROUNDS = Number(process.env.BENCH_FIO_ROUNDS ?? 3);
+const ROUNDS = Number(process.env.BENCH_FIO_ROUNDS ?? 5);
 const FILE_MIB = 256;
 const TARGET = 0.9;
 const MiB = 1024 * 1024;
@@ -121,6 +121,35 @@ function cachedBytes(file: string): number {
 /** Drops `file`'s clean pages from the page cache (POSIX_FADV_DONTNEED over the whole file). */
 function evict(file: string): void {
   sh('dd', [`if=${file}`, 'iflag=nocache', 'count=0', 'status=none']);
+}
+
+/** Microseconds some task waited for a CPU (or for I/O) since boot: /proc/pressure (PSI), or NaN without it. */
+function stallMicros(resource: 'cpu' | 'io'): number {
+  try {
+    return Number(/^some .*total=([0-9]+)$/m.exec(readFileSync(`/proc/pressure/${resource}`, 'utf8'))?.[1] ?? NaN);
+  } catch {
+    return NaN;
+  }
+}
+
+/** The share of a stretch of time in which some task waited for `resource`: how busy the shared machine was. */
+function pressureSince(resource: 'cpu' | 'io', startMicros: number, startedMs: number): number {
+  return (stallMicros(resource) - startMicros) / 1000 / (performance.now() - startedMs);
+}
+
+/**
+ * Whether this kernel's loop driver can issue a direct-I/O request from the submitter's context (IOCB_NOWAIT, Linux
+ * 6.19's "loop: try to handle loop aio command via NOWAIT IO first", whose lo_submit_rw_aio() is in the symbol
+ * table), or hands every request to its kernel worker thread first. undefined when the symbols cannot be read.
+ */
+function loopSubmitsInline(): boolean | undefined {
+  try {
+    const symbols = readFileSync('/proc/kallsyms', 'utf8');
+    if (!/ lo_rw_aio/.test(symbols)) return undefined; // no loop symbols visible (a module not loaded, kptr rules)
+    return / lo_submit_rw_aio/.test(symbols);
+  } catch {
+    return undefined;
+  }
 }
 
 function loopDio(device: string): boolean {
@@ -235,6 +264,7 @@ export function loopIo(): SectionResult {
   const skip = ioSkipReason();
   if (skip) return { figures: [{ section, what: 'volume I/O on the loop backend', value: `skipped: ${skip}`, target: '' }], details: {} };
   const dir = mkdtempSync(join(tmpdir(), 'latch-bench-io-'));
+  const [cpuStall, ioStall, started] = [stallMicros('cpu'), stallMicros('io'), performance.now()];
   try {
     const config = writeConfig(dir);
     const vol = mountVolume(config, 'node-a', 'pv-io', join(dir, 'mounts', 'pv-io'));
@@ -281,6 +311,7 @@ export function loopIo(): SectionResult {
         figures.push(ratioFigure(section, `the same with ${mode(!latchDio)} (not what latch does)`, o, d, job.unit, false));
       }
       printRows(rows);
+      figures.push(...loopFloor(dir, section, details));
 
       // Buffered reads of the volume (what most applications do): each mode reads the same file cold, and fincore
       // says how much of the image stays in the page cache besides the volume's own copy of the file.
@@ -324,6 +355,19 @@ export function loopIo(): SectionResult {
       figures.push(
         ratioFigure(section, `cold buffered read, ${mode(latchDio)} / ${mode(!latchDio)}`, mine.mibps, theirs.mibps, 'MiB/s', true),
       );
+      // How much the machine's other work stood in the way: the loop path needs a CPU twice per request (the
+      // submitter, then the loop worker), so a busy machine costs the volume more than the plain file.
+      const [cpu, io] = [pressureSince('cpu', cpuStall, started), pressureSince('io', ioStall, started)];
+      const inline = loopSubmitsInline();
+      Object.assign(details, { cpuPressure: cpu, ioPressure: io, loopSubmitsInline: inline });
+      figures.push({
+        section,
+        what: 'machine during the section: share of time a task waited for a CPU / for I/O (PSI some)',
+        value: `${(cpu * 100).toFixed(0)}% / ${(io * 100).toFixed(0)}%; loop submits ${
+          inline === undefined ? '(unknown)' : inline ? 'inline (IOCB_NOWAIT)' : 'through its worker thread only'
+        }`,
+        target: '',
+      });
       return { figures, details };
     } finally {
       setLoopDio(vol.device, latchDio);
@@ -332,6 +376,39 @@ export function loopIo(): SectionResult {
   } finally {
     cleanUp(dir);
   }
+}
+
+/**
+ * The loop driver alone, as evidence of what no filesystem or mount option on the volume can win back: the jobs that
+ * miss most, on a bare loop device (no filesystem) set up as latch sets a volume up (direct I/O, 512-byte sectors),
+ * against its own image file, written in full and alternating as above.
+ */
+function loopFloor(dir: string, section: string, details: Record<string, unknown>): Figure[] {
+  const image = join(dir, 'pool', 'floor.img');
+  layOut(image);
+  const device = sh('losetup', ['--find', '--show', '--direct-io=on', '--sector-size', '512', image]).trim();
+  const figures: Figure[] = [];
+  const floor: Record<string, unknown> = { directIo: loopDio(device) };
+  try {
+    const rows: string[][] = [['job', 'image file', 'bare loop device', 'ratio']];
+    for (const job of JOBS.filter((j) => j.name.startsWith('4k'))) {
+      const file: number[] = [];
+      const bare: number[] = [];
+      for (let i = 0; i < ROUNDS; i++) {
+        file.push(fio(image, job));
+        bare.push(fio(device, job));
+      }
+      const [f, b] = [median(file), median(bare)];
+      floor[job.name] = { unit: job.unit, file, bare };
+      rows.push([`${job.name} (${job.unit})`, fmt(f), fmt(b), (b / f).toFixed(2)]);
+      figures.push(ratioFigure(section, `bare loop device / its image file (the loop driver alone): ${job.name}`, b, f, job.unit, false));
+    }
+    printRows(rows, `The loop driver alone: a bare loop device (${device}, no filesystem) against its image file`);
+  } finally {
+    sh('losetup', ['-d', device]);
+  }
+  details.loopDriverAlone = floor;
+  return figures;
 }
 
 function memCachedKiB(): number {
