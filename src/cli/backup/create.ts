@@ -9,7 +9,7 @@ import { checkVolumeName } from '../../names.js';
 import { openBackupSource } from '../../node/snapshot.js';
 import { formatSize } from '../../size.js';
 import { configOf, type CommandIO } from '../io.js';
-import { describeOutcome, holdersOf, jobNode, jobRequest, requestAndWait } from '../jobs/request.js';
+import { holdersOf, jobNode, jobRequest, requestAndReport } from '../jobs/request.js';
 import { formatJson, type OutputFormat } from '../output.js';
 import { backupTargetOf } from './target.js';
 
@@ -45,16 +45,7 @@ export async function backupCreate(options: BackupCreateOptions, io: CommandIO):
   if (!underWay && (await manifestExists(target, name))) throw new LatchError(`a backup named ${name} already exists in ${target.path}`);
 
   if (!(node === config.nodeName && holdersOf(doc).includes(node)) || underWay) {
-    const result = await requestAndWait(ctx, volume, request, {
-      wait: options.wait ?? true,
-      timeoutMs: (options.timeout ?? 3600) * 1000,
-    });
-    if (options.output === 'json') {
-      io.out(formatJson(result));
-      describeOutcome(result); // a failed job still fails the command
-      return;
-    }
-    io.out(`${describeOutcome(result)}\n`);
+    await requestAndReport(ctx, io, volume, request, options);
     return;
   }
 

@@ -9,6 +9,8 @@ import { jobTicketId } from '../../ledger/ids.js';
 import type { NewVolumeSpec } from '../../ledger/ledger.js';
 import type { FinishedJob, JobSpec, JobStatus, JobTicketType, Ticket, VolumeDoc } from '../../ledger/types.js';
 import { checkNodeName } from '../../names.js';
+import type { CommandIO } from '../io.js';
+import { formatJson, type OutputFormat } from '../output.js';
 
 /** How long an agent has to take a granted job up before the requester gives up on it (and removes its ticket). */
 const PICKUP_MS = 30_000;
@@ -192,7 +194,8 @@ function holdsAfter(ticket: Ticket, state: JobStatus['state']): boolean {
 }
 
 /** Removes the ticket if no agent started its job (one CAS write); whether it did. */
-async function takeBackUnstarted(ctx: Context, volume: string, id: string): Promise<boolean> {
+/** Removes the job ticket if no agent started its job (one CAS write); says whether it did. */
+export async function takeBackUnstarted(ctx: Context, volume: string, id: string): Promise<boolean> {
   let removed = false;
   await ctx.ledger.removeTicket(volume, (doc) => {
     removed = doc.status.tickets[id]?.job === undefined && doc.spec.tickets[id] !== undefined;
@@ -215,4 +218,27 @@ export function describeOutcome(result: JobResult): string {
       if (result.status.state === 'failed') throw new LatchError(`the job on node ${result.node} failed: ${result.status.message}`);
       return result.status.message;
   }
+}
+
+/**
+ * What `snapshot create` and `backup create` do once they go through a ticket: ask, wait as told (default an hour),
+ * print the outcome in words or as JSON. A failed job fails the command (after its JSON, when that was asked for).
+ */
+export async function requestAndReport(
+  ctx: Context,
+  io: CommandIO,
+  volume: string,
+  request: JobRequest,
+  options: { wait?: boolean | undefined; timeout?: number | undefined; output: OutputFormat },
+): Promise<void> {
+  const result = await requestAndWait(ctx, volume, request, {
+    wait: options.wait ?? true,
+    timeoutMs: (options.timeout ?? 3600) * 1000,
+  });
+  if (options.output === 'json') {
+    io.out(formatJson(result));
+    describeOutcome(result);
+    return;
+  }
+  io.out(`${describeOutcome(result)}\n`);
 }

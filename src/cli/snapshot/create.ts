@@ -7,7 +7,7 @@ import { checkVolumeName } from '../../names.js';
 import { snapshotVolume } from '../../node/snapshot.js';
 import { formatSize } from '../../size.js';
 import { configOf, type CommandIO } from '../io.js';
-import { describeOutcome, holdersOf, jobNode, jobRequest, requestAndWait } from '../jobs/request.js';
+import { holdersOf, jobNode, jobRequest, requestAndReport } from '../jobs/request.js';
 import { formatJson, type OutputFormat } from '../output.js';
 
 export interface SnapshotCreateOptions {
@@ -57,14 +57,5 @@ export async function snapshotCreate(options: SnapshotCreateOptions, io: Command
   ) {
     throw new LatchError(`volume ${volume} already has a snapshot named ${name}`);
   }
-  const result = await requestAndWait(ctx, volume, request, {
-    wait: options.wait ?? true,
-    timeoutMs: (options.timeout ?? 3600) * 1000,
-  });
-  if (options.output === 'json') {
-    io.out(formatJson(result));
-    describeOutcome(result); // a failed job still fails the command
-    return;
-  }
-  io.out(`${describeOutcome(result)}\n`);
+  await requestAndReport(ctx, io, volume, request, options);
 }

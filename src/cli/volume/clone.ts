@@ -13,7 +13,8 @@ import { formatSize } from '../../size.js';
 import { configOf, type CommandIO } from '../io.js';
 import { jobNode, jobRequest, requestAndWait } from '../jobs/request.js';
 import { getVolume } from './volume-doc.js';
-import { createWithTicket, runJob, takeBackUnstarted } from './job.js';
+import { takeBackUnstarted } from '../jobs/request.js';
+import { createWithTicket, runJob } from './job.js';
 
 export interface VolumeCloneOptions {
   source: string;

@@ -6,7 +6,7 @@ import type { NewVolumeSpec } from '../../ledger/ledger.js';
 import type { VolumeDoc } from '../../ledger/types.js';
 import { LatchError } from '../../errors.js';
 import type { CommandIO } from '../io.js';
-import { describeOutcome, requestAndWait, type JobResult } from '../jobs/request.js';
+import { describeOutcome, requestAndWait, takeBackUnstarted, type JobResult } from '../jobs/request.js';
 
 export interface RunJobOptions {
   wait: boolean;
@@ -53,11 +53,6 @@ export async function createWithTicket(ctx: Context, volume: string, request: Jo
   if (doc && fillers.length === 0 && doc.status.filesystem === undefined) return;
   await takeBackUnstarted(ctx, volume, request.id);
   throw new LatchError(`volume ${volume} was created by another request meanwhile; choose another name`);
-}
-
-/** Removes the job ticket if no agent started its job (one CAS write). */
-export async function takeBackUnstarted(ctx: Context, volume: string, id: string): Promise<void> {
-  await ctx.ledger.removeTicket(volume, (doc) => (doc.status.tickets[id]?.job === undefined ? id : undefined));
 }
 
 /**
