@@ -9,7 +9,7 @@ import { warmOptionsSchema } from './contract/options.js';
 
 warmConfigSchema();
 warmOptionsSchema();
-// Evaluate the op modules too; their imports of execa and the stores stay lazy.
+// Evaluate the op modules too; their imports of the stores stay lazy.
 void Promise.all(Object.values(OPS).map((load) => load())).then(() => {
   startupSnapshot.setDeserializeMainFunction(() => main(process.argv));
 });
