@@ -1,7 +1,7 @@
 // The one place that spawns child processes. Every child gets an argument array (never a shell), its own process
 // group, captured stdout/stderr (the driver's stdout carries only its JSON reply) and a deadline after which the
 // whole group is killed: kubelet gives most FlexVolume calls no timeout, so a hung mkfs would hang a volume forever.
-import { spawn } from 'node:child_process';
+import type { spawn as SpawnFunction } from 'node:child_process';
 import { constants, existsSync, readdirSync, readFileSync } from 'node:fs';
 import { access, stat } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -129,7 +129,9 @@ export async function run(command: string, args: string[], options: RunOptions =
   const setpriv = setprivPath();
   const [file, argv] = setpriv ? [setpriv, ['--pdeathsig', 'SIGKILL', '--', executable, ...args]] : [executable, args];
 
-  const child = spawnCollecting(file, argv, {
+  // Imported here, not at the top: the startup snapshot must not hold node:child_process's state.
+  const { spawn } = await import('node:child_process');
+  const child = spawnCollecting(spawn, file, argv, {
     input: options.input,
     env: { ...process.env, LC_ALL: 'C', PATH: path },
   });
@@ -225,6 +227,7 @@ interface Collected {
  * (measured: 10-25 ms of a call's CPU, more than the tool itself), and this is all of it that latch needs.
  */
 function spawnCollecting(
+  spawn: typeof SpawnFunction,
   file: string,
   argv: string[],
   options: { input: string | undefined; env: NodeJS.ProcessEnv },
@@ -299,6 +302,7 @@ export async function startDaemon(command: string, args: string[], options: { ti
   }
   const setpriv = setprivPath();
   const [file, argv] = setpriv ? [setpriv, ['--pdeathsig', 'SIGKILL', '--', executable, ...args]] : [executable, args];
+  const { spawn } = await import('node:child_process');
   const started = performance.now();
   const child = spawn(file, argv, {
     detached: true,
