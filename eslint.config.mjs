@@ -31,7 +31,7 @@ export default defineConfig(
       ],
       // Two deliberate require()s: zod, loaded on first use (config.ts: evaluating it costs more than the rest of a
       // call), and node:sea, which a single-executable's main script cannot import() (cli/install.ts).
-      '@typescript-eslint/no-require-imports': ['error', { allow: ['^zod$', '^node:sea$'] }],
+      '@typescript-eslint/no-require-imports': ['error', { allow: ['^zod$', '^node:sea$', '^node:child_process$'] }],
       // Off: an `async` function without `await` is how an op, a store or a test double implements an async
       // interface, so that a throw becomes a rejection like everywhere else (ops' run, EtcdStore.close, fakes).
       '@typescript-eslint/require-await': 'off',

@@ -1,6 +1,6 @@
 // The embedded `file` store: one directory per key, one file per revision, compare-and-swap by exclusive link.
 // Layout, the writer's steps and why garbage collection cannot resurrect a revision: docs/ledger.md, "The file store".
-import { watch as watchPath, type Dirent, type FSWatcher } from 'node:fs';
+import { readdirSync, readFileSync, watch as watchPath, type Dirent, type FSWatcher } from 'node:fs';
 import * as nodeFs from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { randomBytes } from 'node:crypto';
@@ -10,6 +10,19 @@ import { ChangeSignal } from './watch.js';
 
 /** The few file system calls the store makes; tests pass a wrapper to count or delay them. */
 export type FileStoreFs = Pick<typeof nodeFs, 'open' | 'readdir' | 'readFile' | 'link' | 'unlink' | 'mkdir' | 'chmod' | 'lstat'>;
+
+/**
+ * fs/promises, except that the reads (readdir, readFile) are done synchronously. A driver call is a short process
+ * that waits for each read anyway, and its first asynchronous file system call starts libuv's thread pool (four
+ * threads): measured at 5 ms of an `isattached`, whose whole job is two reads. The reads are of a small directory and
+ * a file of a few KiB, so a long-running process (latch agent) is not held up by them either.
+ */
+const readsInline: FileStoreFs = {
+  ...nodeFs,
+  readdir: (async (path: string, options?: { withFileTypes: true }) =>
+    options ? readdirSync(path, options) : readdirSync(path)) as unknown as FileStoreFs['readdir'],
+  readFile: (async (path: string, encoding: BufferEncoding) => readFileSync(path, encoding)) as unknown as FileStoreFs['readFile'],
+};
 
 export interface FileStoreOptions {
   fs?: FileStoreFs;
@@ -60,7 +73,7 @@ export class FileStore implements Store {
 
   constructor(stateDir: string, options: FileStoreOptions = {}) {
     this.root = resolve(stateDir);
-    this.fs = options.fs ?? nodeFs;
+    this.fs = options.fs ?? readsInline;
   }
 
   async get(key: string): Promise<Versioned | undefined> {

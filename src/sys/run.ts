@@ -1,6 +1,7 @@
 // The one place that spawns child processes. Every child gets an argument array (never a shell), its own process
 // group, captured stdout/stderr (the driver's stdout carries only its JSON reply) and a deadline after which the
 // whole group is killed: kubelet gives most FlexVolume calls no timeout, so a hung mkfs would hang a volume forever.
+import type * as ChildProcess from 'node:child_process';
 import { constants, existsSync, readdirSync, readFileSync } from 'node:fs';
 import { access, stat } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -128,20 +129,10 @@ export async function run(command: string, args: string[], options: RunOptions =
   const setpriv = setprivPath();
   const [file, argv] = setpriv ? [setpriv, ['--pdeathsig', 'SIGKILL', '--', executable, ...args]] : [executable, args];
 
-  const { execa } = await import('execa');
-  const child = execa(file, argv, {
-    detached: true, // own process group, so a deadline can kill grandchildren too
-    cleanup: false, // we do our own killing (killAllChildren)
-    ...(options.input === undefined ? { stdin: 'ignore' as const } : { input: options.input }),
-    stdout: 'pipe',
-    stderr: 'pipe',
-    buffer: true,
-    reject: false,
-    encoding: 'utf8',
-    stripFinalNewline: false,
-    maxBuffer: MAX_BUFFER,
-    extendEnv: true,
-    env: { LC_ALL: 'C', PATH: path },
+  const { spawn } = childProcess();
+  const child = spawnCollecting(spawn, file, argv, {
+    input: options.input,
+    env: { ...process.env, LC_ALL: 'C', PATH: path },
   });
 
   const pgid = child.pid;
@@ -172,7 +163,7 @@ export async function run(command: string, args: string[], options: RunOptions =
     // FUSE mount whose daemon stopped answering) does not die of SIGKILL until the kernel lets it go, perhaps never.
     // The call must still end: the child is left to the kernel (it dies, by PR_SET_PDEATHSIG at the latest, once
     // it leaves that wait) and the call fails as timed out.
-    result = await Promise.race([child, unkillable]);
+    result = await Promise.race([child.done, unkillable]);
     // After a timeout the leader may be gone while other members of its group ignore SIGTERM and hold no pipe:
     // they still get their SIGKILL at the end of the grace period. A group with a live member keeps its id, so
     // this cannot hit a stranger's group.
@@ -193,30 +184,107 @@ export async function run(command: string, args: string[], options: RunOptions =
       { command, args: [...args], exitCode: undefined, signal: 'SIGKILL', stderrTail: '', timedOut: true, durationMs },
     );
   }
-  const stdout = typeof result.stdout === 'string' ? result.stdout : '';
-  const stderr = typeof result.stderr === 'string' ? result.stderr : '';
-  const exitCode = result.exitCode;
+  const { stdout, stderr, exitCode } = result;
   const tail = outputTail(stderr || stdout);
   const details = { command, args: [...args], exitCode, signal: result.signal, stderrTail: tail, timedOut, durationMs };
 
   if (timedOut) {
     throw new CommandError(`${shown} timed out after ${formatDuration(timeoutMs)}`, details, { cause: result });
   }
+  if (result.isMaxBuffer) {
+    throw new CommandError(`${shown} produced more than ${MAX_BUFFER} bytes of output`, details, { cause: result });
+  }
   if (exitCode === undefined) {
     if (result.signal) {
       throw new CommandError(`${shown} was killed by ${result.signal}${lastLineSuffix(tail)}`, details, { cause: result });
     }
-    const code = (result as { code?: string }).code;
+    const code = result.errorCode;
     const why = code === 'ENOENT' ? `command not found (PATH=${path})` : (code ?? 'unknown error');
     throw new CommandError(`${shown} could not be started: ${why}`, details, { cause: result });
-  }
-  if (result.isMaxBuffer) {
-    throw new CommandError(`${shown} produced more than ${MAX_BUFFER} bytes of output`, details, { cause: result });
   }
   if (exitCode !== 0 && !okExitCodes.includes(exitCode)) {
     throw new CommandError(`${shown} failed (exit ${exitCode})${lastLineSuffix(tail)}`, details, { cause: result });
   }
   return { stdout, stderr, exitCode, durationMs };
+}
+
+/**
+ * node:child_process, loaded on first use: not at the top, because the single executable's startup snapshot must not
+ * hold its state (Node does not support it there), and not with import(), which esbuild leaves in the bundle for
+ * a built-in and which the single executable cannot run.
+ */
+function childProcess(): typeof ChildProcess {
+  return require('node:child_process') as typeof ChildProcess;
+}
+
+interface Collected {
+  stdout: string;
+  stderr: string;
+  /** undefined when a signal killed the child or it could not be started. */
+  exitCode: number | undefined;
+  signal: NodeJS.Signals | undefined;
+  /** Why it could not be started (ENOENT, EACCES, ...). */
+  errorCode: string | undefined;
+  isMaxBuffer: boolean;
+}
+
+/**
+ * Starts `file` in its own process group (detached, so a deadline can kill grandchildren too) with stdin from
+ * `input` or /dev/null, and collects its stdout and stderr until it has exited and closed both. node:child_process
+ * rather than execa: every driver call that runs a tool paid for evaluating execa and for its per-child machinery
+ * (measured: 10-25 ms of a call's CPU, more than the tool itself), and this is all of it that latch needs.
+ */
+function spawnCollecting(
+  spawn: typeof ChildProcess.spawn,
+  file: string,
+  argv: string[],
+  options: { input: string | undefined; env: NodeJS.ProcessEnv },
+): { pid: number | undefined; done: Promise<Collected> } {
+  const child = spawn(file, argv, {
+    detached: true,
+    stdio: [options.input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'],
+    env: options.env,
+  });
+  const done = new Promise<Collected>((resolve) => {
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    let size = 0;
+    let isMaxBuffer = false;
+    const collect = (into: Buffer[]) => (chunk: Buffer) => {
+      if (isMaxBuffer) return;
+      size += chunk.length;
+      if (size > MAX_BUFFER) {
+        isMaxBuffer = true;
+        if (child.pid !== undefined) signalGroup(child.pid, 'SIGKILL');
+        return;
+      }
+      into.push(chunk);
+    };
+    child.stdout?.on('data', collect(out));
+    child.stderr?.on('data', collect(err));
+    const text = (chunks: Buffer[]) => Buffer.concat(chunks).toString('utf8');
+    child.once('error', (error: NodeJS.ErrnoException) => {
+      // Not started (no 'close' follows); an error after the start (a failed kill) changes nothing.
+      if (child.pid !== undefined) return;
+      resolve({ stdout: text(out), stderr: text(err), exitCode: undefined, signal: undefined, errorCode: error.code, isMaxBuffer });
+    });
+    child.once('close', (code, signal) =>
+      resolve({
+        stdout: text(out),
+        stderr: text(err),
+        exitCode: code ?? undefined,
+        signal: signal ?? undefined,
+        errorCode: undefined,
+        isMaxBuffer,
+      }),
+    );
+  });
+  if (options.input !== undefined && child.stdin) {
+    // A child that exits without reading its input closes the pipe under us: that is its business, not an error.
+    child.stdin.on('error', () => {});
+    child.stdin.end(options.input);
+  }
+  return { pid: child.pid, done };
 }
 
 /**
@@ -242,7 +310,7 @@ export async function startDaemon(command: string, args: string[], options: { ti
   }
   const setpriv = setprivPath();
   const [file, argv] = setpriv ? [setpriv, ['--pdeathsig', 'SIGKILL', '--', executable, ...args]] : [executable, args];
-  const { spawn } = await import('node:child_process');
+  const { spawn } = childProcess();
   const started = performance.now();
   const child = spawn(file, argv, {
     detached: true,
