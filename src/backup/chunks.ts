@@ -44,6 +44,8 @@ export async function chunkExists(target: BackupTarget, hash: string): Promise<b
  */
 export async function storeChunk(target: BackupTarget, hash: string, data: Buffer): Promise<number> {
   const packed = await compress(data, {
+    // One output buffer of the input's size rather than 16 KiB pieces joined on the main thread afterwards.
+    chunkSize: data.length,
     params: { [zlibConstants.BROTLI_PARAM_QUALITY]: 1, [zlibConstants.BROTLI_PARAM_SIZE_HINT]: data.length },
   });
   const path = chunkPath(target, hash);
@@ -66,7 +68,8 @@ export async function readChunk(target: BackupTarget, hash: string, expectedLeng
   }
   let data: Buffer;
   try {
-    data = await decompress(packed);
+    // The output in one buffer of the chunk's length (not 16 KiB pieces joined on the main thread).
+    data = await decompress(packed, { chunkSize: Math.max(expectedLength, 64) });
   } catch {
     return { ok: false, problem: 'corrupt', detail: 'it does not decompress' };
   }

@@ -1,7 +1,9 @@
 // Creating a backup: read the source chunk by chunk, hash each, store only the chunks the target does not have yet,
 // then publish the manifest. Incremental by content: the target already holds every unchanged chunk, so a second
 // backup moves only what changed (and chunks that other volumes already stored). Nothing tracks dirty blocks, so
-// every backup reads and hashes the whole source; only new chunks are compressed and written.
+// every backup reads and hashes the whole source (except the holes of an image file, which it learns from the
+// kernel and records without reading: extents.ts); only new chunks are compressed and written. The next chunk is
+// read while the current one is hashed, and compression runs on libuv's thread pool.
 //
 // Crash safety: chunks appear only complete (temp, fsync, rename); the manifest is written last (temp, fsync,
 // rename, directory fsync), after the directories of the new chunks are fsynced. A backup killed at any point has
@@ -9,15 +11,23 @@
 // temp files are removed by the next writer (all writers hold the target's lock).
 import { hostname } from 'node:os';
 import { dirname } from 'node:path';
-import { createHash } from 'node:crypto';
 import { mkdir } from 'node:fs/promises';
 import { LatchError } from '../errors.js';
 import { syncDir } from '../sys/files.js';
 import { DEFAULT_CHUNK_SIZE, chunkExists, chunkLength, isAllZero, sha256, storeChunk } from './chunks.js';
+import { dataRanges, overlapsData } from './extents.js';
 import { readExactly, readdirOrEmpty, removeTempFiles } from './files.js';
 import { backupsDir, checkBackupName, checkTarget, chunkPath, chunksDir, type BackupTarget } from './layout.js';
 import { withTargetLock, type HeldLock, type LockOptions } from './lock.js';
-import { MANIFEST_FORMAT, listBackups, manifestExists, publishManifest, type BackupStats, type Manifest } from './manifest.js';
+import {
+  MANIFEST_FORMAT,
+  chunkListDigest,
+  listBackups,
+  manifestExists,
+  publishManifest,
+  type BackupStats,
+  type Manifest,
+} from './manifest.js';
 import { openImage } from './source.js';
 
 export interface CreateBackupOptions {
@@ -95,22 +105,36 @@ async function writeBackup(
   if (await manifestExists(target, name)) throw new LatchError(`a backup named ${name} already exists in ${target.path}`);
   const parent = (await listBackups(target, volume)).filter((b) => b.manifest).at(-1)?.name;
 
-  const { handle, sizeBytes } = await openImage(options.source);
+  const { handle, sizeBytes, isFile } = await openImage(options.source);
+  const what = options.sourceDescription ?? options.source;
   const stats: BackupStats = { dataChunks: 0, holeChunks: 0, newChunks: 0, newBytesStored: 0, presentChunks: 0, dataBytes: 0 };
   const chunks: (string | null)[] = [];
-  const whole = createHash('sha256');
   const touchedShards = new Set<string>();
   const seen = new Set<string>();
   const parallel = Math.max(1, options.parallel ?? 4);
   const inFlight = new Set<Promise<void>>();
   let failure: Error | undefined;
+  let nextRead: Promise<Buffer | null> | undefined;
   try {
     const total = Math.ceil(sizeBytes / chunkSize);
+    // Undefined for a block device, or when the map cannot be had: then every chunk is read.
+    const ranges = isFile ? await dataRanges(options.source, sizeBytes) : undefined;
+    // A chunk in a hole reads as null without a read; any other is read (and checked for zeros: data can be zeros).
+    const read = (index: number): Promise<Buffer | null> => {
+      const length = chunkLength(sizeBytes, chunkSize, index);
+      if (ranges !== undefined && !overlapsData(ranges, index * chunkSize, length)) return Promise.resolve(null);
+      const reading = readExactly(handle, length, index * chunkSize, what);
+      // Its failure is thrown where it is awaited; until then it must not count as an unhandled rejection.
+      reading.catch(() => undefined);
+      return reading;
+    };
+    nextRead = total > 0 ? read(0) : undefined;
     for (let index = 0; index < total; index++) {
       const length = chunkLength(sizeBytes, chunkSize, index);
-      const data = await readExactly(handle, length, index * chunkSize, options.sourceDescription ?? options.source);
-      whole.update(data);
-      if (isAllZero(data)) {
+      const data = await nextRead;
+      // Read ahead: the next chunk comes from the thread pool while this one is hashed.
+      nextRead = index + 1 < total ? read(index + 1) : undefined;
+      if (data === null || data === undefined || isAllZero(data)) {
         chunks.push(null);
         stats.holeChunks++;
       } else {
@@ -145,7 +169,7 @@ async function writeBackup(
     await Promise.all(inFlight);
     if (failure !== undefined) throw failure;
   } finally {
-    await Promise.allSettled(inFlight);
+    await Promise.allSettled([...inFlight, nextRead]);
     await handle.close();
   }
 
@@ -161,10 +185,10 @@ async function writeBackup(
     chunkSize,
     compression: 'brotli',
     chunks,
-    imageSha256: whole.digest('hex'),
+    chunkListSha256: chunkListDigest(sizeBytes, chunkSize, chunks),
     createdAt,
     completedAt: new Date(now()).toISOString(),
-    source: options.sourceDescription ?? options.source,
+    source: what,
     node: node ?? hostname(),
     ...(parent !== undefined && { parent }),
     ...(options.fsType !== undefined && { fsType: options.fsType }),
