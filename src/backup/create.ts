@@ -15,7 +15,7 @@ import { mkdir } from 'node:fs/promises';
 import { LatchError } from '../errors.js';
 import { syncDir } from '../sys/files.js';
 import { DEFAULT_CHUNK_SIZE, chunkExists, chunkLength, isAllZero, sha256, storeChunk } from './chunks.js';
-import { dataRanges, overlapsData } from './extents.js';
+import { dataRanges, overlapsData, type ByteRange } from './extents.js';
 import { readExactly, readdirOrEmpty, removeTempFiles } from './files.js';
 import { backupsDir, checkBackupName, checkTarget, chunkPath, chunksDir, type BackupTarget } from './layout.js';
 import { withTargetLock, type HeldLock, type LockOptions } from './lock.js';
@@ -98,13 +98,6 @@ async function writeBackup(
 ): Promise<Manifest> {
   const { target, volume } = options;
   const { name, chunkSize, createdAt, now, node } = settled;
-  await mkdir(chunksDir(target), { recursive: true });
-  await mkdir(backupsDir(target), { recursive: true });
-  await removeTempFiles(backupsDir(target));
-  for (const shard of await readdirOrEmpty(chunksDir(target))) await removeTempFiles(`${chunksDir(target)}/${shard}`);
-  if (await manifestExists(target, name)) throw new LatchError(`a backup named ${name} already exists in ${target.path}`);
-  const parent = (await listBackups(target, volume)).filter((b) => b.manifest).at(-1)?.name;
-
   const { handle, sizeBytes, isFile } = await openImage(options.source);
   const what = options.sourceDescription ?? options.source;
   const stats: BackupStats = { dataChunks: 0, holeChunks: 0, newChunks: 0, newBytesStored: 0, presentChunks: 0, dataBytes: 0 };
@@ -115,10 +108,20 @@ async function writeBackup(
   const inFlight = new Set<Promise<void>>();
   let failure: Error | undefined;
   let nextRead: Promise<Buffer | null> | undefined;
+  let parent: string | undefined;
+  let mapping: Promise<ByteRange[] | undefined> | undefined;
   try {
-    const total = Math.ceil(sizeBytes / chunkSize);
-    // Undefined for a block device, or when the map cannot be had: then every chunk is read.
-    const ranges = isFile ? await dataRanges(options.source, sizeBytes) : undefined;
+    // The hole map (a child process: tens of ms) is asked for while the target is tidied and listed. Undefined for a
+    // block device, or when it cannot be had: then every chunk is read.
+    mapping = isFile ? dataRanges(options.source, sizeBytes) : Promise.resolve(undefined);
+    await mkdir(chunksDir(target), { recursive: true });
+    await mkdir(backupsDir(target), { recursive: true });
+    await removeTempFiles(backupsDir(target));
+    for (const shard of await readdirOrEmpty(chunksDir(target))) await removeTempFiles(`${chunksDir(target)}/${shard}`);
+    if (await manifestExists(target, name)) throw new LatchError(`a backup named ${name} already exists in ${target.path}`);
+    parent = (await listBackups(target, volume)).filter((b) => b.manifest).at(-1)?.name;
+    const ranges = await mapping;
+
     // A chunk in a hole reads as null without a read; any other is read (and checked for zeros: data can be zeros).
     const read = (index: number): Promise<Buffer | null> => {
       const length = chunkLength(sizeBytes, chunkSize, index);
@@ -128,6 +131,19 @@ async function writeBackup(
       reading.catch(() => undefined);
       return reading;
     };
+    // A chunk the target may lack: looked for, then compressed and stored if absent. Off the loop, so that neither
+    // the look-up nor the compression (both on the thread pool, behind one another) holds up reading and hashing.
+    const storeIfNew = async (hash: string, data: Buffer): Promise<void> => {
+      if (await chunkExists(target, hash)) {
+        stats.presentChunks++;
+        return;
+      }
+      stats.newChunks++;
+      touchedShards.add(dirname(chunkPath(target, hash)));
+      stats.newBytesStored += await storeChunk(target, hash, data);
+    };
+
+    const total = Math.ceil(sizeBytes / chunkSize);
     nextRead = total > 0 ? read(0) : undefined;
     for (let index = 0; index < total; index++) {
       const length = chunkLength(sizeBytes, chunkSize, index);
@@ -142,15 +158,12 @@ async function writeBackup(
         chunks.push(hash);
         stats.dataChunks++;
         stats.dataBytes += length;
-        if (seen.has(hash) || (await chunkExists(target, hash))) {
+        if (seen.has(hash)) {
           stats.presentChunks++;
         } else {
           seen.add(hash);
-          stats.newChunks++;
-          touchedShards.add(dirname(chunkPath(target, hash)));
-          const job: Promise<void> = storeChunk(target, hash, data).then(
-            (bytes) => {
-              stats.newBytesStored += bytes;
+          const job: Promise<void> = storeIfNew(hash, data).then(
+            () => {
               inFlight.delete(job);
             },
             (err: unknown) => {
@@ -161,7 +174,6 @@ async function writeBackup(
           inFlight.add(job);
           if (inFlight.size >= parallel) await Promise.race(inFlight);
         }
-        seen.add(hash);
       }
       if (failure !== undefined) throw failure;
       await options.onChunk?.(index, total);
@@ -169,11 +181,12 @@ async function writeBackup(
     await Promise.all(inFlight);
     if (failure !== undefined) throw failure;
   } finally {
-    await Promise.allSettled([...inFlight, nextRead]);
+    await Promise.allSettled([...inFlight, nextRead, mapping]);
     await handle.close();
   }
 
-  for (const shard of touchedShards) await syncDir(shard);
+  // The new chunks' directories, at once: each fsync waits for a journal commit, and concurrent ones share it.
+  await Promise.all([...touchedShards].map((shard) => syncDir(shard)));
   await syncDir(chunksDir(target));
   await options.beforePublish?.();
   await lock.check();
