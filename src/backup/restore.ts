@@ -1,6 +1,7 @@
 // Restoring a backup onto a block device or into an image file. Every chunk's hash is checked as it is read, and
-// the image's checksum at the end (the chunk list's for a v2 manifest, the sha256 of every byte for a v1: manifest.ts); a damaged backup stops the restore with an error naming the chunk (what was
-// written so far stays: the destination is not usable, and the caller must not hand it to a workload).
+// the image's checksum at the end (the chunk list's for a v2 manifest, the sha256 of every byte for a v1:
+// manifest.ts); a damaged backup stops the restore with an error naming the chunk (what was written so far stays:
+// the destination is not usable, and the caller must not hand it to a workload).
 //
 // Holes stay holes: an image file is emptied first (truncated to 0, then to the size: all holes) and only data
 // chunks are written (nothing is written for a hole: a fresh sparse file reads zeros there); on a block device, whose

@@ -1,5 +1,6 @@
 // Verifying a backup: every chunk it needs is read back, decompressed and hashed, and the image's checksum is
-// recomputed from them (the chunk list's for a v2 manifest, the sha256 of every byte for a v1: manifest.ts). Reads only; it takes no lock.
+// recomputed from them (the chunk list's for a v2 manifest, the sha256 of every byte for a v1: manifest.ts). Reads
+// only; it takes no lock.
 import { chunkLength, readChunk } from './chunks.js';
 import { checkTarget, type BackupTarget } from './layout.js';
 import { imageCheck, readManifest } from './manifest.js';
