@@ -10,9 +10,10 @@
 // right, put in the listed order, are the image that was read. v1 manifests are still read, verified (whole-image
 // sha256) and restored.
 import { createHash } from 'node:crypto';
-import { readFile } from 'node:fs/promises';
+import { open, readFile } from 'node:fs/promises';
 import { LatchError } from '../errors.js';
-import { writeFileAtomic, readdirOrEmpty } from './files.js';
+import { DEFAULT_CHUNK_SIZE, chunkLength, isAllZero, sha256 } from './chunks.js';
+import { readExactly, writeFileAtomic, readdirOrEmpty } from './files.js';
 import { MANIFEST_SUFFIX, backupsDir, checkBackupName, isChunkHash, manifestPath, type BackupTarget } from './layout.js';
 
 /** The format new backups are written in. */
@@ -127,6 +128,25 @@ export function chunkListDigest(sizeBytes: number, chunkSize: number, chunks: re
   const hash = createHash('sha256').update(`latch-chunk-list/v1 ${sizeBytes} ${chunkSize}\n`);
   for (const chunk of chunks) hash.update(`${chunk ?? 'hole'}\n`);
   return hash.digest('hex');
+}
+
+/**
+ * The chunkListSha256 a backup of the image file at `path` would carry, from its bytes: what a caller compares a
+ * manifest with to know that the backup holds that image (as it once compared imageSha256 with the file's sha256).
+ */
+export async function chunkListSha256OfImage(path: string, chunkSize = DEFAULT_CHUNK_SIZE): Promise<string> {
+  const handle = await open(path, 'r');
+  try {
+    const { size } = await handle.stat();
+    const chunks: (string | null)[] = [];
+    for (let index = 0; index * chunkSize < size; index++) {
+      const data = await readExactly(handle, chunkLength(size, chunkSize, index), index * chunkSize, path);
+      chunks.push(isAllZero(data) ? null : sha256(data));
+    }
+    return chunkListDigest(size, chunkSize, chunks);
+  } finally {
+    await handle.close();
+  }
 }
 
 /**

@@ -27,7 +27,7 @@ import { createBackup } from '../../src/backup/create.js';
 import { collectGarbage, deleteBackup } from '../../src/backup/delete.js';
 import { chunkPath, lockPath, type BackupTarget } from '../../src/backup/layout.js';
 import { dataRanges, overlapsData, parseSeekMap } from '../../src/backup/extents.js';
-import { chunkListDigest, listBackups, readManifest, type Manifest } from '../../src/backup/manifest.js';
+import { chunkListDigest, chunkListSha256OfImage, listBackups, readManifest, type Manifest } from '../../src/backup/manifest.js';
 import { restoreBackup } from '../../src/backup/restore.js';
 import { verifyBackup } from '../../src/backup/verify.js';
 import { bundleForNode } from '../fixtures/bundle.js';
@@ -506,6 +506,7 @@ describe('holes skipped without reading, and the chunk-list checksum', () => {
     assert.equal(m.format, 'latch-backup/v2');
     assert.equal(m.imageSha256, undefined);
     assert.equal(m.chunkListSha256, chunkListDigest(SIZE, CHUNK, m.chunks));
+    assert.equal(m.chunkListSha256, await chunkListSha256OfImage(path, CHUNK), "the image's own chunk list, read whole");
     assert.deepEqual(
       m.chunks.flatMap((c, i) => (c === null ? [] : [i])),
       [5, 6, 30, CHUNKS - 1],
