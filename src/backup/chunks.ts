@@ -44,6 +44,9 @@ export async function chunkExists(target: BackupTarget, hash: string): Promise<b
  */
 export async function storeChunk(target: BackupTarget, hash: string, data: Buffer): Promise<number> {
   const packed = await compress(data, {
+    // Output in 1 MiB pieces rather than zlib's 16 KiB: each piece is a round trip between the thread pool and the
+    // main thread (a 4 MiB chunk compressed to 600 KiB took 40).
+    chunkSize: Math.min(data.length, 1024 * 1024),
     params: { [zlibConstants.BROTLI_PARAM_QUALITY]: 1, [zlibConstants.BROTLI_PARAM_SIZE_HINT]: data.length },
   });
   const path = chunkPath(target, hash);
@@ -66,7 +69,8 @@ export async function readChunk(target: BackupTarget, hash: string, expectedLeng
   }
   let data: Buffer;
   try {
-    data = await decompress(packed);
+    // The output in one buffer of the chunk's length (not 16 KiB pieces joined on the main thread).
+    data = await decompress(packed, { chunkSize: Math.max(expectedLength, 64) });
   } catch {
     return { ok: false, problem: 'corrupt', detail: 'it does not decompress' };
   }

@@ -31,9 +31,12 @@ export async function writeFileAtomic(path: string, data: Uint8Array | string, s
   if (syncDirectory) await syncDir(dir);
 }
 
-/** Reads exactly `length` bytes at `position`; a short read means the source shrank underneath. */
-export async function readExactly(handle: FileHandle, length: number, position: number, what: string): Promise<Buffer> {
-  const buffer = Buffer.allocUnsafe(length);
+/**
+ * Reads exactly `length` bytes at `position` (into `into`, when given: a buffer of at least `length` bytes to reuse);
+ * a short read means the source shrank underneath.
+ */
+export async function readExactly(handle: FileHandle, length: number, position: number, what: string, into?: Buffer): Promise<Buffer> {
+  const buffer = into === undefined ? Buffer.allocUnsafe(length) : into.subarray(0, length);
   let done = 0;
   while (done < length) {
     const { bytesRead } = await handle.read(buffer, done, length - done, position + done);

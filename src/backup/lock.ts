@@ -1,5 +1,5 @@
-// One writer at a time per backup target, across nodes: `<target>/lock`, created with O_EXCL (atomic on local
-// filesystems and on NFSv3+ and CephFS), holding who took it. Creating a backup, deleting one and collecting garbage
+// One writer at a time per backup target, across nodes: `<target>/lock`, created whole by a hard link (atomic on
+// local filesystems and on NFSv3+ and CephFS), holding who took it. Creating a backup, deleting one and collecting garbage
 // take it; list, verify and restore only read and do not. Simple and correct: garbage collection can never remove a
 // chunk that a backup in progress has just found present and skipped. The price: backups to one target run one
 // after another.
@@ -9,11 +9,12 @@
 // `staleAfterMs` (default 10 minutes), which covers a holder on a node that died.
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
+import { basename, dirname } from 'node:path';
 import { link, open, readFile, rename, stat, unlink, utimes } from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { LatchError } from '../errors.js';
 import { processExists } from '../sys/processes.js';
-import { lockPath, type BackupTarget } from './layout.js';
+import { lockPath, tempPathFor, type BackupTarget } from './layout.js';
 
 export interface LockOptions {
   /** Who holds it, for people reading the lock file and error messages (the node name). */
@@ -104,21 +105,30 @@ export async function withTargetLock<T>(
   }
 }
 
+/**
+ * Creates the lock with its contents already in it: written to a private temp file, fsynced, then hard-linked to the
+ * lock's name (link fails with EEXIST like O_EXCL, atomically on local filesystems, NFS and CephFS). Created with
+ * O_EXCL and then written, a writer SIGKILLed in between left an empty lock that nobody could read or take over for
+ * 10 minutes (the agent's kill test hit it).
+ */
 async function tryCreate(path: string, owner: LockOwner): Promise<boolean> {
-  let handle;
+  const temp = tempPathFor(dirname(path), basename(path));
+  const handle = await open(temp, 'wx', 0o644);
   try {
-    handle = await open(path, 'wx', 0o644);
+    try {
+      await handle.writeFile(`${JSON.stringify(owner)}\n`);
+      await handle.sync();
+    } finally {
+      await handle.close();
+    }
+    await link(temp, path);
+    return true;
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === 'EEXIST') return false;
     throw err;
-  }
-  try {
-    await handle.writeFile(`${JSON.stringify(owner)}\n`);
-    await handle.sync();
   } finally {
-    await handle.close();
+    await unlink(temp).catch(() => undefined);
   }
-  return true;
 }
 
 /** The holder; 'gone' when the file vanished meanwhile; undefined when it is unreadable (a holder mid-write, or junk). */

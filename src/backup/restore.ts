@@ -1,11 +1,12 @@
 // Restoring a backup onto a block device or into an image file. Every chunk's hash is checked as it is read, and
-// the whole image's checksum at the end; a damaged backup stops the restore with an error naming the chunk (what was
-// written so far stays: the destination is not usable, and the caller must not hand it to a workload).
+// the image's checksum at the end (the chunk list's for a v2 manifest, the sha256 of every byte for a v1:
+// manifest.ts); a damaged backup stops the restore with an error naming the chunk (what was written so far stays:
+// the destination is not usable, and the caller must not hand it to a workload).
 //
 // Holes stay holes: an image file is emptied first (truncated to 0, then to the size: all holes) and only data
-// chunks are written; on a block device the hole ranges are zeroed with `blkdiscard --zeroout`, which a loop device
+// chunks are written (nothing is written for a hole: a fresh sparse file reads zeros there); on a block device, whose
+// old contents are not known to be zeros, the hole ranges are zeroed with `blkdiscard --zeroout`, which a loop device
 // turns into holes punched in its image file (zeros are written where the device cannot).
-import { createHash } from 'node:crypto';
 import { constants } from 'node:fs';
 import { open, stat } from 'node:fs/promises';
 import { LatchError } from '../errors.js';
@@ -13,7 +14,7 @@ import { blockDeviceSize } from '../sys/blockdev.js';
 import { zeroRange } from '../sys/zero.js';
 import { chunkLength, readChunk } from './chunks.js';
 import { checkTarget, type BackupTarget } from './layout.js';
-import { readManifest } from './manifest.js';
+import { imageCheck, readManifest } from './manifest.js';
 
 export interface RestoreOptions {
   target: BackupTarget;
@@ -65,7 +66,7 @@ export async function restoreBackup(options: RestoreOptions): Promise<RestoreRep
       await handle.truncate(0);
       await handle.truncate(sizeBytes);
     }
-    const whole = createHash('sha256');
+    const check = imageCheck(manifest);
     const parallel = Math.max(1, options.parallel ?? 4);
     // Read-ahead: chunk i + parallel - 1 is read and decompressed while chunk i is written.
     const pending = new Map<number, ReturnType<typeof readChunk>>();
@@ -87,7 +88,7 @@ export async function restoreBackup(options: RestoreOptions): Promise<RestoreRep
       const length = chunkLength(sizeBytes, chunkSize, index);
       const hash = manifest.chunks[index];
       if (hash === null || hash === undefined) {
-        whole.update(Buffer.alloc(length));
+        check.add(null, length);
         report.holeChunks++;
         holeStart ??= offset;
         continue;
@@ -101,7 +102,7 @@ export async function restoreBackup(options: RestoreOptions): Promise<RestoreRep
             `the restore to ${destination} is incomplete and must not be used`,
         );
       }
-      whole.update(read.data);
+      check.add(hash, read.data);
       let written = 0;
       while (written < length) written += (await handle.write(read.data, written, length - written, offset + written)).bytesWritten;
       report.dataChunks++;
@@ -109,7 +110,7 @@ export async function restoreBackup(options: RestoreOptions): Promise<RestoreRep
     }
     await flushHoles(sizeBytes);
     await handle.sync();
-    if (whole.digest('hex') !== manifest.imageSha256) {
+    if (!check.matches()) {
       throw new LatchError(`backup ${name}: the restored image does not match the manifest's checksum; the restore must not be used`);
     }
   } finally {

@@ -7,6 +7,8 @@ import { blockDeviceSize } from '../sys/blockdev.js';
 export interface OpenedImage {
   handle: FileHandle;
   sizeBytes: number;
+  /** A regular file (which may have holes to skip), not a block device. */
+  isFile: boolean;
 }
 
 /** Opens a block device or an image file for reading and finds its size. */
@@ -20,5 +22,5 @@ export async function openImage(path: string, flags: 'r' | 'r+' = 'r'): Promise<
   }
   if (!stats.isFile() && !stats.isBlockDevice()) throw new LatchError(`${path} is neither a regular file nor a block device`);
   const sizeBytes = stats.isFile() ? stats.size : await blockDeviceSize(path);
-  return { handle: await open(path, flags), sizeBytes };
+  return { handle: await open(path, flags), sizeBytes, isFile: stats.isFile() };
 }

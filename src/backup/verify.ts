@@ -1,9 +1,9 @@
-// Verifying a backup: every chunk it needs is read back, decompressed and hashed, and the whole image's checksum is
-// recomputed from them. Reads only; it takes no lock.
-import { createHash } from 'node:crypto';
+// Verifying a backup: every chunk it needs is read back, decompressed and hashed, and the image's checksum is
+// recomputed from them (the chunk list's for a v2 manifest, the sha256 of every byte for a v1: manifest.ts). Reads
+// only; it takes no lock.
 import { chunkLength, readChunk } from './chunks.js';
 import { checkTarget, type BackupTarget } from './layout.js';
-import { readManifest } from './manifest.js';
+import { imageCheck, readManifest } from './manifest.js';
 
 export interface ChunkProblem {
   /** The chunk's position in the image (its byte offset is index × chunkSize). */
@@ -19,7 +19,7 @@ export interface VerifyReport {
   ok: boolean;
   chunksChecked: number;
   problems: ChunkProblem[];
-  /** Whether the chunks put together hash to the manifest's imageSha256 (undefined when chunks are unusable). */
+  /** Whether the chunks put together match the manifest's image checksum (undefined when chunks are unusable). */
   imageChecksumMatches: boolean | undefined;
 }
 
@@ -27,14 +27,14 @@ export async function verifyBackup(options: { target: BackupTarget; name: string
   const { target, name } = options;
   await checkTarget(target);
   const manifest = await readManifest(target, name);
-  const whole = createHash('sha256');
+  const check = imageCheck(manifest);
   const problems: ChunkProblem[] = [];
   const known = new Map<string, ChunkProblem | undefined>();
   let checked = 0;
   for (const [index, hash] of manifest.chunks.entries()) {
     const length = chunkLength(manifest.sizeBytes, manifest.chunkSize, index);
     if (hash === null) {
-      whole.update(Buffer.alloc(length));
+      check.add(null, length);
       continue;
     }
     const earlier = known.get(hash);
@@ -45,7 +45,7 @@ export async function verifyBackup(options: { target: BackupTarget; name: string
     const read = await readChunk(target, hash, length);
     checked++;
     if (read.ok) {
-      whole.update(read.data);
+      check.add(hash, read.data);
       known.set(hash, undefined);
     } else {
       const problem: ChunkProblem = { index, hash, problem: read.problem, detail: read.detail };
@@ -53,7 +53,7 @@ export async function verifyBackup(options: { target: BackupTarget; name: string
       known.set(hash, problem);
     }
   }
-  const imageChecksumMatches = problems.length === 0 ? whole.digest('hex') === manifest.imageSha256 : undefined;
+  const imageChecksumMatches = problems.length === 0 ? check.matches() : undefined;
   return {
     name,
     volume: manifest.volume,

@@ -1,7 +1,8 @@
 // Backup benchmark (root): a 1 GiB ext4 image with about 10% of it real files (/usr/include), backed up to a
 // directory, against a plain sequential copy of the same image in the same run: `dd bs=4M conv=sparse,fsync`, which
-// like a backup reads every byte, writes only the data and makes it durable; then an incremental backup after 1% of
-// the image changed, and a restore. `cp --sparse=always` is shown too, for information: coreutils 9 copies only the
+// reads every byte, writes only the data and makes it durable (a backup does as much, less the holes of an image
+// file, which it learns from the kernel and does not read, plus hashing and compressing); then an incremental
+// backup after 1% of the image changed, and a restore. `cp --sparse=always` is shown too, for information: coreutils 9 copies only the
 // data extents, in the kernel (copy_file_range), and leaves them unsynced in the page cache, so it does a small
 // fraction of the work. `npm run bench` runs it as its
 // `backup` section (figures with targets); `npm run bench:backup` runs it alone and prints the details.

@@ -1,9 +1,10 @@
 // The backup engine (src/backup/) on image files in temp dirs: holes, dedup, incremental backups, verify, restore,
-// delete and gc, damaged manifests, the target's lock, and backups interrupted by an exception or a SIGKILL.
+// delete and gc, damaged manifests, the target's lock, backups interrupted by an exception or a SIGKILL, holes skipped
+// through the kernel's map, and the two manifest formats' image checksums (v2 chunk list, v1 whole-image sha256).
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync, spawn } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import {
   closeSync,
   ftruncateSync,
@@ -25,7 +26,8 @@ import { join } from 'node:path';
 import { createBackup } from '../../src/backup/create.js';
 import { collectGarbage, deleteBackup } from '../../src/backup/delete.js';
 import { chunkPath, lockPath, type BackupTarget } from '../../src/backup/layout.js';
-import { listBackups, readManifest } from '../../src/backup/manifest.js';
+import { dataRanges, overlapsData, parseSeekMap } from '../../src/backup/extents.js';
+import { chunkListDigest, chunkListSha256OfImage, listBackups, readManifest, type Manifest } from '../../src/backup/manifest.js';
 import { restoreBackup } from '../../src/backup/restore.js';
 import { verifyBackup } from '../../src/backup/verify.js';
 import { bundleForNode } from '../fixtures/bundle.js';
@@ -447,3 +449,152 @@ describe('a full target', { skip: process.getuid?.() !== 0 ? 'needs root to moun
     }
   });
 });
+
+describe('holes skipped without reading, and the chunk-list checksum', () => {
+  it("learns an image file's data ranges from the kernel, and parses and searches the map", async () => {
+    const path = join(freshDir('image'), 'sparse.img');
+    writeFileSync(path, Buffer.alloc(0));
+    const fd = openSync(path, 'r+');
+    ftruncateSync(fd, SIZE);
+    writeSync(fd, randomBytes(4096), 0, 4096, 5 * CHUNK + CHUNK - 4096);
+    writeSync(fd, randomBytes(8192), 0, 8192, 20 * CHUNK);
+    closeSync(fd);
+    const ranges = await dataRanges(path, SIZE);
+    assert.ok(ranges, 'xfs_io gives the map of a file in the temp dir');
+    // A filesystem may allocate around what was written, never less.
+    assert.ok(overlapsData(ranges, 5 * CHUNK, CHUNK) && overlapsData(ranges, 20 * CHUNK, CHUNK), JSON.stringify(ranges));
+    assert.ok(!overlapsData(ranges, 0, CHUNK) && !overlapsData(ranges, 40 * CHUNK, CHUNK), JSON.stringify(ranges));
+
+    const map = 'Whence\tResult\nHOLE\t0\nDATA\t8192\nHOLE\t12288\nDATA\t65536\n';
+    assert.deepEqual(parseSeekMap(map, 70000), [
+      { offset: 8192, length: 4096 },
+      { offset: 65536, length: 70000 - 65536 },
+    ]);
+    assert.deepEqual(parseSeekMap('Whence\tResult\nHOLE\t0\n', 4096), []);
+    for (const bad of ['', 'oops\n', 'Whence\tResult\n', 'Whence\tResult\nDATA\t4096\n', 'Whence\tResult\nDATA\t0\nHOLE\t0\n']) {
+      assert.equal(parseSeekMap(bad, 8192), undefined, `unbelievable map ${JSON.stringify(bad)}`);
+    }
+    const sample = [
+      { offset: 100, length: 50 },
+      { offset: 1000, length: 10 },
+    ];
+    assert.equal(overlapsData(sample, 0, 100), false);
+    assert.equal(overlapsData(sample, 0, 101), true);
+    assert.equal(overlapsData(sample, 150, 850), false);
+    assert.equal(overlapsData(sample, 149, 1), true);
+    assert.equal(overlapsData(sample, 1009, 5), true);
+    assert.equal(overlapsData(sample, 1010, 5), false);
+  });
+
+  it('backs up a sparse image through the hole map (v2 manifest) and restores it byte for byte, sparse', async () => {
+    const target = freshTarget();
+    const bytes = Buffer.alloc(SIZE);
+    randomBytes(4096).copy(bytes, 5 * CHUNK + CHUNK - 4096); // data only in the last page of chunk 5
+    randomBytes(CHUNK).copy(bytes, 6 * CHUNK); // a whole chunk
+    randomBytes(100).copy(bytes, 30 * CHUNK + 7); // a few bytes
+    bytes.fill(9, SIZE - 10); // the very end
+    const path = join(freshDir('image'), 'sparse.img');
+    writeFileSync(path, Buffer.alloc(0));
+    writeImage(path, bytes);
+    // An allocated chunk of zeros: read (the map says data), found zero, recorded as a hole all the same.
+    const fd = openSync(path, 'r+');
+    writeSync(fd, Buffer.alloc(CHUNK), 0, CHUNK, 12 * CHUNK);
+    closeSync(fd);
+    assert.ok(await dataRanges(path, SIZE), 'this test is about the hole-skipping path');
+
+    const m = await createBackup({ target, source: path, volume: 'v', name: 'sparse', chunkSize: CHUNK });
+    assert.equal(m.format, 'latch-backup/v2');
+    assert.equal(m.imageSha256, undefined);
+    assert.equal(m.chunkListSha256, chunkListDigest(SIZE, CHUNK, m.chunks));
+    assert.equal(m.chunkListSha256, await chunkListSha256OfImage(path, CHUNK), "the image's own chunk list, read whole");
+    assert.deepEqual(
+      m.chunks.flatMap((c, i) => (c === null ? [] : [i])),
+      [5, 6, 30, CHUNKS - 1],
+    );
+    assert.equal(m.stats.holeChunks, CHUNKS - 4);
+    const stored = m.chunks.filter((c) => c !== null).reduce((sum, c) => sum + statSync(chunkPath(target, c)).size, 0);
+    assert.equal(m.stats.newBytesStored, stored, 'every stored chunk is counted (they are stored concurrently)');
+    assert.equal((await verifyBackup({ target, name: 'sparse' })).ok, true);
+
+    const out = join(freshDir('restore'), 'restored.img');
+    const report = await restoreBackup({ target, name: 'sparse', destination: out });
+    assert.equal(report.bytesWritten, 4 * CHUNK);
+    assert.ok(readFileSync(out).equals(bytes), 'restored bytes are identical');
+    assert.ok(statSync(out).blocks * 512 <= 4 * CHUNK + 64 * 1024, 'the holes were not written');
+  });
+
+  it('restore and verify refuse a v2 manifest whose chunk-list checksum does not match', async () => {
+    const target = freshTarget();
+    const m = await createBackup({ target, source: makeImage([1, 2]).path, volume: 'v', name: 'b', chunkSize: CHUNK });
+    rewriteManifest(target, { ...m, chunkListSha256: chunkListDigest(SIZE, CHUNK, [...m.chunks].reverse()) });
+    const report = await verifyBackup({ target, name: 'b' });
+    assert.deepEqual([report.ok, report.imageChecksumMatches, report.problems], [false, false, []]);
+    await assert.rejects(
+      restoreBackup({ target, name: 'b', destination: join(freshDir('restore'), 'x.img') }),
+      /does not match the manifest's checksum/,
+    );
+  });
+
+  it('a v1 manifest (whole-image sha256) still verifies and restores, and its checksum and chunks are still checked', async () => {
+    const target = freshTarget();
+    const image = makeImage(DATA);
+    const m = await createBackup({ target, source: image.path, volume: 'v', name: 'old', chunkSize: CHUNK });
+    const { chunkListSha256: _dropped, ...rest } = m;
+    const v1: Manifest = { ...rest, format: 'latch-backup/v1', imageSha256: createHash('sha256').update(image.bytes).digest('hex') };
+    rewriteManifest(target, v1);
+    assert.deepEqual(await readManifest(target, 'old'), v1);
+    const good = await verifyBackup({ target, name: 'old' });
+    assert.deepEqual([good.ok, good.imageChecksumMatches], [true, true]);
+    const out = join(freshDir('restore'), 'old.img');
+    await restoreBackup({ target, name: 'old', destination: out });
+    assert.ok(readFileSync(out).equals(image.bytes), 'a v1 backup restores identical bytes');
+
+    rewriteManifest(target, { ...v1, imageSha256: createHash('sha256').update('other').digest('hex') });
+    assert.equal((await verifyBackup({ target, name: 'old' })).imageChecksumMatches, false);
+    await assert.rejects(
+      restoreBackup({ target, name: 'old', destination: join(freshDir('restore'), 'x.img') }),
+      /does not match the manifest's checksum/,
+    );
+
+    rewriteManifest(target, v1);
+    const dataIndex = m.chunks.findIndex((c) => c !== null);
+    writeFileSync(chunkPath(target, m.chunks[dataIndex] as string), randomBytes(100));
+    assert.deepEqual((await verifyBackup({ target, name: 'old' })).problems.map((p) => [p.index, p.problem]).slice(0, 1), [
+      [dataIndex, 'corrupt'],
+    ]);
+    await assert.rejects(
+      restoreBackup({ target, name: 'old', destination: join(freshDir('restore'), 'y.img') }),
+      new RegExp(`chunk ${dataIndex} .* is corrupt`),
+    );
+
+    const { imageSha256: _gone, ...noChecksum } = v1;
+    rewriteManifest(target, noChecksum);
+    await assert.rejects(readManifest(target, 'old'), /corrupted: no image checksum/);
+  });
+
+  it(
+    'restores onto a block device that held other data: its holes are zeroed',
+    { skip: process.getuid?.() !== 0 ? 'needs root for a loop device' : false },
+    async () => {
+      const target = freshTarget();
+      const image = makeImage([2, 40]);
+      await createBackup({ target, source: image.path, volume: 'v', name: 'b', chunkSize: CHUNK });
+      const backing = join(freshDir('device'), 'backing.img');
+      writeFileSync(backing, randomBytes(SIZE));
+      const device = execFileSync('losetup', ['--find', '--show', backing], { encoding: 'utf8' }).trim();
+      try {
+        await restoreBackup({ target, name: 'b', destination: device });
+        assert.ok(readFileSync(device).subarray(0, SIZE).equals(image.bytes), "the device holds the backup's bytes, zeros in its holes");
+      } finally {
+        execFileSync('losetup', ['-d', device]);
+      }
+    },
+  );
+});
+
+/** Replaces a backup's manifest with `manifest`, checksummed as publishManifest does (a well-formed manifest). */
+function rewriteManifest(target: BackupTarget, manifest: Manifest): void {
+  const body = JSON.stringify(manifest);
+  const checksum = createHash('sha256').update(body).digest('hex');
+  writeFileSync(join(target.path, 'backups', `${manifest.name}.json`), `${JSON.stringify({ ...manifest, checksum })}\n`);
+}
