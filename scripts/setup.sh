@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 # tests: test/ceph/cluster.ts.
 declare -A PACKAGES=(
   [losetup]=mount [mount]=mount [umount]=mount [findmnt]=util-linux [blkid]=util-linux [setpriv]=util-linux
-  [mkfs.ext4]=e2fsprogs [mkfs.ext3]=e2fsprogs [resize2fs]=e2fsprogs [mkfs.xfs]=xfsprogs [xfs_growfs]=xfsprogs
+  [mkfs.ext4]=e2fsprogs [mkfs.ext3]=e2fsprogs [resize2fs]=e2fsprogs [mkfs.xfs]=xfsprogs [xfs_growfs]=xfsprogs [xfs_io]=xfsprogs
   [mkfs.btrfs]=btrfs-progs [btrfs]=btrfs-progs
   [jq]=jq [inotifywait]=inotify-tools [etcd]=etcd-server [patchelf]=patchelf [fio]=fio
   [rbd]=ceph-common [ceph]=ceph-common [ceph-authtool]=ceph-common [monmaptool]=ceph-mon [rbd-fuse]=rbd-fuse

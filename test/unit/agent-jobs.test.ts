@@ -24,7 +24,7 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { after, before, describe, it } from 'node:test';
 import type { LoopBackend } from '../../src/backend/loop.js';
-import { listBackups } from '../../src/backup/manifest.js';
+import { chunkListSha256OfImage, listBackups } from '../../src/backup/manifest.js';
 import { verifyBackup } from '../../src/backup/verify.js';
 import { jobRequest } from '../../src/cli/jobs/request.js';
 import { parseConfig, type Config } from '../../src/config.js';
@@ -295,7 +295,7 @@ describe('the node agent runs jobs through tickets', { skip }, () => {
     const ticket = jobRequest(nodes.a.ctx, 'idle', { kind: 'backup', backup: 'idle-b1' }, 'node-a').id;
     await assertSettled('idle', ticket);
     const [listed] = await listBackups({ type: 'dir', path: target }, 'idle');
-    assert.equal(listed?.manifest?.imageSha256, sha(backend().imagePath('idle')));
+    assert.equal(listed?.manifest?.chunkListSha256, await chunkListSha256OfImage(backend().imagePath('idle')));
     assert.equal((await verifyBackup({ target: { type: 'dir', path: target }, name: 'idle-b1' })).ok, true);
   });
 
@@ -339,7 +339,7 @@ describe('the node agent runs jobs through tickets', { skip }, () => {
     await assertSettled('pre', ticket);
     assert.ok((finishedJob(await doc('pre'), ticket)?.status.attempts ?? 0) >= 2, 'started again after the preemption');
     const [listed] = await listBackups({ type: 'dir', path: target }, 'pre');
-    assert.equal(listed?.manifest?.imageSha256, sha(backend().imagePath('pre')));
+    assert.equal(listed?.manifest?.chunkListSha256, await chunkListSha256OfImage(backend().imagePath('pre')));
   });
 
   function countChunks(): number {
@@ -363,7 +363,7 @@ describe('the node agent runs jobs through tickets', { skip }, () => {
       closeSync(fd);
       const imageSha = sha(backend().imagePath(volume));
       const name = `${kind}-${i}`;
-      expected.set(name, imageSha);
+      expected.set(name, kind === 'backup' ? await chunkListSha256OfImage(backend().imagePath(volume)) : imageSha);
       const job: JobSpec = kind === 'snapshot' ? { kind, snapshot: name } : { kind, backup: name };
       const ticket = await ask(volume, job, nodes.a);
       const chunksBefore = countChunks();
@@ -394,7 +394,7 @@ describe('the node agent runs jobs through tickets', { skip }, () => {
         }
       } else {
         for (const b of await listBackups({ type: 'dir', path: target }, volume)) {
-          assert.equal(b.manifest?.imageSha256, expected.get(b.name), `listed backup ${b.name} is whole (killed at ${point})`);
+          assert.equal(b.manifest?.chunkListSha256, expected.get(b.name), `listed backup ${b.name} is whole (killed at ${point})`);
           assert.equal((await verifyBackup({ target: { type: 'dir', path: target }, name: b.name })).ok, true);
         }
       }
@@ -415,7 +415,7 @@ describe('the node agent runs jobs through tickets', { skip }, () => {
       } else {
         const listed = (await listBackups({ type: 'dir', path: target }, volume)).filter((b) => b.name === name);
         assert.equal(listed.length, 1);
-        assert.equal(listed[0]?.manifest?.imageSha256, imageSha);
+        assert.equal(listed[0]?.manifest?.chunkListSha256, expected.get(name));
       }
     }
     return attempts;

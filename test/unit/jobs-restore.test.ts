@@ -254,7 +254,8 @@ describe('restore, clone and manual attach through the node agents', { skip: not
     const finished = finishedJob(done, restoreId);
     assert.equal(finished?.status.state, 'succeeded', finished?.status.message);
     assert.equal(finished?.node, 'node-b');
-    assert.equal(finished?.status.result?.imageSha256, manifest.imageSha256);
+    assert.ok(manifest.chunkListSha256, 'a new backup carries the chunk list checksum');
+    assert.equal(finished?.status.result?.chunkListSha256, manifest.chunkListSha256);
     t.diagnostic(`restore of 64 MiB on node-b: ${jobSeconds(finished)} s from start to finish`);
     assert.equal(done.status.filesystem, 'ext4');
     await until(ctx, 'dst', 'the workload to be granted', (doc) => doc !== undefined && isSatisfied(doc, workload));

@@ -52,7 +52,8 @@ async function restore(job: JobOf<'restore'>, { ctx, volume, device, signal }: J
       dataChunks: report.dataChunks,
       holeChunks: report.holeChunks,
       bytesWritten: report.bytesWritten,
-      imageSha256: manifest.imageSha256,
+      // The checksum the restored image matched: v2 manifests carry the chunk list's, v1 the whole image's.
+      ...(manifest.chunkListSha256 !== undefined ? { chunkListSha256: manifest.chunkListSha256 } : { imageSha256: manifest.imageSha256 }),
       ...(filesystem !== undefined && { filesystem }),
     },
   };
