@@ -29,6 +29,14 @@ export class NotSupportedError extends LatchError {
   override name = 'NotSupportedError';
 }
 
+/**
+ * A job that must be redone rather than failed: the world it read changed under it (a pod asked for the volume on the
+ * job's node while a backup read the device), so nothing was published; the node agent runs it again at once.
+ */
+export class JobInterruptedError extends LatchError {
+  override name = 'JobInterruptedError';
+}
+
 export function errorMessage(err: unknown): string {
   if (err instanceof Error) return err.message;
   return String(err);

@@ -3,16 +3,18 @@
 // its message and lets go of the device it set up, but never of a pod's; a job preempted after its agent was killed
 // is let go of so the pod's ticket wins; which node a job goes to; --no-wait; no agent taking the job up.
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
 import { listBackups } from '../../src/backup/manifest.js';
 import { JobRunner } from '../../src/cli/agent/jobs.js';
+import { JobInterruptedError } from '../../src/errors.js';
 import { jobNode, jobRequest, requestAndWait } from '../../src/cli/jobs/request.js';
 import { finishedJob } from '../../src/ledger/arbitrate.js';
 import type { JobSpec } from '../../src/ledger/types.js';
 import { setUpDevice } from '../../src/node/device.js';
+import { backupJob } from '../../src/node/jobs/backup.js';
 import { Cluster, GiB, type TestNode } from '../fixtures/op-harness.js';
 
 const snapshot = (name: string): JobSpec => ({ kind: 'snapshot', snapshot: name });
@@ -39,6 +41,17 @@ async function podOn(node: TestNode, name: string): Promise<string> {
   assert.ok(doc);
   await setUpDevice(ctx, name, doc);
   return id;
+}
+
+/** A pod's ticket on `node`, before its device is set up (attach has run, waitforattach not yet). */
+async function podTicketOn(node: TestNode, name: string): Promise<void> {
+  await node.context().ledger.addTicket(name, {
+    id: `workload-${name}-${node.name}`,
+    type: 'workload',
+    nodeID: node.name,
+    parameters: { readOnly: false },
+    requestedBy: { pvName: name },
+  });
 }
 
 /** Runs passes of node's runner until the ticket is gone (or `passes` are done), waiting for its jobs each time. */
@@ -168,6 +181,43 @@ describe('the job runner, when a ticket is removed while its job runs', () => {
       assert.deepEqual(await listBackups({ type: 'dir', path: target }), [], 'nothing was published');
     } finally {
       rmSync(target, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('the backup job, when a pod asks for the volume on its node while it reads the device', () => {
+  it('publishes nothing and is interrupted (redone by the runner), not failed', async () => {
+    const work = mkdtempSync(join(tmpdir(), 'latch-jobs-pod-'));
+    try {
+      const target = join(work, 'target');
+      mkdirSync(target);
+      const cluster = new Cluster({ config: { backupTarget: { type: 'dir', path: target } } });
+      const a = cluster.node('node-a');
+      await volume(cluster, 'v9');
+      const ctx = a.context();
+      const request = jobRequest(ctx, 'v9', { kind: 'backup', backup: 'b9' }, 'node-a');
+      const doc = await ctx.ledger.requestJob('v9', request);
+      assert.ok(doc);
+      // The device the runner set up for the job alone: a plain file with some data stands in for it.
+      const device = join(work, 'device');
+      writeFileSync(device, Buffer.alloc(8 << 20, 7));
+      // The handler checks that nothing mounts the device just before it reads it: the pod's ticket arrives then.
+      a.fake.intercept(
+        'isDeviceMounted',
+        async () => {
+          await podTicketOn(a, 'v9');
+        },
+        1,
+      );
+      const ticket = doc.spec.tickets[request.id];
+      assert.ok(ticket);
+      await assert.rejects(
+        backupJob.run({ kind: 'backup', backup: 'b9' }, { ctx, volume: 'v9', ticket, doc, device, signal: new AbortController().signal }),
+        (err: unknown) => err instanceof JobInterruptedError && /asked for by a pod while its device was being read/.test(err.message),
+      );
+      assert.deepEqual(await listBackups({ type: 'dir', path: target }), [], 'nothing was published');
+    } finally {
+      rmSync(work, { recursive: true, force: true });
     }
   });
 });

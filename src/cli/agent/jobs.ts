@@ -4,7 +4,7 @@
 // node still needs it) and finishes the ticket. It keeps nothing the ledger does not hold: a runner started after a
 // kill finds 'running' jobs that no process here runs, and redoes them (handlers are idempotent by name).
 import type { Context } from '../../context.js';
-import { errorMessage } from '../../errors.js';
+import { JobInterruptedError, errorMessage } from '../../errors.js';
 import { isSatisfied, jobTicketsOfNode, nodeHoldsDevice } from '../../ledger/arbitrate.js';
 import type { JobStatus, Ticket, VolumeDoc } from '../../ledger/types.js';
 import { releaseDevice, setUpDevice } from '../../node/device.js';
@@ -189,6 +189,9 @@ export class JobRunner {
         // Not a failure: the job is redone once the volume is granted here again (or by the next agent).
         const why = errorMessage(signal.reason);
         update = { state: 'running', message: `interrupted (${why}); it is redone when the volume is granted on ${node} again` };
+      } else if (err instanceof JobInterruptedError) {
+        // What it read changed under it (the handler published nothing): the look that follows this run starts it again.
+        update = { state: 'running', message: `interrupted (${errorMessage(err)})` };
       } else if (!isSatisfied((await ctx.ledger.get(volume)) ?? started, ticket.id)) {
         // The grant went (a preemption) before the abort reached us: redone later as well.
         update = { state: 'running', message: `interrupted (the volume was taken from ${node}); it is redone when granted again` };

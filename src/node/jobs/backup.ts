@@ -5,7 +5,7 @@
 import { createBackup } from '../../backup/create.js';
 import { checkTarget, type BackupTarget } from '../../backup/layout.js';
 import { manifestExists, readManifest, type Manifest } from '../../backup/manifest.js';
-import { LatchError } from '../../errors.js';
+import { JobInterruptedError, LatchError } from '../../errors.js';
 import { isSatisfied } from '../../ledger/arbitrate.js';
 import { formatSize } from '../../size.js';
 import { openBackupSource, type BackupSource } from '../snapshot.js';
@@ -45,8 +45,9 @@ async function deviceSource(run: JobRun): Promise<BackupSource | undefined> {
     beforePublish: async () => {
       const doc = await ctx.ledger.get(volume);
       if (!doc || !isSatisfied(doc, ticket.id) || !setUpForJobsOnly({ ctx, doc }) || (await ctx.system.isDeviceMounted(device))) {
-        throw new LatchError(
-          `volume ${volume} was asked for by a pod while it was being read; this backup was abandoned (nothing was published)`,
+        // Redone at once, not failed: the next attempt sees the pod's ticket and reads a frozen snapshot instead.
+        throw new JobInterruptedError(
+          `volume ${volume} was asked for by a pod while its device was being read; nothing was published, and the backup is redone`,
         );
       }
     },
