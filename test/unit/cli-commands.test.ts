@@ -6,7 +6,7 @@ import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import type { CommandIO } from '../../src/cli/io.js';
+import { printingIO, type PrintingIO } from '../fixtures/printing-io.js';
 import { ledgerMigrate } from '../../src/cli/ledger/migrate.js';
 import { ticketAdd } from '../../src/cli/ticket/add.js';
 import { ticketList } from '../../src/cli/ticket/list.js';
@@ -17,7 +17,6 @@ import { volumeDelete } from '../../src/cli/volume/delete.js';
 import { volumeInspect } from '../../src/cli/volume/inspect.js';
 import { volumeList } from '../../src/cli/volume/list.js';
 import { volumeRelease } from '../../src/cli/volume/release.js';
-import { createContext } from '../../src/context.js';
 import type { VolumeDoc } from '../../src/ledger/types.js';
 import { defined } from '../fixtures/defined.js';
 
@@ -31,10 +30,8 @@ after(() => {
   rmSync(work, { recursive: true, force: true });
 });
 
-interface Node extends CommandIO {
+interface Node extends PrintingIO {
   dir: string;
-  /** What the commands printed since the last take(). */
-  take(): string;
 }
 
 /** A node with its own configuration in a fresh directory (maxSize 1Gi), printing into a buffer. */
@@ -45,20 +42,7 @@ function node(overrides: Record<string, unknown> = {}): Node {
     config,
     JSON.stringify({ nodeName: 'node-a', stateDir: join(dir, 'state'), poolDir: join(dir, 'pool'), maxSize: '1Gi', ...overrides }),
   );
-  let printed = '';
-  return {
-    dir,
-    env: { LATCH_CONFIG: config },
-    out: (text) => {
-      printed += text;
-    },
-    context: (c) => createContext(c),
-    take: () => {
-      const text = printed;
-      printed = '';
-      return text;
-    },
-  };
+  return { dir, ...printingIO(config) };
 }
 
 describe('volume and ticket commands, called as functions', () => {

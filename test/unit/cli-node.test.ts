@@ -5,7 +5,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import type { CommandIO } from '../../src/cli/io.js';
+import { printingIO, type PrintingIO } from '../fixtures/printing-io.js';
 import { nodeCheck } from '../../src/cli/node/check.js';
 import { ticketList } from '../../src/cli/ticket/list.js';
 import { volumeList } from '../../src/cli/volume/list.js';
@@ -18,7 +18,7 @@ import { defined } from '../fixtures/defined.js';
 import { MemoryStore } from '../fixtures/memory-store.js';
 
 let work: string;
-let io: CommandIO & { take(): string };
+let io: PrintingIO;
 
 const SPEC = { sizeBytes: 64 * 1024 * 1024, fsType: 'ext4' } as const;
 const id = (type: TicketType, volume: string, node: string) => ticketId(type, volume, 'latch/loop', node);
@@ -36,19 +36,7 @@ before(async () => {
   writeFileSync(join(work, 'config.json'), JSON.stringify(raw));
   const store = new MemoryStore();
   const context = () => createContext(parseConfig(raw, 'test'), { store });
-  let printed = '';
-  io = {
-    env: { LATCH_CONFIG: join(work, 'config.json') },
-    out: (text) => {
-      printed += text;
-    },
-    context,
-    take: () => {
-      const text = printed;
-      printed = '';
-      return text;
-    },
-  };
+  io = printingIO(join(work, 'config.json'), context);
 
   const { ledger } = context();
   const ask = (volume: string, node: string, type: TicketType, requestedBy: VolumeDoc['spec']['tickets'][string]['requestedBy']) =>

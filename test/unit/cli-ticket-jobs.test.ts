@@ -5,12 +5,12 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { configOf, type CommandIO } from '../../src/cli/io.js';
+import { printingIO, type PrintingIO } from '../fixtures/printing-io.js';
+import { configOf } from '../../src/cli/io.js';
 import { parseTicketType } from '../../src/cli/ticket/add.js';
 import { ticketList } from '../../src/cli/ticket/list.js';
 import { volumeCreate } from '../../src/cli/volume/create.js';
 import { volumeInspect } from '../../src/cli/volume/inspect.js';
-import { createContext } from '../../src/context.js';
 import { jobTicketId } from '../../src/ledger/ids.js';
 import type { Condition, JobStatus } from '../../src/ledger/types.js';
 import { defined } from '../fixtures/defined.js';
@@ -22,22 +22,10 @@ before(() => {
 after(() => rmSync(work, { recursive: true, force: true }));
 
 /** A node's CommandIO printing into a buffer, with its own configuration (sparse images, no loop device). */
-function node(): CommandIO & { take(): string } {
+function node(): PrintingIO {
   const config = join(work, 'config.json');
   writeFileSync(config, JSON.stringify({ nodeName: 'node-a', stateDir: join(work, 'state'), poolDir: join(work, 'pool'), maxSize: '1Gi' }));
-  let printed = '';
-  return {
-    env: { LATCH_CONFIG: config },
-    out: (text) => {
-      printed += text;
-    },
-    context: (c) => createContext(c),
-    take: () => {
-      const text = printed;
-      printed = '';
-      return text;
-    },
-  };
+  return printingIO(config);
 }
 
 describe('ticket list and volume inspect with job tickets', () => {
