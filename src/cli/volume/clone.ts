@@ -14,7 +14,7 @@ import { configOf, type CommandIO } from '../io.js';
 import { jobNode, jobRequest, requestAndWait } from '../jobs/request.js';
 import { getVolume } from './volume-doc.js';
 import { takeBackUnstarted } from '../jobs/request.js';
-import { createWithTicket, runJob } from './job.js';
+import { FILL_WAIT_MS, createWithTicket, runJob } from './job.js';
 
 export interface VolumeCloneOptions {
   source: string;
@@ -25,9 +25,6 @@ export interface VolumeCloneOptions {
   /** Seconds to wait for the agent's outcome (the job goes on after). */
   timeout?: number;
 }
-
-/** A clone goes on however long it takes; the command stops waiting after this (and says how to follow it). */
-const CLONE_WAIT_MS = 6 * 3600 * 1000;
 
 export async function volumeClone(options: VolumeCloneOptions, io: CommandIO): Promise<void> {
   const config = configOf(io);
@@ -79,7 +76,7 @@ export async function volumeClone(options: VolumeCloneOptions, io: CommandIO): P
   try {
     await runJob(ctx, io, name, target, {
       wait: options.wait,
-      timeoutMs: options.timeout === undefined ? CLONE_WAIT_MS : options.timeout * 1000,
+      timeoutMs: options.timeout === undefined ? FILL_WAIT_MS : options.timeout * 1000,
       keepUnstarted: existing !== undefined,
       undoCreate: existing === undefined,
     });

@@ -8,6 +8,12 @@ import { LatchError } from '../../errors.js';
 import type { CommandIO } from '../io.js';
 import { describeOutcome, requestAndWait, takeBackUnstarted, type JobResult } from '../jobs/request.js';
 
+/**
+ * How long `volume restore` and `volume clone` wait by default. Filling a volume goes on however long it takes; the
+ * command stops waiting after this (and says how to follow it).
+ */
+export const FILL_WAIT_MS = 6 * 3600 * 1000;
+
 export interface RunJobOptions {
   wait: boolean;
   timeoutMs: number;

@@ -12,7 +12,7 @@ import { formatSize } from '../../size.js';
 import { backupTargetOf } from '../backup/target.js';
 import { configOf, type CommandIO } from '../io.js';
 import { jobNode, jobRequest } from '../jobs/request.js';
-import { createWithTicket, runJob } from './job.js';
+import { FILL_WAIT_MS, createWithTicket, runJob } from './job.js';
 
 export interface VolumeRestoreOptions {
   name: string;
@@ -24,9 +24,6 @@ export interface VolumeRestoreOptions {
   /** Seconds to wait for the agent's outcome (the job goes on after). */
   timeout?: number;
 }
-
-/** A restore goes on however long it takes; the command stops waiting after this (and says how to follow it). */
-const RESTORE_WAIT_MS = 6 * 3600 * 1000;
 
 export async function volumeRestore(options: VolumeRestoreOptions, io: CommandIO): Promise<void> {
   const config = configOf(io);
@@ -67,7 +64,7 @@ export async function volumeRestore(options: VolumeRestoreOptions, io: CommandIO
   if (!existing) await createWithTicket(ctx, name, request, { sizeBytes: manifest.sizeBytes, fsType });
   await runJob(ctx, io, name, request, {
     wait: options.wait,
-    timeoutMs: options.timeout === undefined ? RESTORE_WAIT_MS : options.timeout * 1000,
+    timeoutMs: options.timeout === undefined ? FILL_WAIT_MS : options.timeout * 1000,
     // A repeat after a failure must never lose its ticket (the volume is half-made); a fresh one that no agent takes
     // up is taken back, with the empty volume it made.
     keepUnstarted: existing !== undefined,
