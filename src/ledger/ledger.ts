@@ -123,16 +123,8 @@ export class Ledger {
    * Adds (or refreshes) a ticket, first dropping expired tickets in the same write; creates the volume as `create`
    * says when it does not exist, else changes nothing.
    */
-  async addTicket(name: string, request: TicketRequest, create?: NewVolumeSpec): Promise<VolumeDoc | undefined> {
-    let reaped: AutomaticAction[] = [];
-    const doc = await this.update(name, (d) => {
-      const found = d && this.withoutExpired(d);
-      reaped = found?.reaped ?? [];
-      const base = found?.doc ?? (create && newVolume(name, create.sizeBytes, create.fsType, this.now()));
-      return base && addTicket(base, request, this.now());
-    });
-    reaped.forEach(this.onAutomatic);
-    return doc;
+  addTicket(name: string, request: TicketRequest, create?: NewVolumeSpec): Promise<VolumeDoc | undefined> {
+    return this.updateWithoutExpired(name, create, (base) => base && addTicket(base, request, this.now()));
   }
 
   /**
@@ -147,12 +139,7 @@ export class Ledger {
     create?: NewVolumeSpec,
   ): Promise<{ doc: VolumeDoc | undefined; refused?: string }> {
     let refused: string | undefined;
-    let reaped: AutomaticAction[] = [];
-    const doc = await this.update(name, (stored) => {
-      const found = stored && this.withoutExpired(stored);
-      reaped = found?.reaped ?? [];
-      const current = found?.doc;
-      const base = current ?? (create && newVolume(name, create.sizeBytes, create.fsType, this.now()));
+    const doc = await this.updateWithoutExpired(name, create, (base, current) => {
       if (!base) {
         refused = 'the volume does not exist';
         return current;
@@ -162,7 +149,6 @@ export class Ledger {
       if (refused === undefined) return next;
       return current?.spec.tickets[request.id] ? removeTicket(current, request.id, this.now()) : current;
     });
-    reaped.forEach(this.onAutomatic);
     return refused === undefined ? { doc } : { doc, refused };
   }
 
@@ -190,16 +176,8 @@ export class Ledger {
    * does not exist (restore, clone target), else changes nothing. The same job asked for again changes nothing; another
    * job under the same ID is refused (LatchError).
    */
-  async requestJob(name: string, request: JobRequest, create?: NewVolumeSpec): Promise<VolumeDoc | undefined> {
-    let reaped: AutomaticAction[] = [];
-    const doc = await this.update(name, (d) => {
-      const found = d && this.withoutExpired(d);
-      reaped = found?.reaped ?? [];
-      const base = found?.doc ?? (create && newVolume(name, create.sizeBytes, create.fsType, this.now()));
-      return base && requestJob(base, request, this.now());
-    });
-    reaped.forEach(this.onAutomatic);
-    return doc;
+  requestJob(name: string, request: JobRequest, create?: NewVolumeSpec): Promise<VolumeDoc | undefined> {
+    return this.updateWithoutExpired(name, create, (base) => base && requestJob(base, request, this.now()));
   }
 
   /** The agent on `node` starts the job; refused (LatchError) unless its ticket is satisfied there and not done. */
@@ -317,9 +295,25 @@ export class Ledger {
     return action;
   }
 
-  /** Write paths that add a ticket drop expired ones first: a leftover admin ticket must not block a workload. */
-  private withoutExpired(doc: VolumeDoc): { doc: VolumeDoc; reaped: AutomaticAction[] } {
-    return reapTickets(doc, this.now());
+  /**
+   * Write paths that add a ticket drop expired ones first, in the same write: a leftover admin ticket must not block a
+   * workload. `change` gets the document without them (`current`, undefined when absent) and the one to add to
+   * (`base`: `current`, else a new volume as `create` says, else undefined).
+   */
+  private async updateWithoutExpired(
+    name: string,
+    create: NewVolumeSpec | undefined,
+    change: (base: VolumeDoc | undefined, current: VolumeDoc | undefined) => VolumeDoc | undefined,
+  ): Promise<VolumeDoc | undefined> {
+    let reaped: AutomaticAction[] = [];
+    const doc = await this.update(name, (stored) => {
+      const found = stored && reapTickets(stored, this.now());
+      reaped = found?.reaped ?? [];
+      const current = found?.doc;
+      return change(current ?? (create && newVolume(name, create.sizeBytes, create.fsType, this.now())), current);
+    });
+    reaped.forEach(this.onAutomatic);
+    return doc;
   }
 
   // ---- what the volume is ---------------------------------------------------------------------------------------
