@@ -4,7 +4,7 @@
 import { readFileSync, statSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { dirname, isAbsolute, join, normalize, resolve } from 'node:path';
-import type * as Zod from 'zod';
+import * as z from 'zod/mini';
 import { ConfigError, errorMessage } from './errors.js';
 import { FS_TYPES, type FsType } from './filesystems.js';
 import { parseSize } from './size.js';
@@ -111,138 +111,138 @@ export interface AgentConfig {
 // Plugin directories that kubelet watches: nothing of ours but the driver itself may live below them.
 const PLUGIN_DIR_MARKER = 'kubelet-plugins/volume/exec';
 
-/** zod, loaded on first use: evaluating it costs more than the rest of a driver call, and init never needs it. */
-export function zod(): typeof Zod.z {
-  return (require('zod') as typeof Zod).z;
+/**
+ * Adds a failed check to a transform's payload (zod/mini's transforms have no addIssue) and returns zod's marker for
+ * "no value". Shared with the options schema.
+ */
+export function failTransform(ctx: z.core.ParsePayload, message: string): never {
+  ctx.issues.push({ code: 'custom', message, input: ctx.value });
+  return z.NEVER;
 }
 
+/**
+ * `schema.safeParse(raw)`, with zod's English messages for the checks that carry no message of ours ("Too big:
+ * expected number to be <=480"). zod/mini has no messages until a locale is configured; the locale is configured
+ * only when a value fails, since almost every call parses a valid configuration. Shared with the options schema.
+ */
+export function parseWithMessages<S extends z.ZodMiniType>(schema: S, raw: unknown): ReturnType<S['safeParse']> {
+  // One parse per process: zod's compiled fast path for objects (new Function per object schema) would cost more
+  // than it saves.
+  z.config({ jitless: true });
+  const result = schema.safeParse(raw) as ReturnType<S['safeParse']>;
+  if (result.success || english) return result;
+  english = true;
+  z.config(z.locales.en());
+  return schema.safeParse(raw) as ReturnType<S['safeParse']>;
+}
+let english = false;
+
+/**
+ * The configuration schema, in zod/mini: the same checks as zod's classic API in about a tenth of the code, which
+ * matters because every driver call validates its configuration (evaluating classic zod cost a node start-up).
+ */
 function buildSchema() {
-  const z = zod();
-  const absolutePath = z
-    .string()
-    .refine((p) => isAbsolute(p), 'must be an absolute path')
-    .refine((p) => !p.includes('\0'), 'must not contain NUL')
-    .refine((p) => !normalize(p).includes(PLUGIN_DIR_MARKER), 'must not be inside the kubelet plugin directory')
-    .transform((p) => normalize(p));
-  const size = z.union([z.string(), z.number()]).transform((v, ctx) => {
-    try {
-      return parseSize(v);
-    } catch (err) {
-      ctx.addIssue({ code: 'custom', message: errorMessage(err) });
-      return z.NEVER;
-    }
-  });
+  const absolutePath = z.pipe(
+    z.string().check(
+      z.refine((p) => isAbsolute(p), 'must be an absolute path'),
+      z.refine((p) => !p.includes('\0'), 'must not contain NUL'),
+      z.refine((p) => !normalize(p).includes(PLUGIN_DIR_MARKER), 'must not be inside the kubelet plugin directory'),
+    ),
+    z.transform((p: string) => normalize(p)),
+  );
+  const size = z.pipe(
+    z.union([z.string(), z.number()]),
+    z.transform((v: string | number, ctx) => {
+      try {
+        return parseSize(v);
+      } catch (err) {
+        return failTransform(ctx, errorMessage(err));
+      }
+    }),
+  );
   const fsType = z.enum(FS_TYPES as [FsType, ...FsType[]]);
+  const integer = (min: number, max?: number) =>
+    max === undefined ? z.int().check(z.minimum(min)) : z.int().check(z.minimum(min), z.maximum(max));
   // A file the configuration names, relative to the configuration's own directory (resolved in parseConfig): the
   // etcd client's files beside a configuration beside the driver are inside the plugin dir, and that is fine.
-  const filePath = z
-    .string()
-    .min(1)
-    .refine((p) => !p.includes('\0'), 'must not contain NUL');
+  const filePath = z.string().check(
+    z.minLength(1),
+    z.refine((p) => !p.includes('\0'), 'must not contain NUL'),
+  );
   const store = z.discriminatedUnion('type', [
-    z.object({ type: z.literal('file') }).strict(),
-    z
-      .object({
-        type: z.literal('etcd'),
-        endpoints: z.array(z.string().url()).min(1),
-        prefix: z.string().default('/latch/'),
-        timeoutMs: z.number().int().min(100).max(60_000).default(5000),
-        tls: z.object({ ca: filePath.optional(), cert: filePath.optional(), key: filePath.optional() }).strict().optional(),
-      })
-      .strict(),
+    z.strictObject({ type: z.literal('file') }),
+    z.strictObject({
+      type: z.literal('etcd'),
+      endpoints: z.array(z.url()).check(z.minLength(1)),
+      prefix: z._default(z.string(), '/latch/'),
+      timeoutMs: z._default(integer(100, 60_000), 5000),
+      tls: z.optional(z.strictObject({ ca: z.optional(filePath), cert: z.optional(filePath), key: z.optional(filePath) })),
+    }),
   ]);
   // Ceph's own rules for pool names and cephx ids, minus what would need quoting; `client.` is added by Ceph.
-  const cephName = z
-    .string()
-    .regex(/^[A-Za-z0-9][A-Za-z0-9_.-]*$/, 'must be letters, digits, ".", "_" and "-"')
-    .max(128);
+  const cephName = z.string().check(z.regex(/^[A-Za-z0-9][A-Za-z0-9_.-]*$/, 'must be letters, digits, ".", "_" and "-"'), z.maxLength(128));
+  const cephxId = cephName.check(z.refine((id) => !id.startsWith('client.'), 'is the cephx id without the "client." prefix'));
   const backend = z.discriminatedUnion('type', [
-    z.object({ type: z.literal('loop') }).strict(),
-    z
-      .object({
-        type: z.literal('rbd'),
-        pool: cephName.default('latch'),
-        cephConf: absolutePath.default('/etc/ceph/ceph.conf'),
-        clientId: cephName.refine((id) => !id.startsWith('client.'), 'is the cephx id without the "client." prefix').optional(),
-        keyring: absolutePath.optional(),
-        mountDir: absolutePath.default('/var/lib/latch/rbd'),
-        fencer: z
-          .object({
-            clientId: cephName.refine((id) => !id.startsWith('client.'), 'is the cephx id without the "client." prefix'),
-            keyring: absolutePath,
-          })
-          .strict()
-          .optional(),
-      })
-      .strict(),
+    z.strictObject({ type: z.literal('loop') }),
+    z.strictObject({
+      type: z.literal('rbd'),
+      pool: z._default(cephName, 'latch'),
+      cephConf: z._default(absolutePath, '/etc/ceph/ceph.conf'),
+      clientId: z.optional(cephxId),
+      keyring: z.optional(absolutePath),
+      mountDir: z._default(absolutePath, '/var/lib/latch/rbd'),
+      fencer: z.optional(z.strictObject({ clientId: cephxId, keyring: absolutePath })),
+    }),
   ]);
-  return z
-    .object({
-      driverName: z
-        .string()
-        .regex(DRIVER_NAME_PATTERN, `must look like vendor/driver, e.g. ${DEFAULT_DRIVER_NAME}`)
-        .default(DEFAULT_DRIVER_NAME),
-      nodeName: z
-        .string()
-        .regex(/^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$/, 'must be a lower-case host name as kubelet reports it')
-        .max(253)
-        .optional(),
-      attach: z.boolean().default(true),
-      poolDir: absolutePath.default('/var/lib/latch/pool'),
-      stateDir: absolutePath.default('/var/lib/latch/state'),
-      logFile: absolutePath.default('/var/log/latch/latch.log'),
-      logMaxBytes: z
-        .number()
-        .int()
-        .min(4096)
-        .default(10 * 1024 * 1024),
-      defaultSize: size.default(1024 ** 3),
-      maxSize: size.default(1024 ** 4),
-      defaultFsType: fsType.default('ext4'),
-      allowedFsTypes: z
-        .array(fsType)
-        .min(1)
-        .default([...FS_TYPES]),
-      waitForAttachTimeout: z.number().int().min(1).max(480).default(120),
-      commandTimeout: z.number().int().min(1).max(3600).default(120),
-      store: store.default({ type: 'file' }),
-      backend: backend.default({ type: 'loop' }),
-      backupTarget: z
-        .object({ type: z.literal('dir'), path: absolutePath })
-        .strict()
-        .optional(),
-      abandonedTicketSeconds: z.number().int().min(0).default(900),
-      ticketTouchSeconds: z.number().int().min(1).max(3600).default(60),
-      agent: z
-        .object({
-          listen: z
-            .string()
-            .regex(/^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$/, 'must be host:port, e.g. 127.0.0.1:9742')
-            .default('127.0.0.1:9742'),
-          intervalSeconds: z.number().int().min(1).max(3600).default(30),
-        })
-        .strict()
-        .default({ listen: '127.0.0.1:9742', intervalSeconds: 30 }),
-      recurringJobs: z
-        .array(
-          z
-            .object({
-              // Lower-case letters, digits and '-' (no '.'): the job's name starts the names of what it makes.
-              name: z
-                .string()
-                .regex(/^[a-z0-9]([a-z0-9-]*[a-z0-9])?$/, "must be lower-case letters, digits and '-', e.g. nightly")
-                .max(63),
-              task: z.enum(['snapshot', 'backup']),
-              // The shape only (five fields, as cron writes them): the agent checks it with the cron library, which
-              // driver calls never load.
-              cron: z.string().regex(/^\s*(@[a-z]+|\S+(\s+\S+){4})\s*$/, 'must be a cron expression of five fields, e.g. "0 3 * * *"'),
-              volumes: z.array(z.string().regex(/^[a-z0-9._*?-]+$/, "must be a volume name or a pattern of them with '*' and '?'")).min(1),
-              retain: z.number().int().min(1).max(1000),
-            })
-            .strict(),
-        )
-        .default([])
-        .superRefine((jobs, ctx) => {
+  const recurringJob = z.strictObject({
+    // Lower-case letters, digits and '-' (no '.'): the job's name starts the names of what it makes.
+    name: z.string().check(z.regex(/^[a-z0-9]([a-z0-9-]*[a-z0-9])?$/, "must be lower-case letters, digits and '-', e.g. nightly"), z.maxLength(63)),
+    task: z.enum(['snapshot', 'backup']),
+    // The shape only (five fields, as cron writes them): the agent checks it with the cron library, which driver calls
+    // never load.
+    cron: z.string().check(z.regex(/^\s*(@[a-z]+|\S+(\s+\S+){4})\s*$/, 'must be a cron expression of five fields, e.g. "0 3 * * *"')),
+    volumes: z
+      .array(z.string().check(z.regex(/^[a-z0-9._*?-]+$/, "must be a volume name or a pattern of them with '*' and '?'")))
+      .check(z.minLength(1)),
+    retain: integer(1, 1000),
+  });
+  return z.strictObject({
+    driverName: z._default(
+      z.string().check(z.regex(DRIVER_NAME_PATTERN, `must look like vendor/driver, e.g. ${DEFAULT_DRIVER_NAME}`)),
+      DEFAULT_DRIVER_NAME,
+    ),
+    nodeName: z.optional(
+      z.string().check(z.regex(/^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$/, 'must be a lower-case host name as kubelet reports it'), z.maxLength(253)),
+    ),
+    attach: z._default(z.boolean(), true),
+    poolDir: z._default(absolutePath, '/var/lib/latch/pool'),
+    stateDir: z._default(absolutePath, '/var/lib/latch/state'),
+    logFile: z._default(absolutePath, '/var/log/latch/latch.log'),
+    logMaxBytes: z._default(integer(4096), 10 * 1024 * 1024),
+    defaultSize: z._default(size, 1024 ** 3),
+    maxSize: z._default(size, 1024 ** 4),
+    defaultFsType: z._default(fsType, 'ext4'),
+    allowedFsTypes: z._default(z.array(fsType).check(z.minLength(1)), [...FS_TYPES]),
+    waitForAttachTimeout: z._default(integer(1, 480), 120),
+    commandTimeout: z._default(integer(1, 3600), 120),
+    store: z._default(store, { type: 'file' }),
+    backend: z._default(backend, { type: 'loop' }),
+    backupTarget: z.optional(z.strictObject({ type: z.literal('dir'), path: absolutePath })),
+    abandonedTicketSeconds: z._default(integer(0), 900),
+    ticketTouchSeconds: z._default(integer(1, 3600), 60),
+    agent: z._default(
+      z.strictObject({
+        listen: z._default(
+          z.string().check(z.regex(/^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$/, 'must be host:port, e.g. 127.0.0.1:9742')),
+          '127.0.0.1:9742',
+        ),
+        intervalSeconds: z._default(integer(1, 3600), 30),
+      }),
+      { listen: '127.0.0.1:9742', intervalSeconds: 30 },
+    ),
+    recurringJobs: z._default(
+      z.array(recurringJob).check(
+        z.superRefine((jobs, ctx) => {
           const seen = new Set<string>();
           jobs.forEach((job, i) => {
             if (seen.has(job.name))
@@ -250,8 +250,10 @@ function buildSchema() {
             seen.add(job.name);
           });
         }),
-    })
-    .strict();
+      ),
+      [],
+    ),
+  });
 }
 
 /** Where loadConfig looks when $LATCH_CONFIG is not set; tests redirect both. */
@@ -358,15 +360,10 @@ function ownDriverFile(): string | undefined {
 
 let schema: ReturnType<typeof buildSchema> | undefined;
 
-/** Builds the schema ahead of the first call (the single-executable build keeps it in its startup snapshot). */
-export function warmConfigSchema(): void {
-  schema ??= buildSchema();
-}
-
 /** Validates an already parsed configuration object; `source` names it in messages. */
 export function parseConfig(raw: unknown, source: string): Config {
   schema ??= buildSchema();
-  const result = schema.safeParse(raw);
+  const result = parseWithMessages(schema, raw);
   if (!result.success) {
     const issue = result.error.issues[0];
     if (!issue) throw new ConfigError(`invalid configuration in ${source}`);

@@ -1,6 +1,7 @@
 // The options JSON kubelet and the controller pass: Go's json.Marshal of a map[string]string,
 // the kubernetes.io/* keys plus the user's flexVolume.options (docs/protocol.md, "The options JSON").
-import { parseConfig, zod, type Config } from '../config.js';
+import * as z from 'zod/mini';
+import { failTransform, parseWithMessages, type Config } from '../config.js';
 import type { FsType } from '../filesystems.js';
 import { LatchError } from '../errors.js';
 import { LATCH_OPTIONS, checkPvName, checkVolumeName } from '../names.js';
@@ -127,7 +128,7 @@ export function parseOptions(json: string, config: Pick<Config, 'allowedFsTypes'
     unknownKeys.push(key);
   }
 
-  const result = cachedOptionsSchema(config).safeParse(raw);
+  const result = parseWithMessages(cachedOptionsSchema(config), raw);
   if (!result.success) {
     const issue = result.error.issues[0];
     if (!issue) throw new LatchError('the options argument is not valid');
@@ -180,17 +181,12 @@ export function parseOptions(json: string, config: Pick<Config, 'allowedFsTypes'
 
 const schemas = new Map<string, ReturnType<typeof optionsSchema>>();
 
-/** The options schema for these limits, built once per process (and, for the defaults, in the startup snapshot). */
+/** The options schema for these limits, built once per process. */
 function cachedOptionsSchema(config: Pick<Config, 'allowedFsTypes' | 'maxSize'>) {
   const key = `${config.allowedFsTypes.join(',')}|${config.maxSize}`;
   let schema = schemas.get(key);
   if (!schema) schemas.set(key, (schema = optionsSchema(config)));
   return schema;
-}
-
-/** Builds the options schema for the default limits ahead of the first call. */
-export function warmOptionsSchema(): void {
-  cachedOptionsSchema(parseConfig({}, 'built-in defaults'));
 }
 
 /**
@@ -199,112 +195,112 @@ export function warmOptionsSchema(): void {
  * likely misspellings of latch's options were refused before.
  */
 function optionsSchema(config: Pick<Config, 'allowedFsTypes' | 'maxSize'>) {
-  const z = zod();
   const text = z.string();
   const name = (field: string, check: typeof checkVolumeName) =>
-    text.transform((value, ctx) => {
-      try {
-        return check(value, `option "${field}"`);
-      } catch (err) {
-        ctx.addIssue({ code: 'custom', message: (err as Error).message });
-        return z.NEVER;
-      }
-    });
+    z.pipe(
+      text,
+      z.transform((value: string, ctx) => {
+        try {
+          return check(value, `option "${field}"`);
+        } catch (err) {
+          return failTransform(ctx, (err as Error).message);
+        }
+      }),
+    );
   const fsType = (field: string) =>
-    text.refine((v) => v === '' || (config.allowedFsTypes as readonly string[]).includes(v), {
-      error: (issue) =>
-        `option "${field}" is "${String(issue.input).slice(0, 32)}"; allowed filesystem types are ${config.allowedFsTypes.join(', ')}`,
-    });
-  return (
-    z
-      .object({
-        'kubernetes.io/fsType': fsType('kubernetes.io/fsType').optional(),
-        'kubernetes.io/readwrite': z
-          .enum(['ro', 'rw'], {
-            error: (i) => `option "kubernetes.io/readwrite" must be "ro" or "rw", not "${String(i.input).slice(0, 16)}"`,
-          })
-          .optional(),
-        'kubernetes.io/pvOrVolumeName': name('kubernetes.io/pvOrVolumeName', checkPvName).optional(),
-        'kubernetes.io/pod.name': text.optional(),
-        'kubernetes.io/pod.namespace': text.optional(),
-        'kubernetes.io/pod.uid': text.optional(),
-        'kubernetes.io/serviceAccount.name': text.optional(),
-        'kubernetes.io/mounterArgs.FsGroup': text
-          .refine((v) => v === '' || (/^[0-9]{1,10}$/.test(v) && Number(v) <= 0xffffffff), {
+    text.check(
+      z.refine((v) => v === '' || (config.allowedFsTypes as readonly string[]).includes(v), {
+        error: (issue) =>
+          `option "${field}" is "${String(issue.input).slice(0, 32)}"; allowed filesystem types are ${config.allowedFsTypes.join(', ')}`,
+      }),
+    );
+  const shape = {
+    'kubernetes.io/fsType': z.optional(fsType('kubernetes.io/fsType')),
+    'kubernetes.io/readwrite': z.optional(
+      z.enum(['ro', 'rw'], {
+        error: (i) => `option "kubernetes.io/readwrite" must be "ro" or "rw", not "${String(i.input).slice(0, 16)}"`,
+      }),
+    ),
+    'kubernetes.io/pvOrVolumeName': z.optional(name('kubernetes.io/pvOrVolumeName', checkPvName)),
+    'kubernetes.io/pod.name': z.optional(text),
+    'kubernetes.io/pod.namespace': z.optional(text),
+    'kubernetes.io/pod.uid': z.optional(text),
+    'kubernetes.io/serviceAccount.name': z.optional(text),
+    'kubernetes.io/mounterArgs.FsGroup': z.optional(
+      z.pipe(
+        text.check(
+          z.refine((v) => v === '' || (/^[0-9]{1,10}$/.test(v) && Number(v) <= 0xffffffff), {
             error: (i) => `option "kubernetes.io/mounterArgs.FsGroup" must be a decimal group id, not "${String(i.input).slice(0, 32)}"`,
-          })
-          .transform((v) => (v === '' ? undefined : Number(v)))
-          .optional(),
-        volume: name('volume', checkVolumeName).optional(),
-        size: text
-          .transform((value, ctx) => {
-            try {
-              const bytes = parseSize(value, 'option "size"');
-              if (bytes > config.maxSize) {
-                ctx.addIssue({
-                  code: 'custom',
-                  message: `option "size" (${value}) is above the configured maxSize of ${config.maxSize} bytes`,
-                });
-                return z.NEVER;
-              }
-              return bytes;
-            } catch (err) {
-              ctx.addIssue({ code: 'custom', message: (err as Error).message });
-              return z.NEVER;
-            }
-          })
-          .optional(),
-        fsType: fsType('fsType')
-          .transform((v) => (v === '' ? undefined : v))
-          .optional(),
-        readOnly: z
-          .enum(['true', 'false'], { error: (i) => `option "readOnly" must be "true" or "false", not "${String(i.input).slice(0, 16)}"` })
-          .optional(),
-        mountOptions: text
-          .transform((value, ctx) => {
-            const options = [
-              ...new Set(
-                value
-                  .split(',')
-                  .map((o) => o.trim())
-                  .filter((o) => o !== ''),
-              ),
-            ];
-            const bad = options.find((o) => !(MOUNT_OPTION_ALLOWLIST as readonly string[]).includes(o));
-            if (bad !== undefined) {
-              ctx.addIssue({
-                code: 'custom',
-                message: `option "mountOptions" contains "${bad.slice(0, 32)}", which is not allowed; allowed: ${MOUNT_OPTION_ALLOWLIST.join(', ')}`,
-              });
-              return z.NEVER;
-            }
-            return options;
-          })
-          .optional(),
-      })
-      // kubernetes.io/* keys and other tools' options reach here: strings, like every value. Secrets are checked and
-      // decoded below without echoing their value; the unknown keys are dropped (parseOptions lists their names).
-      .catchall(text)
-      .superRefine((o, ctx) => {
-        for (const [key, value] of Object.entries(o)) {
-          if (!key.startsWith(SECRET_PREFIX)) continue;
-          if (typeof value !== 'string' || !/^[A-Za-z0-9+/]*={0,2}$/.test(value) || value.length % 4 !== 0) {
-            ctx.addIssue({
-              code: 'custom',
-              path: [key],
-              message: `option "${key}" is not valid base64 (kubelet base64-encodes secret values)`,
-            });
+          }),
+        ),
+        z.transform((v: string) => (v === '' ? undefined : Number(v))),
+      ),
+    ),
+    volume: z.optional(name('volume', checkVolumeName)),
+    size: z.optional(
+      z.pipe(
+        text,
+        z.transform((value: string, ctx) => {
+          try {
+            const bytes = parseSize(value, 'option "size"');
+            if (bytes > config.maxSize)
+              return failTransform(ctx, `option "size" (${value}) is above the configured maxSize of ${config.maxSize} bytes`);
+            return bytes;
+          } catch (err) {
+            return failTransform(ctx, (err as Error).message);
           }
+        }),
+      ),
+    ),
+    fsType: z.optional(z.pipe(fsType('fsType'), z.transform((v: string) => (v === '' ? undefined : (v as FsType))))),
+    readOnly: z.optional(
+      z.enum(['true', 'false'], { error: (i) => `option "readOnly" must be "true" or "false", not "${String(i.input).slice(0, 16)}"` }),
+    ),
+    mountOptions: z.optional(
+      z.pipe(
+        text,
+        z.transform((value: string, ctx) => {
+          const options = [
+            ...new Set(
+              value
+                .split(',')
+                .map((o) => o.trim())
+                .filter((o) => o !== ''),
+            ),
+          ];
+          const bad = options.find((o) => !(MOUNT_OPTION_ALLOWLIST as readonly string[]).includes(o));
+          if (bad !== undefined)
+            return failTransform(
+              ctx,
+              `option "mountOptions" contains "${bad.slice(0, 32)}", which is not allowed; allowed: ${MOUNT_OPTION_ALLOWLIST.join(', ')}`,
+            );
+          return options;
+        }),
+      ),
+    ),
+  };
+  // kubernetes.io/* keys and other tools' options reach here: strings, like every value. Secrets are checked and
+  // decoded below without echoing their value; the unknown keys are dropped (parseOptions lists their names).
+  const withSecretsChecked = z.catchall(z.object(shape), text).check(
+    z.superRefine((o, ctx) => {
+      for (const [key, value] of Object.entries(o)) {
+        if (!key.startsWith(SECRET_PREFIX)) continue;
+        if (typeof value !== 'string' || !/^[A-Za-z0-9+/]*={0,2}$/.test(value) || value.length % 4 !== 0) {
+          ctx.addIssue({ code: 'custom', path: [key], message: `option "${key}" is not valid base64 (kubelet base64-encodes secret values)` });
         }
-      })
-      .transform((o) => {
-        const out: Record<string, unknown> = { ...o };
-        for (const key of Object.keys(out)) {
-          if (key.startsWith(SECRET_PREFIX)) out[key] = Buffer.from(out[key] as string, 'base64').toString('utf8');
-          else if (key.startsWith(K8S) ? !KNOWN_K8S_KEYS.has(key) : !(LATCH_OPTIONS as readonly string[]).includes(key)) delete out[key];
-        }
-        return out as typeof o & { fsType?: FsType; 'kubernetes.io/fsType'?: FsType | '' };
-      })
+      }
+    }),
+  );
+  return z.pipe(
+    withSecretsChecked,
+    z.transform((o: z.output<typeof withSecretsChecked>) => {
+      const out: Record<string, unknown> = { ...o };
+      for (const key of Object.keys(out)) {
+        if (key.startsWith(SECRET_PREFIX)) out[key] = Buffer.from(out[key] as string, 'base64').toString('utf8');
+        else if (key.startsWith(K8S) ? !KNOWN_K8S_KEYS.has(key) : !(LATCH_OPTIONS as readonly string[]).includes(key)) delete out[key];
+      }
+      return out as typeof o & { fsType?: FsType; 'kubernetes.io/fsType'?: FsType | '' };
+    }),
   );
 }
 
