@@ -77,8 +77,52 @@ function asStringUntilImported(name) {
   };
 }
 
+// Node's built-in modules beyond the few its start-up loads anyway cost each process their own evaluation (measured:
+// node:crypto 2.6 ms, node:fs/promises 2 ms, node:stream 1 ms, node:timers/promises 1 ms of CPU), and the modules
+// that import them at their top are evaluated by calls that never use them. So in latch's own code every built-in is
+// loaded on first use: a module's import of one gets an object with a getter for each name that module imports, which
+// loads the built-in when first read. Per importing module and with its names only, because esbuild copies every
+// property of an imported CommonJS object into each importer (measured: 1 ms a call when each got all the names).
+const STARTUP_BUILTINS = new Set(['node:fs', 'node:path']);
+const SRC = join(dirname(fileURLToPath(import.meta.url)), 'src');
+const builtinsOnFirstUse = {
+  name: 'builtins-on-first-use',
+  setup(b) {
+    b.onResolve({ filter: /^node:/ }, (args) => {
+      if (STARTUP_BUILTINS.has(args.path) || !args.importer.startsWith(`${SRC}/`)) return undefined;
+      const names = importedNames(readFileSync(args.importer, 'utf8'), args.path);
+      return names && { path: `${args.path} in ${args.importer}`, namespace: 'builtin-on-first-use', pluginData: { builtin: args.path, names } };
+    });
+    b.onLoad({ filter: /.*/, namespace: 'builtin-on-first-use' }, ({ pluginData: { builtin, names } }) => {
+      const getters = names.map((name) => `  get ${name}() { return load().${name}; },`).join('\n');
+      return { contents: `const load = () => require(${JSON.stringify(builtin)});\nmodule.exports = {\n${getters}\n};\n`, loader: 'js' };
+    });
+  },
+};
+
+/**
+ * The names `source` imports from `builtin` (`import { a, b as c } from 'node:x'`), or undefined when it imports it in
+ * any other way (a namespace, a default, a require()): that import is left as it is.
+ */
+function importedNames(source, builtin) {
+  const names = [];
+  const quoted = builtin.replace(/[/]/g, '\\/');
+  const imports = new RegExp(`^import\\s+(type\\s+)?([^;]*?)\\s+from\\s+'${quoted}';`, 'gm');
+  for (const [, typeOnly, clause] of source.matchAll(imports)) {
+    if (typeOnly) continue;
+    const named = /^\{([^}]*)\}$/.exec(clause.trim());
+    if (!named) return undefined;
+    for (const part of named[1].split(',')) {
+      const [name, ...rest] = part.trim().split(/\s+/);
+      if (name === 'type' && rest.length > 0) continue; // import { type X }
+      if (name) names.push(name);
+    }
+  }
+  return names.length > 0 ? [...new Set(names)] : undefined;
+}
+
 const bundleOptions = {
-  plugins: [englishOnlyZodLocales, asStringUntilImported('yaml'), asStringUntilImported('prom-client'), asStringUntilImported('croner')],
+  plugins: [builtinsOnFirstUse, englishOnlyZodLocales, asStringUntilImported('yaml'), asStringUntilImported('prom-client'), asStringUntilImported('croner')],
   entryPoints: ['src/bin.ts'],
   bundle: true,
   platform: 'node',
@@ -106,15 +150,31 @@ if (process.argv.includes('--sea')) await buildSea('bin/latch-sea');
  * bundle → blob (node --experimental-sea-config) → copy of node with the blob injected (postject). Bundles from
  * src/ again into a private directory rather than reading bin/latch, which someone may be rebuilding meanwhile,
  * and renames the result into place, so nobody ever runs a half-written bin/latch-sea.
+ *
+ * The blob's main script is a small loader (src/sea/main.ts); latch's code is an asset beside it with a V8 code cache
+ * taken after the control plane's calls ran (src/sea/warm.ts), so a call starts with their bytecode. Measured against
+ * the V8 startup snapshot this replaces (docs/performance.md, "Where a driver call's time goes"): a user-land snapshot
+ * costs more to deserialize than a call spends in latch's code.
  */
 async function buildSea(outfile) {
   const work = mkdtempSync(join(tmpdir(), 'latch-sea-'));
   try {
-    const main = join(work, 'latch.cjs');
-    const blob = join(work, 'latch.blob');
-    const exe = join(work, 'latch-sea');
-    // The SEA starts from a V8 startup snapshot made by src/sea.ts: modules evaluated, zod loaded, schemas built.
-    await build({ ...bundleOptions, entryPoints: ['src/sea.ts'], outfile: main });
+    const [main, driver, admin, warm, codeCache, blob, exe] = [
+      'main.cjs',
+      'driver.js',
+      'latch.js',
+      'warm.cjs',
+      'driver.codecache',
+      'latch.blob',
+      'latch-sea',
+    ].map((name) => join(work, name));
+    await build({ ...bundleOptions, entryPoints: ['src/sea/main.ts'], outfile: main });
+    await build({ ...bundleOptions, entryPoints: ['src/sea/driver.ts'], outfile: driver });
+    await build({ ...bundleOptions, outfile: admin });
+    await build({ ...bundleOptions, entryPoints: ['src/sea/warm.ts'], outfile: warm });
+    // The node that the executable is a copy of, without the options a user's environment may give node: V8 takes a
+    // code cache only from the same version with the same flags.
+    quietly(process.execPath, [warm, driver, codeCache], { env: { PATH: process.env.PATH ?? '/usr/bin:/bin' } });
     const seaConfig = join(work, 'sea-config.json');
     writeFileSync(
       seaConfig,
@@ -123,9 +183,9 @@ async function buildSea(outfile) {
         output: blob,
         // The driver must print nothing but its JSON reply, on stderr too: kubelet parses both streams.
         disableExperimentalSEAWarning: true,
-        // The heap after src/sea.ts ran: every call starts with its modules evaluated (zod alone costs a third of
-        // a node start-up to evaluate).
-        useSnapshot: true,
+        useCodeCache: true,
+        // The names src/sea/load.ts reads them by.
+        assets: { 'driver.js': driver, 'driver.codecache': codeCache, 'latch.js': admin },
       }),
     );
     quietly(process.execPath, ['--experimental-sea-config', seaConfig]);
@@ -179,8 +239,8 @@ function patchelf() {
   return 'patchelf';
 }
 
-function quietly(command, args) {
-  const result = spawnSync(command, args, { stdio: ['ignore', 'pipe', 'pipe'], encoding: 'utf8' });
+function quietly(command, args, options = {}) {
+  const result = spawnSync(command, args, { stdio: ['ignore', 'pipe', 'pipe'], encoding: 'utf8', ...options });
   if (result.status !== 0) {
     process.stderr.write(`${result.stdout ?? ''}${result.stderr ?? ''}`);
     throw new Error(`${args.slice(0, 2).join(' ')} failed (${result.error?.message ?? `exit ${result.status}`})`);

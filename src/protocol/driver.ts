@@ -1,9 +1,8 @@
 // The protocol layer: one FlexVolume call in, exactly one JSON reply out.
 // This is the only code that writes to stdout. Everything else a call might print (a library's console.log,
 // a Node warning, a child's output) is captured and goes to the log file instead.
-import { randomUUID } from 'node:crypto';
 import { writeSync } from 'node:fs';
-import { Writable } from 'node:stream';
+import type { Writable } from 'node:stream';
 import { loadConfig, type Config } from '../config.js';
 import { encodeReply, exitCodeOf, failure, notSupported, type Reply } from '../contract/reply.js';
 import { createContext } from '../context.js';
@@ -16,9 +15,18 @@ import { OPS, usageOf } from './ops.js';
 // kubelet kills waitforattach at 10 minutes and waits forever on the others: answer before either happens.
 const CALL_DEADLINE_MS = 9 * 60 * 1000;
 
-export async function runDriverCall(op: string, argv: string[]): Promise<void> {
+/** What the process learned before the call, for its log line (the single executable's loader, src/sea/main.ts). */
+export interface StartupFacts {
+  /** V8 refused the single executable's code cache: every call compiles what the cache should have held. */
+  codeCacheRejected?: boolean;
+}
+
+export async function runDriverCall(op: string, argv: string[], startup: StartupFacts = {}): Promise<void> {
   const started = process.hrtime.bigint();
-  const callId = randomUUID().slice(0, 8);
+  // Ties the call's log line to its children's; not a secret, so not worth loading node:crypto for.
+  const callId = Math.floor(Math.random() * 0x1_0000_0000)
+    .toString(16)
+    .padStart(8, '0');
   const stray: string[] = [];
   captureStrayOutput(stray);
 
@@ -46,6 +54,7 @@ export async function runDriverCall(op: string, argv: string[]): Promise<void> {
           ...(reply.message !== undefined && { message: reply.message }),
           ...(error instanceof Error && !(error instanceof LatchError) && { stack: error.stack }),
           ...(stray.length > 0 && { strayOutput: stray.join('').slice(0, 4000) }),
+          ...(startup.codeCacheRejected && { codeCacheRejected: true }),
         },
         op !== 'init',
       );
@@ -152,18 +161,21 @@ function writeReply(reply: Reply): void {
 /**
  * Diverts anything written to process.stdout/stderr, and Node's warnings, into `sink`. process.stdout and
  * process.stderr are replaced rather than patched: Node creates the real streams on first access (a pipe or file
- * stream each, measured at about 1 ms of every call), and the reply never goes through them anyway.
+ * stream each, measured at about 1 ms of every call), and the reply never goes through them anyway. The stand-in is
+ * made on first access too: almost no call writes anything, and node:stream costs a millisecond to load.
  */
 function captureStrayOutput(sink: string[]): void {
-  const diverted = new Writable({
-    decodeStrings: false,
-    write(chunk: unknown, _encoding, callback) {
-      sink.push(typeof chunk === 'string' ? chunk : Buffer.from(chunk as Uint8Array).toString('utf8'));
-      callback();
-    },
-  });
+  let diverted: Writable | undefined;
+  const stream = (): Writable =>
+    (diverted ??= new (require('node:stream') as typeof import('node:stream')).Writable({
+      decodeStrings: false,
+      write(chunk: unknown, _encoding, callback) {
+        sink.push(typeof chunk === 'string' ? chunk : Buffer.from(chunk as Uint8Array).toString('utf8'));
+        callback();
+      },
+    }));
   for (const name of ['stdout', 'stderr'] as const) {
-    Object.defineProperty(process, name, { configurable: true, enumerable: true, get: () => diverted });
+    Object.defineProperty(process, name, { configurable: true, enumerable: true, get: stream });
   }
   process.removeAllListeners('warning');
   process.on('warning', (warning) => sink.push(`${warning.name}: ${warning.message}\n`));
