@@ -1,7 +1,8 @@
 // The embedded `file` store: one directory per key, one file per revision, compare-and-swap by exclusive link.
 // Layout, the writer's steps and why garbage collection cannot resurrect a revision: docs/ledger.md, "The file store".
 import { readdirSync, readFileSync, watch as watchPath, type Dirent, type FSWatcher } from 'node:fs';
-import * as nodeFs from 'node:fs/promises';
+import type * as NodeFs from 'node:fs/promises';
+import { chmod, link, lstat, mkdir, open, readdir, unlink, type FileHandle } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { ConflictError, LatchError, StoreError } from '../errors.js';
@@ -9,7 +10,7 @@ import { parseKey, type Store, type Versioned } from './types.js';
 import { ChangeSignal } from './watch.js';
 
 /** The few file system calls the store makes; tests pass a wrapper to count or delay them. */
-export type FileStoreFs = Pick<typeof nodeFs, 'open' | 'readdir' | 'readFile' | 'link' | 'unlink' | 'mkdir' | 'chmod' | 'lstat'>;
+export type FileStoreFs = Pick<typeof NodeFs, 'open' | 'readdir' | 'readFile' | 'link' | 'unlink' | 'mkdir' | 'chmod' | 'lstat'>;
 
 /**
  * fs/promises, except that the reads (readdir, readFile) are done synchronously. A driver call is a short process
@@ -18,7 +19,26 @@ export type FileStoreFs = Pick<typeof nodeFs, 'open' | 'readdir' | 'readFile' | 
  * a file of a few KiB, so a long-running process (latch agent) is not held up by them either.
  */
 const readsInline: FileStoreFs = {
-  ...nodeFs,
+  // Getters: fs/promises loads on first use (build.mjs), and copying its functions here would load it (2 ms) in
+  // calls that only read.
+  get open() {
+    return open;
+  },
+  get link() {
+    return link;
+  },
+  get unlink() {
+    return unlink;
+  },
+  get mkdir() {
+    return mkdir;
+  },
+  get chmod() {
+    return chmod;
+  },
+  get lstat() {
+    return lstat;
+  },
   readdir: (async (path: string, options?: { withFileTypes: true }) =>
     options ? readdirSync(path, options) : readdirSync(path)) as unknown as FileStoreFs['readdir'],
   readFile: (async (path: string, encoding: BufferEncoding) => readFileSync(path, encoding)) as unknown as FileStoreFs['readFile'],
@@ -157,7 +177,7 @@ export class FileStore implements Store {
       }
     };
     const followKeys = async () => {
-      const entries = await nodeFs.readdir(kindDir, { withFileTypes: true }).catch(() => []);
+      const entries = await readdir(kindDir, { withFileTypes: true }).catch(() => []);
       for (const entry of entries) {
         if (!entry.isDirectory() || entry.name.startsWith('.')) continue;
         follow(join(kindDir, entry.name), (name) => {
@@ -167,7 +187,7 @@ export class FileStore implements Store {
     };
     try {
       // Made now (0700, as a writer makes it) so that a store nobody wrote to yet can be watched.
-      await nodeFs.mkdir(kindDir, { recursive: true, mode: DIR_MODE }).catch((err: unknown) => {
+      await mkdir(kindDir, { recursive: true, mode: DIR_MODE }).catch((err: unknown) => {
         throw ioError(`create state directory ${kindDir}`, err);
       });
       follow(kindDir, () => {
@@ -239,7 +259,7 @@ export class FileStore implements Store {
     const { key, dir } = where;
     // The temp file must exist before the current revision is read: see the comment at the top.
     const tempPath = join(dir, `${TEMP_PREFIX}${process.pid}-${randomBytes(6).toString('hex')}`);
-    let handle: nodeFs.FileHandle | undefined = await this.createTemp(where, tempPath);
+    let handle: FileHandle | undefined = await this.createTemp(where, tempPath);
     let next: number;
     try {
       const cur = await this.current(dir);
@@ -292,9 +312,9 @@ export class FileStore implements Store {
   }
 
   /** Opens a new temp file in the key's directory, creating the directories on the key's first write. */
-  private async createTemp(where: { kindDir: string; dir: string }, tempPath: string): Promise<nodeFs.FileHandle> {
+  private async createTemp(where: { kindDir: string; dir: string }, tempPath: string): Promise<FileHandle> {
     for (let attempt = 0; ; attempt++) {
-      let handle: nodeFs.FileHandle;
+      let handle: FileHandle;
       try {
         handle = await this.fs.open(tempPath, 'wx', FILE_MODE);
       } catch (err) {
@@ -350,7 +370,7 @@ export class FileStore implements Store {
   }
 
   private async syncDir(dir: string): Promise<void> {
-    let handle: nodeFs.FileHandle | undefined;
+    let handle: FileHandle | undefined;
     try {
       handle = await this.fs.open(dir, 'r');
       await handle.sync();
