@@ -91,7 +91,9 @@ const builtinsOnFirstUse = {
     b.onResolve({ filter: /^node:/ }, (args) => {
       if (STARTUP_BUILTINS.has(args.path) || !args.importer.startsWith(`${SRC}/`)) return undefined;
       const names = importedNames(readFileSync(args.importer, 'utf8'), args.path);
-      return names && { path: `${args.path} in ${args.importer}`, namespace: 'builtin-on-first-use', pluginData: { builtin: args.path, names } };
+      return (
+        names && { path: `${args.path} in ${args.importer}`, namespace: 'builtin-on-first-use', pluginData: { builtin: args.path, names } }
+      );
     });
     b.onLoad({ filter: /.*/, namespace: 'builtin-on-first-use' }, ({ pluginData: { builtin, names } }) => {
       const getters = names.map((name) => `  get ${name}() { return load().${name}; },`).join('\n');
@@ -122,7 +124,13 @@ function importedNames(source, builtin) {
 }
 
 const bundleOptions = {
-  plugins: [builtinsOnFirstUse, englishOnlyZodLocales, asStringUntilImported('yaml'), asStringUntilImported('prom-client'), asStringUntilImported('croner')],
+  plugins: [
+    builtinsOnFirstUse,
+    englishOnlyZodLocales,
+    asStringUntilImported('yaml'),
+    asStringUntilImported('prom-client'),
+    asStringUntilImported('croner'),
+  ],
   entryPoints: ['src/bin.ts'],
   bundle: true,
   platform: 'node',

@@ -196,7 +196,9 @@ function buildSchema() {
   ]);
   const recurringJob = z.strictObject({
     // Lower-case letters, digits and '-' (no '.'): the job's name starts the names of what it makes.
-    name: z.string().check(z.regex(/^[a-z0-9]([a-z0-9-]*[a-z0-9])?$/, "must be lower-case letters, digits and '-', e.g. nightly"), z.maxLength(63)),
+    name: z
+      .string()
+      .check(z.regex(/^[a-z0-9]([a-z0-9-]*[a-z0-9])?$/, "must be lower-case letters, digits and '-', e.g. nightly"), z.maxLength(63)),
     task: z.enum(['snapshot', 'backup']),
     // The shape only (five fields, as cron writes them): the agent checks it with the cron library, which driver calls
     // never load.
@@ -212,7 +214,9 @@ function buildSchema() {
       DEFAULT_DRIVER_NAME,
     ),
     nodeName: z.optional(
-      z.string().check(z.regex(/^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$/, 'must be a lower-case host name as kubelet reports it'), z.maxLength(253)),
+      z
+        .string()
+        .check(z.regex(/^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$/, 'must be a lower-case host name as kubelet reports it'), z.maxLength(253)),
     ),
     attach: z._default(z.boolean(), true),
     poolDir: z._default(absolutePath, '/var/lib/latch/pool'),

@@ -252,7 +252,12 @@ function optionsSchema(config: Pick<Config, 'allowedFsTypes' | 'maxSize'>) {
         }),
       ),
     ),
-    fsType: z.optional(z.pipe(fsType('fsType'), z.transform((v: string) => (v === '' ? undefined : (v as FsType))))),
+    fsType: z.optional(
+      z.pipe(
+        fsType('fsType'),
+        z.transform((v: string) => (v === '' ? undefined : (v as FsType))),
+      ),
+    ),
     readOnly: z.optional(
       z.enum(['true', 'false'], { error: (i) => `option "readOnly" must be "true" or "false", not "${String(i.input).slice(0, 16)}"` }),
     ),
@@ -286,7 +291,11 @@ function optionsSchema(config: Pick<Config, 'allowedFsTypes' | 'maxSize'>) {
       for (const [key, value] of Object.entries(o)) {
         if (!key.startsWith(SECRET_PREFIX)) continue;
         if (typeof value !== 'string' || !/^[A-Za-z0-9+/]*={0,2}$/.test(value) || value.length % 4 !== 0) {
-          ctx.addIssue({ code: 'custom', path: [key], message: `option "${key}" is not valid base64 (kubelet base64-encodes secret values)` });
+          ctx.addIssue({
+            code: 'custom',
+            path: [key],
+            message: `option "${key}" is not valid base64 (kubelet base64-encodes secret values)`,
+          });
         }
       }
     }),

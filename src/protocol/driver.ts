@@ -2,7 +2,7 @@
 // This is the only code that writes to stdout. Everything else a call might print (a library's console.log,
 // a Node warning, a child's output) is captured and goes to the log file instead.
 import { writeSync } from 'node:fs';
-import type { Writable } from 'node:stream';
+import { Writable } from 'node:stream';
 import { loadConfig, type Config } from '../config.js';
 import { encodeReply, exitCodeOf, failure, notSupported, type Reply } from '../contract/reply.js';
 import { createContext } from '../context.js';
@@ -162,12 +162,13 @@ function writeReply(reply: Reply): void {
  * Diverts anything written to process.stdout/stderr, and Node's warnings, into `sink`. process.stdout and
  * process.stderr are replaced rather than patched: Node creates the real streams on first access (a pipe or file
  * stream each, measured at about 1 ms of every call), and the reply never goes through them anyway. The stand-in is
- * made on first access too: almost no call writes anything, and node:stream costs a millisecond to load.
+ * made on first access too: almost no call writes anything, and node:stream (loaded on first use, build.mjs) costs a
+ * millisecond to load.
  */
 function captureStrayOutput(sink: string[]): void {
   let diverted: Writable | undefined;
   const stream = (): Writable =>
-    (diverted ??= new (require('node:stream') as typeof import('node:stream')).Writable({
+    (diverted ??= new Writable({
       decodeStrings: false,
       write(chunk: unknown, _encoding, callback) {
         sink.push(typeof chunk === 'string' ? chunk : Buffer.from(chunk as Uint8Array).toString('utf8'));

@@ -3,7 +3,7 @@
 // needs). Two bundles: the driver calls' (src/sea/driver.ts), with a V8 code cache taken at build time after the
 // control plane's calls ran (src/sea/warm.ts), so a call starts with the bytecode of what it runs instead of parsing
 // and compiling it; and the whole of latch for admin commands (src/bin.ts), which no kubelet waits for.
-import type { Script } from 'node:vm';
+import { Script } from 'node:vm';
 import type { StartupFacts } from '../protocol/driver.js';
 
 /** Asset names, as build.mjs embeds them. */
@@ -22,8 +22,6 @@ export interface DriverBundle {
  * time and at run time: V8 takes a code cache only for the source it was made from.
  */
 export function loadBundle<T>(name: string, source: string, cachedData?: Buffer): { exports: T; script: Script } {
-  // require, not import: the single executable's main script cannot import() (Node 20).
-  const { Script } = require('node:vm') as typeof import('node:vm');
   const script = new Script(`(function (exports, require, module) {${source}\n})`, { filename: name, ...(cachedData && { cachedData }) });
   const module = { exports: {} as T };
   (script.runInThisContext() as (e: object, r: NodeJS.Require, m: object) => void)(module.exports as object, require, module);

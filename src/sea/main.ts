@@ -1,9 +1,9 @@
 // Entry point of bin/latch-sea, the single executable: its main script, a loader kept this small so that Node compiles
 // almost nothing before a call runs (src/sea/load.ts).
 import { isAdminCall } from '../cli/command-names.js';
+import { getAsset } from 'node:sea';
 import { ADMIN_ASSET, DRIVER_ASSET, DRIVER_CODE_CACHE_ASSET, loadBundle, type DriverBundle } from './load.js';
 
-const { getAsset } = require('node:sea') as typeof import('node:sea');
 const first = process.argv[2];
 if (first === undefined || isAdminCall(first)) {
   // src/bin.ts: runs latch's main at load.
