@@ -113,9 +113,9 @@ const PLUGIN_DIR_MARKER = 'kubelet-plugins/volume/exec';
 
 /**
  * Adds a failed check to a transform's payload (zod/mini's transforms have no addIssue) and returns zod's marker for
- * "no value". Shared with the options schema.
+ * "no value".
  */
-export function failTransform(ctx: z.core.ParsePayload, message: string): never {
+function failTransform(ctx: z.core.ParsePayload, message: string): never {
   ctx.issues.push({ code: 'custom', message, input: ctx.value });
   return z.NEVER;
 }
@@ -123,9 +123,9 @@ export function failTransform(ctx: z.core.ParsePayload, message: string): never 
 /**
  * `schema.safeParse(raw)`, with zod's English messages for the checks that carry no message of ours ("Too big:
  * expected number to be <=480"). zod/mini has no messages until a locale is configured; the locale is configured
- * only when a value fails, since almost every call parses a valid configuration. Shared with the options schema.
+ * only when a value fails, since almost every call parses a valid configuration.
  */
-export function parseWithMessages<S extends z.ZodMiniType>(schema: S, raw: unknown): ReturnType<S['safeParse']> {
+function parseWithMessages<S extends z.ZodMiniType>(schema: S, raw: unknown): ReturnType<S['safeParse']> {
   // One parse per process: zod's compiled fast path for objects (new Function per object schema) would cost more
   // than it saves.
   z.config({ jitless: true });

@@ -1,7 +1,6 @@
 // The options JSON kubelet and the controller pass: Go's json.Marshal of a map[string]string,
 // the kubernetes.io/* keys plus the user's flexVolume.options (docs/protocol.md, "The options JSON").
-import * as z from 'zod/mini';
-import { failTransform, parseWithMessages, type Config } from '../config.js';
+import type { Config } from '../config.js';
 import type { FsType } from '../filesystems.js';
 import { LatchError } from '../errors.js';
 import { LATCH_OPTIONS, checkPvName, checkVolumeName } from '../names.js';
@@ -28,16 +27,6 @@ const MAX_UNKNOWN_NAME = 64;
 
 const K8S = 'kubernetes.io/';
 const SECRET_PREFIX = 'kubernetes.io/secret/';
-const KNOWN_K8S_KEYS = new Set([
-  'kubernetes.io/fsType',
-  'kubernetes.io/readwrite',
-  'kubernetes.io/pvOrVolumeName',
-  'kubernetes.io/pod.name',
-  'kubernetes.io/pod.namespace',
-  'kubernetes.io/pod.uid',
-  'kubernetes.io/serviceAccount.name',
-  'kubernetes.io/mounterArgs.FsGroup',
-]);
 
 export interface PodInfo {
   name?: string;
@@ -128,22 +117,11 @@ export function parseOptions(json: string, config: Pick<Config, 'allowedFsTypes'
     unknownKeys.push(key);
   }
 
-  const result = parseWithMessages(cachedOptionsSchema(config), raw);
-  if (!result.success) {
-    const issue = result.error.issues[0];
-    if (!issue) throw new LatchError('the options argument is not valid');
-    const field = String(issue.path[0] ?? '');
-    if (issue.code === 'invalid_type') {
-      const what = field.startsWith(SECRET_PREFIX) ? 'a base64 string' : 'a string (FlexVolume options are strings)';
-      throw new LatchError(`option "${field}" must be ${what}, not ${describe((raw as Record<string, unknown>)[field])}`);
-    }
-    throw new LatchError(issue.message.startsWith('option "') ? issue.message : `option "${field}" ${issue.message}`);
-  }
-  const o = result.data;
+  const o = checkValues(raw as Record<string, unknown>, config);
 
   const secrets: Record<string, string> = {};
-  for (const [key, value] of Object.entries(o)) {
-    if (key.startsWith(SECRET_PREFIX)) secrets[key.slice(SECRET_PREFIX.length)] = value as string;
+  for (const [key, value] of Object.entries(raw as Record<string, string>)) {
+    if (key.startsWith(SECRET_PREFIX)) secrets[key.slice(SECRET_PREFIX.length)] = Buffer.from(value, 'base64').toString('utf8');
   }
   const volume = o.volume;
   const pvOrVolumeName = o['kubernetes.io/pvOrVolumeName'];
@@ -179,138 +157,109 @@ export function parseOptions(json: string, config: Pick<Config, 'allowedFsTypes'
   };
 }
 
-const schemas = new Map<string, ReturnType<typeof optionsSchema>>();
+/** The values of latch's options and of the kubernetes.io/* keys it reads, checked and parsed. */
+interface CheckedValues {
+  'kubernetes.io/fsType'?: FsType | '';
+  'kubernetes.io/readwrite'?: string;
+  'kubernetes.io/pvOrVolumeName'?: string;
+  'kubernetes.io/pod.name'?: string;
+  'kubernetes.io/pod.namespace'?: string;
+  'kubernetes.io/pod.uid'?: string;
+  'kubernetes.io/serviceAccount.name'?: string;
+  'kubernetes.io/mounterArgs.FsGroup'?: number;
+  volume?: string;
+  size?: number;
+  fsType?: FsType;
+  readOnly?: string;
+  mountOptions?: string[];
+}
 
-/** The options schema for these limits, built once per process. */
-function cachedOptionsSchema(config: Pick<Config, 'allowedFsTypes' | 'maxSize'>) {
-  const key = `${config.allowedFsTypes.join(',')}|${config.maxSize}`;
-  let schema = schemas.get(key);
-  if (!schema) schemas.set(key, (schema = optionsSchema(config)));
-  return schema;
+type Limits = Pick<Config, 'allowedFsTypes' | 'maxSize'>;
+
+/**
+ * How each option latch reads is checked and parsed: its value is a string (checked before), the result is what
+ * VolumeOptions is made of (undefined: as if absent). Each throws a message naming the option. Plain code rather than
+ * a schema: every rule here is a check of one string of ours, which a schema library would only wrap.
+ */
+const VALUE_CHECKS: { [K in keyof CheckedValues]-?: (value: string, limits: Limits) => CheckedValues[K] } = {
+  'kubernetes.io/fsType': (value, limits) => (value === '' ? '' : allowedFsType('kubernetes.io/fsType', value, limits)),
+  'kubernetes.io/readwrite': (value) => {
+    if (value !== 'ro' && value !== 'rw')
+      throw new LatchError(`option "kubernetes.io/readwrite" must be "ro" or "rw", not "${value.slice(0, 16)}"`);
+    return value;
+  },
+  'kubernetes.io/pvOrVolumeName': (value) => checkPvName(value, 'option "kubernetes.io/pvOrVolumeName"'),
+  'kubernetes.io/pod.name': (value) => value,
+  'kubernetes.io/pod.namespace': (value) => value,
+  'kubernetes.io/pod.uid': (value) => value,
+  'kubernetes.io/serviceAccount.name': (value) => value,
+  'kubernetes.io/mounterArgs.FsGroup': (value) => {
+    if (value === '') return undefined;
+    if (!/^[0-9]{1,10}$/.test(value) || Number(value) > 0xffffffff)
+      throw new LatchError(`option "kubernetes.io/mounterArgs.FsGroup" must be a decimal group id, not "${value.slice(0, 32)}"`);
+    return Number(value);
+  },
+  volume: (value) => checkVolumeName(value, 'option "volume"'),
+  size: (value, limits) => {
+    const bytes = parseSize(value, 'option "size"');
+    if (bytes > limits.maxSize) throw new LatchError(`option "size" (${value}) is above the configured maxSize of ${limits.maxSize} bytes`);
+    return bytes;
+  },
+  fsType: (value, limits) => (value === '' ? undefined : allowedFsType('fsType', value, limits)),
+  readOnly: (value) => {
+    if (value !== 'true' && value !== 'false')
+      throw new LatchError(`option "readOnly" must be "true" or "false", not "${value.slice(0, 16)}"`);
+    return value;
+  },
+  mountOptions: (value) => {
+    const options = [
+      ...new Set(
+        value
+          .split(',')
+          .map((o) => o.trim())
+          .filter((o) => o !== ''),
+      ),
+    ];
+    const bad = options.find((o) => !(MOUNT_OPTION_ALLOWLIST as readonly string[]).includes(o));
+    if (bad !== undefined) {
+      throw new LatchError(
+        `option "mountOptions" contains "${bad.slice(0, 32)}", which is not allowed; allowed: ${MOUNT_OPTION_ALLOWLIST.join(', ')}`,
+      );
+    }
+    return options;
+  },
+};
+
+function allowedFsType(field: string, value: string, limits: Limits): FsType {
+  if (!(limits.allowedFsTypes as readonly string[]).includes(value))
+    throw new LatchError(`option "${field}" is "${value.slice(0, 32)}"; allowed filesystem types are ${limits.allowedFsTypes.join(', ')}`);
+  return value as FsType;
 }
 
 /**
- * The options schema, for the configured limits. Built only by ops that take options,
- * so init never pays for it. Unknown keys pass (newer kubelets add kubernetes.io/* ones, other tools their own); the
- * likely misspellings of latch's options were refused before.
+ * Checks every value of the options: all are strings (FlexVolume options are), the ones latch reads by their rules,
+ * the secrets as base64, in that order (the first problem is reported). Returns the parsed values latch reads.
  */
-function optionsSchema(config: Pick<Config, 'allowedFsTypes' | 'maxSize'>) {
-  const text = z.string();
-  const name = (field: string, check: typeof checkVolumeName) =>
-    z.pipe(
-      text,
-      z.transform((value: string, ctx) => {
-        try {
-          return check(value, `option "${field}"`);
-        } catch (err) {
-          return failTransform(ctx, (err as Error).message);
-        }
-      }),
-    );
-  const fsType = (field: string) =>
-    text.check(
-      z.refine((v) => v === '' || (config.allowedFsTypes as readonly string[]).includes(v), {
-        error: (issue) =>
-          `option "${field}" is "${String(issue.input).slice(0, 32)}"; allowed filesystem types are ${config.allowedFsTypes.join(', ')}`,
-      }),
-    );
-  const shape = {
-    'kubernetes.io/fsType': z.optional(fsType('kubernetes.io/fsType')),
-    'kubernetes.io/readwrite': z.optional(
-      z.enum(['ro', 'rw'], {
-        error: (i) => `option "kubernetes.io/readwrite" must be "ro" or "rw", not "${String(i.input).slice(0, 16)}"`,
-      }),
-    ),
-    'kubernetes.io/pvOrVolumeName': z.optional(name('kubernetes.io/pvOrVolumeName', checkPvName)),
-    'kubernetes.io/pod.name': z.optional(text),
-    'kubernetes.io/pod.namespace': z.optional(text),
-    'kubernetes.io/pod.uid': z.optional(text),
-    'kubernetes.io/serviceAccount.name': z.optional(text),
-    'kubernetes.io/mounterArgs.FsGroup': z.optional(
-      z.pipe(
-        text.check(
-          z.refine((v) => v === '' || (/^[0-9]{1,10}$/.test(v) && Number(v) <= 0xffffffff), {
-            error: (i) => `option "kubernetes.io/mounterArgs.FsGroup" must be a decimal group id, not "${String(i.input).slice(0, 32)}"`,
-          }),
-        ),
-        z.transform((v: string) => (v === '' ? undefined : Number(v))),
-      ),
-    ),
-    volume: z.optional(name('volume', checkVolumeName)),
-    size: z.optional(
-      z.pipe(
-        text,
-        z.transform((value: string, ctx) => {
-          try {
-            const bytes = parseSize(value, 'option "size"');
-            if (bytes > config.maxSize)
-              return failTransform(ctx, `option "size" (${value}) is above the configured maxSize of ${config.maxSize} bytes`);
-            return bytes;
-          } catch (err) {
-            return failTransform(ctx, (err as Error).message);
-          }
-        }),
-      ),
-    ),
-    fsType: z.optional(
-      z.pipe(
-        fsType('fsType'),
-        z.transform((v: string) => (v === '' ? undefined : (v as FsType))),
-      ),
-    ),
-    readOnly: z.optional(
-      z.enum(['true', 'false'], { error: (i) => `option "readOnly" must be "true" or "false", not "${String(i.input).slice(0, 16)}"` }),
-    ),
-    mountOptions: z.optional(
-      z.pipe(
-        text,
-        z.transform((value: string, ctx) => {
-          const options = [
-            ...new Set(
-              value
-                .split(',')
-                .map((o) => o.trim())
-                .filter((o) => o !== ''),
-            ),
-          ];
-          const bad = options.find((o) => !(MOUNT_OPTION_ALLOWLIST as readonly string[]).includes(o));
-          if (bad !== undefined)
-            return failTransform(
-              ctx,
-              `option "mountOptions" contains "${bad.slice(0, 32)}", which is not allowed; allowed: ${MOUNT_OPTION_ALLOWLIST.join(', ')}`,
-            );
-          return options;
-        }),
-      ),
-    ),
-  };
-  // kubernetes.io/* keys and other tools' options reach here: strings, like every value. Secrets are checked and
-  // decoded below without echoing their value; the unknown keys are dropped (parseOptions lists their names).
-  const withSecretsChecked = z.catchall(z.object(shape), text).check(
-    z.superRefine((o, ctx) => {
-      for (const [key, value] of Object.entries(o)) {
-        if (!key.startsWith(SECRET_PREFIX)) continue;
-        if (typeof value !== 'string' || !/^[A-Za-z0-9+/]*={0,2}$/.test(value) || value.length % 4 !== 0) {
-          ctx.addIssue({
-            code: 'custom',
-            path: [key],
-            message: `option "${key}" is not valid base64 (kubelet base64-encodes secret values)`,
-          });
-        }
-      }
-    }),
-  );
-  return z.pipe(
-    withSecretsChecked,
-    z.transform((o: z.output<typeof withSecretsChecked>) => {
-      const out: Record<string, unknown> = { ...o };
-      for (const key of Object.keys(out)) {
-        if (key.startsWith(SECRET_PREFIX)) out[key] = Buffer.from(out[key] as string, 'base64').toString('utf8');
-        else if (key.startsWith(K8S) ? !KNOWN_K8S_KEYS.has(key) : !(LATCH_OPTIONS as readonly string[]).includes(key)) delete out[key];
-      }
-      return out as typeof o & { fsType?: FsType; 'kubernetes.io/fsType'?: FsType | '' };
-    }),
-  );
+function checkValues(raw: Record<string, unknown>, limits: Limits): CheckedValues {
+  const checked: Record<string, unknown> = {};
+  for (const [key, check] of Object.entries(VALUE_CHECKS) as [keyof CheckedValues, (v: string, l: Limits) => unknown][]) {
+    if (!Object.hasOwn(raw, key) || raw[key] === undefined) continue;
+    const value = raw[key];
+    if (typeof value !== 'string')
+      throw new LatchError(`option "${key}" must be a string (FlexVolume options are strings), not ${describe(value)}`);
+    const parsed = check(value, limits);
+    if (parsed !== undefined) checked[key] = parsed;
+  }
+  for (const [key, value] of Object.entries(raw)) {
+    if (typeof value === 'string') continue;
+    const what = key.startsWith(SECRET_PREFIX) ? 'a base64 string' : 'a string (FlexVolume options are strings)';
+    throw new LatchError(`option "${key}" must be ${what}, not ${describe(value)}`);
+  }
+  for (const [key, value] of Object.entries(raw as Record<string, string>)) {
+    if (key.startsWith(SECRET_PREFIX) && (!/^[A-Za-z0-9+/]*={0,2}$/.test(value) || value.length % 4 !== 0))
+      throw new LatchError(`option "${key}" is not valid base64 (kubelet base64-encodes secret values)`);
+  }
+  return checked;
 }
 
 function describe(value: unknown): string {
