@@ -20,7 +20,7 @@
 const { existsSync } = require('node:fs');
 const { join } = require('node:path');
 
-const BASE = '^src/(config|errors|names|size|log|version|filesystems)[.]ts$';
+const BASE = '^src/(config|config-schema|errors|names|size|log|version|filesystems)[.]ts$';
 const CONTRACT = '^src/contract/';
 const CONTEXT = '^src/context[.]ts$';
 const PROTOCOL = '^src/protocol/';

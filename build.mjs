@@ -15,12 +15,38 @@
 // dir, not even /proc (an $ORIGIN RPATH would need /proc/self/exe).
 import { build } from 'esbuild';
 import { spawnSync } from 'node:child_process';
-import { chmodSync, copyFileSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import {
+  chmodSync,
+  copyFileSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { basename, dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const pkg = JSON.parse(readFileSync(new URL('./package.json', import.meta.url), 'utf8'));
+
+/**
+ * A digest of what the bundles are made of (src/, the locked dependencies, the node that builds), which names this
+ * build: a driver call reuses a configuration validated by the same build only (src/config.ts, loadDriverConfig).
+ */
+function buildDigest() {
+  const hash = createHash('sha256').update(process.version).update(readFileSync('package-lock.json'));
+  const src = fileURLToPath(new URL('./src', import.meta.url));
+  for (const file of readdirSync(src, { recursive: true }).sort()) {
+    const path = join(src, file);
+    if (statSync(path).isFile()) hash.update(`\0${file}\0`).update(readFileSync(path));
+  }
+  return hash.digest('hex').slice(0, 16);
+}
 
 // zod re-exports all of its ~40 locales (about half of its size) as z.locales; latch only ever uses English,
 // which zod registers by itself. Every call parses the bundle, so the others are left out.
@@ -141,7 +167,7 @@ const bundleOptions = {
   minifySyntax: true,
   sourcemap: false,
   legalComments: 'none',
-  define: { LATCH_VERSION: JSON.stringify(pkg.version) },
+  define: { LATCH_VERSION: JSON.stringify(pkg.version), LATCH_BUILD: JSON.stringify(buildDigest()) },
   logLevel: 'warning',
 };
 

@@ -8,6 +8,10 @@ const MAX_VOLUME_NAME = 250;
 // Lower-case DNS-subdomain-like names: what PV names and inline volume names already are.
 const VOLUME_NAME = /^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$/;
 
+export const DEFAULT_DRIVER_NAME = 'latch/loop';
+/** vendor/driver: kubelet makes the plugin directory `vendor~driver` of it. */
+export const DRIVER_NAME_PATTERN = /^[a-z0-9][a-z0-9.-]*\/[a-z0-9][a-z0-9.-]*$/;
+
 /**
  * latch's own options, as a user writes them in flexVolume.options. Here, among the base modules, because the options
  * parser checks them and the call log keeps only their values (any other user option may carry a secret).

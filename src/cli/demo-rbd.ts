@@ -7,7 +7,7 @@
 // pool initialised for rbd.
 import { mkdir, mkdtemp, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { DEFAULT_DRIVER_NAME } from '../config.js';
+import { DEFAULT_DRIVER_NAME } from '../names.js';
 import { LatchError, errorMessage } from '../errors.js';
 import { abortFuseConnection, fuseMountsAt, killAndWait, rbdFusePids } from '../sys/fuse.js';
 import { readMountInfo } from '../sys/mounts.js';

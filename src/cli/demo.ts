@@ -7,7 +7,7 @@
 import { createHash } from 'node:crypto';
 import { mkdir, mkdtemp, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { DEFAULT_DRIVER_NAME } from '../config.js';
+import { DEFAULT_DRIVER_NAME } from '../names.js';
 import { LatchError } from '../errors.js';
 import { cleanUp, kubeletOptions, leftoversOf, Narrator, runSelf, success, type DemoOptions, type Step } from './demo-script.js';
 import type { CommandIO } from './io.js';

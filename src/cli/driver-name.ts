@@ -1,5 +1,6 @@
 // The driver name install and uninstall act on, and the configuration when it loads: both work without one.
-import { DEFAULT_DRIVER_NAME, type Config } from '../config.js';
+import type { Config } from '../config.js';
+import { DEFAULT_DRIVER_NAME } from '../names.js';
 import { ConfigError } from '../errors.js';
 import { configOf, type CommandIO } from './io.js';
 

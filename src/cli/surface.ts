@@ -2,7 +2,7 @@
 // calls the command's function with typed options; it is told never to exit or print by itself, so that exit codes
 // and output stay ours (a FlexVolume driver must not let a library write to stdout).
 import { Command, CommanderError, InvalidArgumentError } from '@commander-js/extra-typings';
-import { DEFAULT_DRIVER_NAME } from '../config.js';
+import { DEFAULT_DRIVER_NAME } from '../names.js';
 import { LatchError } from '../errors.js';
 import { FS_TYPES } from '../filesystems.js';
 import { DEFAULT_PLUGIN_DIR, OPENSHIFT_PLUGIN_DIR } from '../host/plugin-dir.js';

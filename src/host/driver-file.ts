@@ -3,7 +3,8 @@
 import { createHash } from 'node:crypto';
 import { lstat, open, realpath, stat } from 'node:fs/promises';
 import { join } from 'node:path';
-import { DRIVER_NAME_PATTERN, DEFAULT_DRIVER_NAME, isSingleExecutable } from '../config.js';
+import { isSingleExecutable } from '../config.js';
+import { DRIVER_NAME_PATTERN, DEFAULT_DRIVER_NAME } from '../names.js';
 import { LatchError } from '../errors.js';
 import { applyEdits, type ByteEdit } from './elf.js';
 

@@ -3,7 +3,7 @@
 // a Node warning, a child's output) is captured and goes to the log file instead.
 import { writeSync } from 'node:fs';
 import { Writable } from 'node:stream';
-import { loadConfig, type Config } from '../config.js';
+import { loadDriverConfig, type Config } from '../config.js';
 import { encodeReply, exitCodeOf, failure, notSupported, type Reply } from '../contract/reply.js';
 import { createContext } from '../context.js';
 import { LatchError, NotSupportedError, errorMessage } from '../errors.js';
@@ -99,13 +99,13 @@ export async function answerCall(
     // Unknown ops (waitfordetach, getdevicemountpath, ...) are Not supported whatever the config says; the
     // config is read only to log the call where the operator chose.
     try {
-      configured(loadConfig(env));
+      configured(loadDriverConfig(env, false));
     } catch {
       /* not needed to answer */
     }
     return notSupported();
   }
-  const config = loadConfig(env);
+  const config = loadDriverConfig(env, op !== 'init');
   configured(config);
   const definition = await load();
   if (definition.attachModeOnly && !config.attach) {

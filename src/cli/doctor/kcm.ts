@@ -6,7 +6,8 @@
 // `init` in an empty root holding only the driver's directory, the way that container runs it.
 import { open, stat } from 'node:fs/promises';
 import { join } from 'node:path';
-import { DEFAULT_CONFIG_PATH, DEFAULT_DRIVER_NAME, loadConfig, type Config } from '../../config.js';
+import { DEFAULT_CONFIG_PATH, loadConfig, type Config } from '../../config.js';
+import { DEFAULT_DRIVER_NAME } from '../../names.js';
 import { errorMessage } from '../../errors.js';
 import { driverPath, installedState } from '../../host/driver-file.js';
 import { callInEmptyRoot, emptyRootWith } from '../../host/empty-root.js';

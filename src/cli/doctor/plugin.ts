@@ -1,7 +1,8 @@
 // doctor: the plugin dir kubelet reads, the driver installed in it, and whether kubelet can run that driver.
 import { open, readdir, stat } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
-import { BESIDE_DRIVER_DIR, DEFAULT_DRIVER_NAME, type Config } from '../../config.js';
+import { BESIDE_DRIVER_DIR, type Config } from '../../config.js';
+import { DEFAULT_DRIVER_NAME } from '../../names.js';
 import { missingRuntime, sameBuild } from '../../host/beside-driver.js';
 import { errorMessage } from '../../errors.js';
 import {
