@@ -830,3 +830,26 @@ JS
     assert_output --partial 'internal error in waitforattach: noise-rejection'
   fi
 }
+
+@test "configuration: a call validates it once; later calls of this build take the validated copy until the file changes" {
+  local copy
+  copy="$(dirname "$LATCH_CONFIG")/.$(basename "$LATCH_CONFIG").validated"
+  latch_call isattached "$(flex_options "$VOL")" node-a
+  assert_reply Success
+  [ -f "$copy" ]
+  assert_equal "$(stat -c %a "$copy")" 600
+  # A change to the file is validated, not taken from the copy.
+  jq '.waitForAttachTimeout = 900' "$LATCH_CONFIG" >"$LATCH_TMP/bad.json"
+  cp "$LATCH_TMP/bad.json" "$LATCH_CONFIG"
+  latch_call isattached "$(flex_options "$VOL")" node-a
+  assert_reply Failure
+  assert_output --partial 'waitForAttachTimeout'
+}
+
+@test "single executable: driver calls start from the code cache that V8 took" {
+  [[ $(basename "$LATCH_BIN") == latch-sea ]] || skip "only for bin/latch-sea (LATCH_BIN=$LATCH_BIN)"
+  latch_call isattached "$(flex_options "$VOL")" node-a
+  assert_reply Success
+  run jq -e -s 'map(select(.op == "isattached")) | length == 1 and all(.[]; has("codeCacheRejected") | not)' "$LATCH_LOG_FILE"
+  assert_success
+}
