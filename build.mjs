@@ -208,7 +208,13 @@ async function buildSea(outfile) {
     await build({ ...bundleOptions, entryPoints: ['src/sea/warm.ts'], outfile: warm });
     // The node that the executable is a copy of, without the options a user's environment may give node: V8 takes a
     // code cache only from the same version with the same flags.
-    quietly(process.execPath, [warm, driver, codeCache], { env: { PATH: process.env.PATH ?? '/usr/bin:/bin' } });
+    // Twice, on one scratch directory: the second run's calls find what the first left (the configuration's validated
+    // copy, the attachment), as a steady call does, and its cache holds just what those run (src/sea/driver.ts).
+    const scratch = join(work, 'warm');
+    mkdirSync(scratch);
+    for (const cache of [[], [codeCache]]) {
+      quietly(process.execPath, [warm, driver, scratch, ...cache], { env: { PATH: process.env.PATH ?? '/usr/bin:/bin' } });
+    }
     const seaConfig = join(work, 'sea-config.json');
     writeFileSync(
       seaConfig,

@@ -1,7 +1,6 @@
 // The driver calls' code in bin/latch-sea (src/sea/load.ts): the call itself, and the warm-up that the build runs
 // before it takes this bundle's V8 code cache. Admin commands run the whole of latch from another asset (src/bin.ts).
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { encodeReply } from '../contract/reply.js';
 import { redactArgs, writeLog } from '../log.js';
@@ -11,40 +10,33 @@ export { runDriverCall } from '../protocol/driver.js';
 
 /**
  * Answers the control plane's calls (init, getvolumename, attach, isattached: the ones KCM and kubelet make all
- * the time) a few times on a scratch configuration and ledger, so that V8 compiles their whole path (config and
- * options parsing, the file store, the ledger, the log line) here, once, and the code cache taken afterwards holds
- * its bytecode. Nothing of the build host stays: the cache is code, not data, and the scratch directory is removed.
- * These calls run no child process.
+ * the time) a few times on a scratch configuration and ledger in `dir`, so that V8 compiles their path (the
+ * configuration's validated copy, options, the file store, the ledger, the log line) and the code cache taken
+ * afterwards holds its bytecode. The build runs it twice in two processes on the same `dir` and takes the cache of the
+ * second: by then the configuration's copy and the attachment exist, so the cache holds what a steady call runs (not
+ * zod, which only a first call needs) and nothing else a call would have to deserialize. These calls run no child
+ * process; nothing of the build host stays in the cache, which is code, not data.
  */
-export async function warmUp(): Promise<void> {
-  const dir = mkdtempSync(join(tmpdir(), 'latch-sea-warm-'));
-  try {
-    const config = {
-      nodeName: 'warm-node',
-      stateDir: join(dir, 'state'),
-      poolDir: join(dir, 'pool'),
-      logFile: join(dir, 'latch.log'),
-      defaultSize: '64Mi',
-    };
-    writeFileSync(join(dir, 'config.json'), JSON.stringify(config));
-    const env = { LATCH_CONFIG: join(dir, 'config.json') };
-    const json = JSON.stringify({ 'kubernetes.io/fsType': '', 'kubernetes.io/pvOrVolumeName': 'pv-warm', 'kubernetes.io/readwrite': 'rw' });
-    const calls: [string, string[]][] = [
-      ['init', []],
-      ['getvolumename', [json]],
-      ['attach', [json, 'warm-node']],
-      ['isattached', [json, 'warm-node']],
-    ];
-    for (let round = 0; round < 3; round++) {
-      for (const [op, argv] of calls) {
-        const log = {};
-        let logFile: { logFile: string; logMaxBytes: number } | undefined;
-        const reply = await answerCall(op, argv, log, (c) => (logFile = c), env);
-        if (logFile) writeLog(logFile, { op, args: redactArgs(argv), ...log, status: reply.status }, op !== 'init');
-        encodeReply(reply);
-      }
+export async function warmUp(dir: string): Promise<void> {
+  const configPath = join(dir, 'config.json');
+  const config = { nodeName: 'warm-node', stateDir: join(dir, 'state'), poolDir: join(dir, 'pool'), logFile: join(dir, 'latch.log') };
+  writeFileSync(configPath, JSON.stringify(config));
+  const env = { LATCH_CONFIG: configPath };
+  const json = JSON.stringify({ 'kubernetes.io/fsType': '', 'kubernetes.io/pvOrVolumeName': 'pv-warm', 'kubernetes.io/readwrite': 'rw' });
+  const calls: [string, string[]][] = [
+    ['init', []],
+    ['getvolumename', [json]],
+    ['attach', [json, 'warm-node']],
+    ['isattached', [json, 'warm-node']],
+  ];
+  for (let round = 0; round < 3; round++) {
+    for (const [op, argv] of calls) {
+      const log = {};
+      let logFile: { logFile: string; logMaxBytes: number } | undefined;
+      const reply = await answerCall(op, argv, log, (c) => (logFile = c), env);
+      if (reply.status !== 'Success') throw new Error(`warm-up ${op}: ${reply.message ?? reply.status}`);
+      if (logFile) writeLog(logFile, { op, args: redactArgs(argv), ...log, status: reply.status }, op !== 'init');
+      encodeReply(reply);
     }
-  } finally {
-    rmSync(dir, { recursive: true, force: true });
   }
 }

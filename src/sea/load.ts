@@ -14,7 +14,7 @@ export const ADMIN_ASSET = 'latch.js';
 /** What src/sea/driver.ts exports. */
 export interface DriverBundle {
   runDriverCall(op: string, argv: string[], startup: StartupFacts): Promise<void>;
-  warmUp(): Promise<void>;
+  warmUp(dir: string): Promise<void>;
 }
 
 /**
