@@ -79,7 +79,7 @@ export async function installedState(file: string): Promise<InstalledState> {
 }
 
 // Every latch build, old and new, bundle and single executable, carries the ledger's apiVersion as text (the single
-// executable keeps the bundle's source in its startup snapshot): another vendor's driver of the same name does not.
+// executable embeds the bundles' source as assets): another vendor's driver of the same name does not.
 const LATCH_SIGNATURE = Buffer.from('latch/v1');
 
 /** Whether the file at the driver's path is a latch build (and may be replaced by one), read in chunks. */

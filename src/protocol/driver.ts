@@ -84,8 +84,8 @@ export async function runDriverCall(op: string, argv: string[], startup: Startup
 
 /**
  * The reply to one call, without the process around it (stray output, signals, deadline, log line, exit): the
- * single executable's build runs it on a scratch configuration, so that its startup snapshot holds this path
- * compiled. `configured` gets the configuration as soon as it is read, for the log line.
+ * single executable's build runs it on a scratch configuration, so that its code cache holds this path compiled
+ * (src/sea/driver.ts). `configured` gets the configuration as soon as it is read, for the log line.
  */
 export async function answerCall(
   op: string,
