@@ -44,7 +44,18 @@ export function planFilesystem({ doc, found, wanted, mayFormat, node }: Filesyst
   return { format: wanted ?? doc.spec.fsType };
 }
 
-/** Returns the filesystem to mount on `device`, making one as planFilesystem decides, and records it in the ledger. */
+/**
+ * Returns the filesystem to mount on `device`, making one as planFilesystem decides, and records it in the ledger.
+ * The caller holds the node's volume lock (node/lock.ts).
+ *
+ * One blkid decides, and no second one runs right before mkfs (it cost 7-10 ms a format): nothing can write a
+ * signature to the device in between. Every latch call that mounts, formats, or sets up the volume on this node holds
+ * the node's volume lock; no other node holds the volume (planFilesystem refuses to format while another node has a
+ * hold, read-only ones included, and the ledger grants a read-write volume to one node at a time); nothing of the
+ * volume is mounted here (mountVolumeAt found the path empty, and a mounted device would have shown its filesystem).
+ * What is left is a process outside latch writing to the raw device, which a second probe a few milliseconds before
+ * mkfs could not have excluded either.
+ */
 export async function ensureFilesystem(
   ctx: Context,
   doc: VolumeDoc,
