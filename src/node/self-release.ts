@@ -11,7 +11,8 @@
 // Where it runs: in the failing call itself (setUpDevice), in the next node call (a marker file per volume that a
 // waitforattach or mount writes before it claims the grant and removes once the device is recorded: a call that dies
 // in between leaves it behind), and in `latch agent` for every hold of this node.
-import { mkdir, readdir, unlink, writeFile } from 'node:fs/promises';
+import { readdirSync } from 'node:fs';
+import { mkdir, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Config } from '../config.js';
 import type { Context } from '../context.js';
@@ -108,7 +109,8 @@ export async function clearHoldToCheck(config: Pick<Config, 'stateDir' | 'nodeNa
 export async function releaseMarkedHolds(ctx: Context): Promise<void> {
   let names: string[];
   try {
-    names = await readdir(markerDir(ctx.config));
+    // Inline, as the file store reads: a small local directory, read by every node call, mostly to find it missing.
+    names = readdirSync(markerDir(ctx.config));
   } catch {
     return;
   }
