@@ -88,14 +88,17 @@ export class LoopBackend implements Backend, SnapshotBackend {
     }
 
     // The image is made full-size under a private name and then linked into place: link() never replaces an
-    // existing file, so a concurrent create can neither clobber an image nor see a half-made one.
+    // existing file, so a concurrent create can neither clobber an image nor see a half-made one. Only the pool
+    // directory is fsynced, after the link: the image holds no data, and link() changes the inode itself (its link
+    // count), so the commit that makes the new name durable carries the inode with its size and mode (a journal
+    // commits whole transactions in order; btrfs logs the inode of a new name). An fsync of the image first would
+    // be a second journal commit that protects nothing more.
     const temp = join(this.poolDir, `.${imageFileName(volume)}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
     const handle = await open(temp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o600);
     try {
       try {
         await handle.chmod(0o600);
         await handle.truncate(sizeBytes);
-        await handle.sync();
       } finally {
         await handle.close();
       }
