@@ -32,6 +32,12 @@ export interface Backend {
    * fail at once (for rbd-fuse, abort its FUSE connection), so that unmounting and releasing cannot hang on it.
    */
   cutOff?(volume: string): Promise<void>;
+  /**
+   * True only when the volume's set-up `device` provably reads as zeros from start to end, so that it holds no
+   * filesystem, partition table or other signature, proven from kernel and file state without reading the device;
+   * false when that is not proven (the caller then probes with blkid). Optional: a backend without it is probed.
+   */
+  isBlank?(volume: string, device: string): Promise<boolean>;
   /** Tears down the volume's device if it has one. Idempotent. Only ever touches devices backed by this pool. */
   release(volume: string): Promise<void>;
   /** Grows the storage to `sizeBytes` and refreshes the device's capacity if one is set up. Refuses to shrink. */

@@ -44,7 +44,18 @@ export function planFilesystem({ doc, found, wanted, mayFormat, node }: Filesyst
   return { format: wanted ?? doc.spec.fsType };
 }
 
-/** Returns the filesystem to mount on `device`, making one as planFilesystem decides, and records it in the ledger. */
+/**
+ * Returns the filesystem to mount on `device`, making one as planFilesystem decides, and records it in the ledger.
+ * The caller holds the node's volume lock (node/lock.ts).
+ *
+ * One look decides (the backend's proof that the device is blank, else blkid), and no second blkid runs right before
+ * mkfs (it cost 7-10 ms a format): nothing can write a signature to the device in between. Every latch call that
+ * mounts, formats or sets up the volume on this node holds the node's volume lock; no other node holds the volume
+ * (planFilesystem refuses to format while another node has a hold, read-only ones included, and the ledger grants a
+ * read-write volume to one node at a time); nothing of the volume is mounted here (mountVolumeAt found the path
+ * empty, and a device mounted elsewhere would have shown its filesystem). What is left is a process outside latch
+ * writing to the raw device, which a second probe a few milliseconds before mkfs could not have excluded either.
+ */
 export async function ensureFilesystem(
   ctx: Context,
   doc: VolumeDoc,
@@ -52,7 +63,9 @@ export async function ensureFilesystem(
   wanted: FsType | undefined,
   mayFormat: boolean,
 ): Promise<string> {
-  const found = await ctx.system.probeFsType(device);
+  // A device its backend proves blank needs no blkid (loop: a fresh image, with no block written).
+  const blank = ctx.backend.isBlank ? await ctx.backend.isBlank(doc.name, device) : false;
+  const found = blank ? undefined : await ctx.system.probeFsType(device);
   const plan = planFilesystem({ doc, found, wanted, mayFormat, node: ctx.config.nodeName });
   if ('format' in plan) await ctx.system.makeFs(device, plan.format);
   const fsType = 'format' in plan ? plan.format : plan.use;

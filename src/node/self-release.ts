@@ -11,7 +11,8 @@
 // Where it runs: in the failing call itself (setUpDevice), in the next node call (a marker file per volume that a
 // waitforattach or mount writes before it claims the grant and removes once the device is recorded: a call that dies
 // in between leaves it behind), and in `latch agent` for every hold of this node.
-import { mkdir, readdir, unlink, writeFile } from 'node:fs/promises';
+import { readdirSync } from 'node:fs';
+import { mkdir, open, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Config } from '../config.js';
 import type { Context } from '../context.js';
@@ -92,8 +93,14 @@ function markerDir(config: Pick<Config, 'stateDir' | 'nodeName'>): string {
 /** Before claiming a grant: if this call dies before the device is recorded, the next call here checks the hold. */
 export async function markHoldToCheck(config: Pick<Config, 'stateDir' | 'nodeName'>, name: string): Promise<void> {
   const dir = markerDir(config);
-  await mkdir(dir, { recursive: true, mode: 0o700 });
-  await writeFile(join(dir, checkVolumeName(name)), '', { mode: 0o600 });
+  const file = join(dir, checkVolumeName(name));
+  // The directory is made on its first use only: one open where a mkdir -p and a write took five round trips.
+  const handle = await open(file, 'w', 0o600).catch(async (err: NodeJS.ErrnoException) => {
+    if (err.code !== 'ENOENT') throw err;
+    await mkdir(dir, { recursive: true, mode: 0o700 });
+    return open(file, 'w', 0o600);
+  });
+  await handle.close();
 }
 
 /** The hold is settled (the device is recorded, or the hold is gone): nothing for the next call to check. */
@@ -108,7 +115,8 @@ export async function clearHoldToCheck(config: Pick<Config, 'stateDir' | 'nodeNa
 export async function releaseMarkedHolds(ctx: Context): Promise<void> {
   let names: string[];
   try {
-    names = await readdir(markerDir(ctx.config));
+    // Inline, as the file store reads: a small local directory, read by every node call, mostly to find it missing.
+    names = readdirSync(markerDir(ctx.config));
   } catch {
     return;
   }

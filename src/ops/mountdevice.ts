@@ -1,9 +1,10 @@
 // mountdevice <deviceMountPath> <devicePath> <json> (node): put a filesystem on the volume only if it has none,
-// mount it at kubelet's global path, and check with findmnt that the right device is mounted there.
+// mount it at kubelet's global path, and check in the kernel's mount table that the right device is mounted there.
 import { realpath } from 'node:fs/promises';
 import { path, volumeOptions } from '../contract/args.js';
 import { failure, success } from '../contract/reply.js';
 import { isInUse } from '../ledger/arbitrate.js';
+import { withVolumeLock } from '../node/lock.js';
 import { mountVolumeAt } from '../node/mount.js';
 import { defineOp } from './op.js';
 
@@ -37,12 +38,16 @@ export const op = defineOp({
     ctx.log.device = device;
 
     const readOnly = json.readOnly || entry.readOnly;
-    await mountVolumeAt(ctx, doc, device, deviceMountPath, {
-      fsType: json.fsType,
-      mountOptions: json.mountOptions,
-      readOnly,
-      mayFormat: !readOnly,
-    });
+    // Under the node's volume lock, as every call that mounts or formats the volume here: the filesystem's one probe
+    // stays true until mkfs (node/filesystem.ts).
+    await withVolumeLock(ctx.config, name, () =>
+      mountVolumeAt(ctx, doc, device, deviceMountPath, {
+        fsType: json.fsType,
+        mountOptions: json.mountOptions,
+        readOnly,
+        mayFormat: !readOnly,
+      }),
+    );
     return success();
   },
 });

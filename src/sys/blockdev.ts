@@ -31,15 +31,12 @@ export async function probeFsType(device: string): Promise<string | undefined> {
 }
 
 /**
- * Creates a filesystem on `device`. Refuses when blkid already finds something there: this is the last guard
- * against formatting data (mkfs.ext4 -F would not ask).
+ * Creates a filesystem on `device`, whatever it holds (mkfs.ext4 -F would not ask, nor does mke2fs without a
+ * terminal). Only for a device that probeFsType has just found blank, with nothing else able to write to it since:
+ * node/filesystem.ts (ensureFilesystem) is the one caller, and says why nothing can.
  */
 export async function makeFs(device: string, fsType: string): Promise<void> {
   const dev = checkDevicePath(device);
-  const existing = await probeFsType(dev);
-  if (existing !== undefined) {
-    throw new LatchError(`refusing to format ${dev} as ${fsType}: it already holds a ${existing} filesystem`);
-  }
   if (!isFsType(fsType)) {
     throw new LatchError(`cannot create a ${JSON.stringify(fsType)} filesystem: supported types are ${FS_TYPES.join(', ')}`);
   }

@@ -1,6 +1,8 @@
 // Loop devices. The kernel already says which file backs which device (/sys/block/loopN/loop/backing_file), so
-// listing spawns nothing; losetup is only run to change state.
-import { readdir, readFile } from 'node:fs/promises';
+// listing spawns nothing; losetup is only run to change state. /sys is read synchronously: a host may have dozens of
+// loop devices, and each asynchronous read is a round trip through libuv's thread pool (measured: 2.5-5 ms to list
+// 70 devices, against 0.3 ms read inline, and a lifecycle lists them five times). sysfs reads never block on I/O.
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { isAbsolute } from 'node:path';
 import { LatchError } from '../errors.js';
 import { CommandError, run } from './run.js';
@@ -24,12 +26,12 @@ const DETACH_SETTLE_MS = 2_000;
 export async function listLoopDevices(): Promise<LoopDevice[]> {
   let names: string[];
   try {
-    names = await readdir('/sys/block');
+    names = readdirSync('/sys/block');
   } catch {
     return [];
   }
   const loops = names.filter((name) => /^loop[0-9]+$/.test(name)).sort((a, b) => Number(a.slice(4)) - Number(b.slice(4)));
-  const found = await Promise.all(loops.map((name) => readLoop(name)));
+  const found = loops.map((name) => readLoop(name));
   return found.filter((entry): entry is LoopDevice => entry !== undefined);
 }
 
@@ -106,7 +108,7 @@ export async function detachLoop(device: string, expectedBackingFile?: string): 
 export async function loopDirectIo(device: string): Promise<boolean> {
   checkLoopDevice(device);
   try {
-    return (await readFile(`/sys/block/${device.slice('/dev/'.length)}/loop/dio`, 'utf8')).trim() === '1';
+    return readFileSync(`/sys/block/${device.slice('/dev/'.length)}/loop/dio`, 'utf8').trim() === '1';
   } catch {
     return false;
   }
@@ -122,16 +124,18 @@ export async function refreshLoopCapacity(device: string, options: { timeoutMs?:
 export async function loopSizeBytes(device: string): Promise<number> {
   checkLoopDevice(device);
   try {
-    return Number((await readFile(`/sys/block/${device.slice('/dev/'.length)}/size`, 'utf8')).trim()) * 512;
+    return Number(readFileSync(`/sys/block/${device.slice('/dev/'.length)}/size`, 'utf8').trim()) * 512;
   } catch {
     return 0;
   }
 }
 
-async function readLoop(name: string): Promise<LoopDevice | undefined> {
+function readLoop(name: string): LoopDevice | undefined {
+  // Most loop devices of a host are not set up: asked first, as a failed read's exception costs ten times more.
+  if (!existsSync(`/sys/block/${name}/loop`)) return undefined;
   let raw: string;
   try {
-    raw = await readFile(`/sys/block/${name}/loop/backing_file`, 'utf8');
+    raw = readFileSync(`/sys/block/${name}/loop/backing_file`, 'utf8');
   } catch {
     return undefined; // no loop/ directory: the device is not set up
   }
@@ -140,7 +144,7 @@ async function readLoop(name: string): Promise<LoopDevice | undefined> {
   if (deleted) backingFile = backingFile.slice(0, -DELETED_SUFFIX.length);
   let autoclear = false;
   try {
-    autoclear = (await readFile(`/sys/block/${name}/loop/autoclear`, 'utf8')).trim() === '1';
+    autoclear = readFileSync(`/sys/block/${name}/loop/autoclear`, 'utf8').trim() === '1';
   } catch {
     // Detached between the two reads; the backing file we read is still what it was.
   }

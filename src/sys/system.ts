@@ -3,25 +3,12 @@
 // every op's decisions run without root.
 import { growFs, makeFs, probeFsType } from './blockdev.js';
 import { effectiveCapabilities } from './capabilities.js';
-import {
-  bindMount,
-  findmnt,
-  isDeviceMounted,
-  mount,
-  mountsAt,
-  readMountInfo,
-  umount,
-  type FindmntEntry,
-  type MountInfo,
-  type MountOptions,
-} from './mounts.js';
+import { bindMount, isDeviceMounted, mount, mountsAt, readMountInfo, umount, type MountInfo, type MountOptions } from './mounts.js';
 
 export interface System {
   readMountInfo(): Promise<MountInfo[]>;
   /** The mounts stacked exactly at `path`, bottom first (from `table` when given). */
   mountsAt(path: string, table?: MountInfo[]): Promise<MountInfo[]>;
-  /** What findmnt(8) shows at `path`: a second opinion after mounting. */
-  findmnt(path: string): Promise<FindmntEntry | undefined>;
   mount(device: string, path: string, options: MountOptions): Promise<void>;
   bindMount(source: string, target: string, readOnly: boolean): Promise<void>;
   /** Unmounts the topmost mount at `path`; false when nothing was mounted there. */
@@ -36,7 +23,6 @@ export interface System {
 export const hostSystem: System = {
   readMountInfo,
   mountsAt,
-  findmnt,
   mount,
   bindMount,
   umount: (path) => umount(path),

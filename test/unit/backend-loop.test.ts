@@ -1,7 +1,20 @@
 import assert from 'node:assert/strict';
 import { execFile, execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { chmodSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, statfsSync, writeFileSync } from 'node:fs';
+import {
+  chmodSync,
+  closeSync,
+  mkdirSync,
+  mkdtempSync,
+  openSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  statSync,
+  statfsSync,
+  writeFileSync,
+  writeSync,
+} from 'node:fs';
 import { join, resolve } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { promisify } from 'node:util';
@@ -217,6 +230,46 @@ describe('LoopBackend', { skip: notRoot }, () => {
     assert.equal(await empty.size('vol-a'), undefined);
     await empty.release('vol-a');
     await empty.delete('vol-a');
+  });
+
+  it('proves a fresh image blank, and nothing else: not once a byte is written (synced or not), nor after mkfs', async () => {
+    await backend.create('vol-blank', 64 * MiB);
+    await backend.create('vol-other', 64 * MiB);
+    const device = await backend.attach('vol-blank');
+    const other = await backend.attach('vol-other');
+    assert.equal(await backend.isBlank('vol-blank', device), true);
+    assert.equal(await backend.isBlank('vol-blank', other), false, "another volume's device");
+    assert.equal(await backend.isBlank('vol-blank', '/dev/loop999999'), false, 'a device that is not set up');
+
+    // One byte written through the device and left in its page cache (the descriptor stays open, nothing synced).
+    const fd = openSync(device, 'r+');
+    try {
+      writeSync(fd, Buffer.from([1]), 0, 1, 40 * MiB);
+      assert.equal(await backend.isBlank('vol-blank', device), false);
+    } finally {
+      closeSync(fd);
+    }
+
+    execFileSync('mkfs.ext4', ['-q', '-F', '-E', 'lazy_itable_init=1,lazy_journal_init=1', other]);
+    assert.equal(await backend.isBlank('vol-other', other), false, 'a formatted device');
+
+    await backend.release('vol-blank');
+    await backend.release('vol-other');
+    await backend.delete('vol-blank');
+    await backend.delete('vol-other');
+  });
+
+  it('proves nothing for a device whose image was replaced under it', async () => {
+    await backend.create('vol-swap', 64 * MiB);
+    const device = await backend.attach('vol-swap');
+    const image = join(pool, 'vol-swap.img');
+    renameSync(image, `${image}.old`);
+    execFileSync('truncate', ['-s', '64M', image]);
+    assert.equal(statSync(image).blocks, 0);
+    assert.equal(await backend.isBlank('vol-swap', device), false, 'the device still reads the old image');
+    await backend.release('vol-swap');
+    rmSync(`${image}.old`);
+    await backend.delete('vol-swap');
   });
 
   it('sets the device up with direct I/O on the image and 512-byte sectors: reads leave no copy of the image cached', async () => {

@@ -188,6 +188,24 @@ describe('mountdevice', () => {
     assert.equal(nodeA.fake.mountsOf(device).length, 1);
   });
 
+  it('formats a blank device once when two mountdevice calls race (one probe decides, under the volume lock)', async () => {
+    const { cluster, cp, nodeA } = setup();
+    const device = await attachAndWait(cp, nodeA, PV1);
+    const paths = [nodeA.globalPath('pv-1'), `${nodeA.globalPath('pv-1')}-again`];
+    // Each mkfs takes a while, so that unlocked calls would both find the device blank before either has formatted.
+    nodeA.fake.intercept('makeFs', async () => {
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    });
+    const replies = await Promise.all(paths.map(async (path) => (await nodeA.call('mountdevice', [path, device, PV1])).reply));
+    assert.deepEqual(replies, [{ status: 'Success' }, { status: 'Success' }]);
+    assert.deepEqual(nodeA.fake.callsOf('makeFs'), [[device, 'ext4']]);
+    assert.deepEqual(
+      paths.map((path) => nodeA.fake.topAt(path)?.source),
+      [device, device],
+    );
+    assert.equal((await cluster.mustDoc('pv-1')).status.filesystem, 'ext4');
+  });
+
   it('uses the filesystem a device already holds and never formats it', async () => {
     const { cluster, cp, nodeA } = setup();
     nodeA.fake.addVolume('pv-1', GiB, 'btrfs'); // made before latch managed it
@@ -257,14 +275,18 @@ describe('mountdevice', () => {
     assert.deepEqual(nodeA.fake.callsOf('makeFs'), []);
   });
 
-  it('undoes a mount that findmnt does not confirm', async () => {
+  it('undoes a mount that the mount table does not confirm', async () => {
     const { cp, nodeA } = setup();
     const device = await attachAndWait(cp, nodeA, PV1);
     const path = nodeA.globalPath('pv-1');
-    nodeA.fake.intercept('findmnt', (p) => ({ result: { source: '/dev/sdz', target: p, fsType: 'ext4', options: ['rw'] } }), 1);
+    // Once something is mounted at the path, the table shows another device there.
+    nodeA.fake.intercept('mountsAt', (p) => {
+      const top = nodeA.fake.topAt(p);
+      return top ? { result: [{ ...top, source: '/dev/sdz' }] } : undefined;
+    });
     assert.deepEqual((await nodeA.call('mountdevice', [path, device, PV1])).reply, {
       status: 'Failure',
-      message: `after mounting, findmnt shows /dev/sdz at ${path} instead of ${device}; undone`,
+      message: `after mounting, the mount table shows /dev/sdz at ${path} instead of ${device}; undone`,
     });
     assert.equal(nodeA.fake.topAt(path), undefined);
     assert.deepEqual(nodeA.fake.callsOf('umount'), [[path]]);

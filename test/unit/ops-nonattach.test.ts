@@ -194,16 +194,20 @@ describe('mount (non-attach mode)', () => {
     assert.equal(nodeA.fake.topAt(stagingPath(nodeA.config, 'pv-1')), undefined);
   });
 
-  it("undoes only its own ticket when another pod's mount keeps the device (a bind findmnt does not confirm)", async () => {
+  it("undoes only its own ticket when another pod's mount keeps the device (a bind the mount table does not confirm)", async () => {
     const { cluster, nodeA } = setup();
     const first = await mountPod(nodeA, 'uid-1');
     succeeded(first);
     const podDir2 = nodeA.podDir('uid-2', 'pv-1');
-    nodeA.fake.intercept('findmnt', (p) => (p === podDir2 ? { result: undefined } : undefined));
+    // Once the bind is there, the table shows a subdirectory of the device at the pod dir, not its root.
+    nodeA.fake.intercept('mountsAt', (p) => {
+      const top = p === podDir2 ? nodeA.fake.topAt(p) : undefined;
+      return top ? { result: [{ ...top, root: '/lost+found' }] } : undefined;
+    });
     const { reply } = await nodeA.call('mount', [podDir2, podOptions('pv-1', { uid: 'uid-2' })]);
     assert.deepEqual(reply, {
       status: 'Failure',
-      message: `after the bind mount, findmnt shows nothing at ${podDir2} instead of /dev/fake0; undone`,
+      message: `after the bind mount, the mount table shows /dev/fake0[/lost+found] at ${podDir2} instead of /dev/fake0; undone`,
     });
     const doc = await cluster.mustDoc('pv-1');
     assert.deepEqual(Object.keys(doc.spec.tickets), [podTicket('pv-1', 'node-a', 'uid-1')]);

@@ -104,7 +104,6 @@ describe('real mounts', { skip: notRoot }, () => {
       assert.equal(await probeFsType(device), undefined);
       await makeFs(device, 'ext4');
       assert.equal(await probeFsType(device), 'ext4');
-      await assert.rejects(makeFs(device, 'ext4'), /refusing to format .* already holds a ext4 filesystem/);
 
       assert.equal(await isMountPoint(target), false);
       assert.equal(await findmnt(target), undefined);

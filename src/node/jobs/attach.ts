@@ -6,6 +6,7 @@
 import { isAbsolute, normalize } from 'node:path';
 import { stat } from 'node:fs/promises';
 import { LatchError } from '../../errors.js';
+import { verifyMount } from '../mount.js';
 import type { JobHandler, JobOf, JobRun } from './types.js';
 
 export const attachJob: JobHandler<'attach'> = {
@@ -32,11 +33,7 @@ export const attachJob: JobHandler<'attach'> = {
       );
     }
     await ctx.system.mount(device, path, { fsType, options: [], readOnly });
-    const check = await ctx.system.findmnt(path);
-    if (check?.source !== device) {
-      await ctx.system.umount(path);
-      throw new LatchError(`after mounting, findmnt shows ${check?.source ?? 'nothing'} at ${path} instead of ${device}; undone`);
-    }
+    await verifyMount(ctx, path, device, 'after mounting');
     await ctx.ledger.recordFilesystem(volume, fsType);
     return {
       message: `volume ${volume} (${device}, ${fsType}) is mounted at ${path}${readOnly ? ' read-only' : ''}`,
