@@ -30,9 +30,8 @@ export default defineConfig(
         { argsIgnorePattern: '^_', varsIgnorePattern: '^_', caughtErrorsIgnorePattern: '^_', destructuredArrayIgnorePattern: '^_' },
       ],
       // Deliberate require()s: the configuration's schema, loaded on first use (config.ts: zod costs more than the rest
-      // of a driver call), node:sea, which a single-executable's main script cannot import() (config.ts, on Node
-      // versions without it), and node:child_process (sys/run.ts).
-      '@typescript-eslint/no-require-imports': ['error', { allow: ['^\\./config-schema\\.js$', '^node:sea$', '^node:child_process$'] }],
+      // of a driver call), and node:sea, which Node versions before 20.12 do not have (config.ts).
+      '@typescript-eslint/no-require-imports': ['error', { allow: ['^\\./config-schema\\.js$', '^node:sea$'] }],
       // Off: an `async` function without `await` is how an op, a store or a test double implements an async
       // interface, so that a throw becomes a rejection like everywhere else (ops' run, EtcdStore.close, fakes).
       '@typescript-eslint/require-await': 'off',

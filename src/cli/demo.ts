@@ -155,7 +155,7 @@ export async function demo(options: DemoOptions, io: CommandIO): Promise<number>
       config: nodeA,
       args: ['mountdevice', globalMount, deviceA, options],
       expect: success,
-      note: 'blank device: formatted ext4, mounted, checked with findmnt',
+      note: 'blank device: formatted ext4, mounted, checked in the mount table',
     });
     const text = `written on node-a at ${new Date().toISOString()}\n`;
     await writeFile(join(globalMount, 'hello.txt'), text);

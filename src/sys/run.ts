@@ -1,7 +1,7 @@
 // The one place that spawns child processes. Every child gets an argument array (never a shell), its own process
 // group, captured stdout/stderr (the driver's stdout carries only its JSON reply) and a deadline after which the
 // whole group is killed: kubelet gives most FlexVolume calls no timeout, so a hung mkfs would hang a volume forever.
-import type * as ChildProcess from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { constants, existsSync, readdirSync, readFileSync } from 'node:fs';
 import { access, stat } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -129,8 +129,7 @@ export async function run(command: string, args: string[], options: RunOptions =
   const setpriv = setprivPath();
   const [file, argv] = setpriv ? [setpriv, ['--pdeathsig', 'SIGKILL', '--', executable, ...args]] : [executable, args];
 
-  const { spawn } = childProcess();
-  const child = spawnCollecting(spawn, file, argv, {
+  const child = spawnCollecting(file, argv, {
     input: options.input,
     env: { ...process.env, LC_ALL: 'C', PATH: path },
   });
@@ -208,15 +207,6 @@ export async function run(command: string, args: string[], options: RunOptions =
   return { stdout, stderr, exitCode, durationMs };
 }
 
-/**
- * node:child_process, loaded on first use: not at the top, because the single executable's startup snapshot must not
- * hold its state (Node does not support it there), and not with import(), which esbuild leaves in the bundle for
- * a built-in and which the single executable cannot run.
- */
-function childProcess(): typeof ChildProcess {
-  return require('node:child_process') as typeof ChildProcess;
-}
-
 interface Collected {
   stdout: string;
   stderr: string;
@@ -235,7 +225,6 @@ interface Collected {
  * (measured: 10-25 ms of a call's CPU, more than the tool itself), and this is all of it that latch needs.
  */
 function spawnCollecting(
-  spawn: typeof ChildProcess.spawn,
   file: string,
   argv: string[],
   options: { input: string | undefined; env: NodeJS.ProcessEnv },
@@ -310,7 +299,6 @@ export async function startDaemon(command: string, args: string[], options: { ti
   }
   const setpriv = setprivPath();
   const [file, argv] = setpriv ? [setpriv, ['--pdeathsig', 'SIGKILL', '--', executable, ...args]] : [executable, args];
-  const { spawn } = childProcess();
   const started = performance.now();
   const child = spawn(file, argv, {
     detached: true,
@@ -376,7 +364,7 @@ function checkArgv(command: string, args: string[]): void {
 
 let setprivFound: string | null | undefined;
 
-/** util-linux's setpriv, looked up on first use (never at load time: the startup snapshot is built elsewhere). */
+/** util-linux's setpriv, looked up on first use (once a call runs a child). */
 function setprivPath(): string | undefined {
   setprivFound ??= ['/usr/bin/setpriv', '/bin/setpriv'].find((p) => existsSync(p)) ?? null;
   return setprivFound ?? undefined;

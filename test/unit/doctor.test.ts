@@ -162,12 +162,12 @@ describe('doctor', () => {
 
   test('missing tools: required ones are errors, those of other allowed filesystems and growing are warnings', async () => {
     const e = await environment({ allowedFsTypes: ['ext4', 'xfs', 'btrfs'] });
-    rmSync(join(defined(e.env.LATCH_TOOL_PATH), 'findmnt'));
+    rmSync(join(defined(e.env.LATCH_TOOL_PATH), 'blkid'));
     const report = await doctor(e);
     const errors = findings(report, 'tools', 'error');
     assert.deepEqual(
       errors.map((f) => f.message.split(' ')[0]),
-      ['findmnt'],
+      ['blkid'],
     );
     assert.equal(errors[0]!.fix, 'apt-get install -y util-linux');
     const warnings = findings(report, 'tools', 'warning');

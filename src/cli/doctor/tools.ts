@@ -21,7 +21,6 @@ const BASE_TOOLS: ToolSpec[] = [
   { tool: 'blkid', deb: 'util-linux', rpm: 'util-linux', why: 'finds existing filesystems (never format over one)', severity: 'error' },
   { tool: 'mount', deb: 'mount', rpm: 'util-linux', why: 'mounts volumes', severity: 'error' },
   { tool: 'umount', deb: 'mount', rpm: 'util-linux', why: 'unmounts volumes', severity: 'error' },
-  { tool: 'findmnt', deb: 'util-linux', rpm: 'util-linux', why: 'verifies mounts', severity: 'error' },
   {
     tool: 'setpriv',
     deb: 'util-linux',
