@@ -238,7 +238,19 @@ async function buildSea(outfile) {
     const runtime = join(work, 'runtime');
     const { loader, libraries } = collectRuntime(runtime);
     const padded = (path) => `${'/'.repeat(RUNTIME_SLOT - 1 - path.length)}${path}`;
-    quietly(patchelf(), ['--set-interpreter', padded(loader), '--set-rpath', padded(libraries), '--force-rpath', exe]);
+    // --page-size 2 MiB: patchelf shifts the file's contents by a page to make room for the slots, and a shift of
+    // 4 KiB put node's code segment off the 2 MiB alignment it has between file and memory, so the kernel mapped it in
+    // small pages: 340 more page faults, 1.3-2.4 ms of CPU on every call (measured on copies of one executable).
+    quietly(patchelf(), [
+      '--page-size',
+      String(2 * 1024 * 1024),
+      '--set-interpreter',
+      padded(loader),
+      '--set-rpath',
+      padded(libraries),
+      '--force-rpath',
+      exe,
+    ]);
     // The runtime first: a bin/latch-sea never names libraries that are not beside it yet.
     rmSync(`${outfile}.runtime`, { recursive: true, force: true });
     renameSync(runtime, `${outfile}.runtime`);
