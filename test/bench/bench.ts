@@ -83,6 +83,33 @@ function runOnce(argv: string[], env: NodeJS.ProcessEnv, check?: (stdout: string
   return { ms, cpuMs, ...(rssKiB !== undefined && !Number.isNaN(rssKiB) && { rssKiB }) };
 }
 
+/**
+ * The largest RssAnon seen in /proc/PID/status while `argv` runs, over 5 runs: the memory a call has of its own. Peak
+ * RSS (from wait4) also counts the executable's page cache as mapped, in 2 MiB pieces where the kernel maps its code
+ * so (docs/performance.md), which is shared by every process running it and costs no memory per call.
+ */
+function peakAnonymousKiB(argv: string[], env: NodeJS.ProcessEnv): number {
+  let peak = 0;
+  for (let round = 0; round < 5; round++) {
+    const [file, ...args] = argv;
+    if (file === undefined) throw new Error('peakAnonymousKiB: no command');
+    const child = spawn(file, args, { env, stdio: 'ignore' });
+    // Read as fast as the loop goes until the process is a zombie (its memory is gone) or reaped.
+    for (;;) {
+      let status: string;
+      try {
+        status = readFileSync(`/proc/${child.pid}/status`, 'utf8');
+      } catch {
+        break;
+      }
+      if (/^State:\s+Z/m.test(status)) break;
+      const anon = /^RssAnon:\s+(\d+) kB/m.exec(status);
+      if (anon?.[1]) peak = Math.max(peak, Number(anon[1]));
+    }
+  }
+  return peak;
+}
+
 /** Measures several candidates interleaved: rep 1 of each, rep 2 of each, ... so drift hits all alike. */
 function measure(candidates: Record<string, () => Sample>): Record<string, Stats> {
   const samples: Record<string, Sample[]> = {};
@@ -187,6 +214,16 @@ function controlPlaneCalls(): void {
           target: '<= 60 MiB',
           pass: rss <= 60,
         });
+        const driver = drivers()[n.replace(/ init$/, '')];
+        if (driver) {
+          const anon = (cmd: string[]) => `${fmt(peakAnonymousKiB(cmd, env) / 1024)} MiB`;
+          figures.push({
+            section: 'calls',
+            what: `${n.replace(/ init$/, '')} isattached: peak anonymous memory (RssAnon, sampled; what RSS counts beyond the executable's shared page cache)`,
+            value: `${anon([...driver, 'isattached', json, 'node-a'])} (node -e 0: ${anon([NODE, '-e', '0'])})`,
+            target: '',
+          });
+        }
       }
     }
     table('Per-call wall time, CPU and peak RSS (wall medians, CPU means; ratios to bare `node -e 0`; target <= 1.10, RSS <= 60 MiB)', [
