@@ -10,7 +10,6 @@ import { detachLoop, setupLoop } from '../../src/sys/loop.js';
 import {
   bindMount,
   checkMountOptions,
-  findmnt,
   isMountPoint,
   mount,
   mountsAt,
@@ -18,6 +17,7 @@ import {
   umount,
   unescapeMountField,
 } from '../../src/sys/mounts.js';
+import { findmnt } from '../fixtures/findmnt.js';
 
 const notRoot = process.getuid?.() !== 0 ? 'needs root and loop devices' : false;
 
