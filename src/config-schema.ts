@@ -11,34 +11,8 @@ import { parseSize } from './size.js';
 const PLUGIN_DIR_MARKER = 'kubelet-plugins/volume/exec';
 
 /**
- * Adds a failed check to a transform's payload (zod/mini's transforms have no addIssue) and returns zod's marker for
- * "no value".
- */
-function failTransform(ctx: z.core.ParsePayload, message: string): never {
-  ctx.issues.push({ code: 'custom', message, input: ctx.value });
-  return z.NEVER;
-}
-
-/**
- * `schema.safeParse(raw)`, with zod's English messages for the checks that carry no message of ours ("Too big:
- * expected number to be <=480"). zod/mini has no messages until a locale is configured; the locale is configured
- * only when a value fails, since almost every call parses a valid configuration.
- */
-function parseWithMessages<S extends z.ZodMiniType>(schema: S, raw: unknown): ReturnType<S['safeParse']> {
-  // One parse per process: zod's compiled fast path for objects (new Function per object schema) would cost more
-  // than it saves.
-  z.config({ jitless: true });
-  const result = schema.safeParse(raw) as ReturnType<S['safeParse']>;
-  if (result.success || english) return result;
-  english = true;
-  z.config(z.locales.en());
-  return schema.safeParse(raw) as ReturnType<S['safeParse']>;
-}
-let english = false;
-
-/**
- * The configuration schema, in zod/mini: the same checks as zod's classic API in about a tenth of the code, which
- * matters because every driver call validates its configuration (evaluating classic zod cost a node start-up).
+ * The configuration schema, in zod/mini: the same checks as zod's classic API in about a tenth of the code (evaluating
+ * classic zod cost a node start-up, on each call that validates).
  */
 function buildSchema() {
   const absolutePath = z.pipe(
@@ -55,7 +29,9 @@ function buildSchema() {
       try {
         return parseSize(v);
       } catch (err) {
-        return failTransform(ctx, errorMessage(err));
+        // zod/mini's transforms have no addIssue.
+        ctx.issues.push({ code: 'custom', message: errorMessage(err), input: v });
+        return z.NEVER;
       }
     }),
   );
@@ -160,14 +136,27 @@ function buildSchema() {
 }
 
 let schema: ReturnType<typeof buildSchema> | undefined;
+let english = false;
 
 /**
  * The configuration as the schema reads it (defaults applied), or a ConfigError naming `source` and the field.
  * @public (config.ts requires this module on first use, which knip does not follow)
  */
 export function validateConfig(raw: unknown, source: string): z.output<ReturnType<typeof buildSchema>> {
-  schema ??= buildSchema();
-  const result = parseWithMessages(schema, raw);
+  if (!schema) {
+    // A process validates once or twice: zod's compiled fast path for objects (new Function per object schema)
+    // would cost more than it saves.
+    z.config({ jitless: true });
+    schema = buildSchema();
+  }
+  let result = schema.safeParse(raw);
+  if (!result.success && !english) {
+    // zod/mini has no messages for the checks that carry none of ours ("Too big: expected number to be <=480") until
+    // a locale is configured; configured only when a value fails, since almost every configuration is valid.
+    english = true;
+    z.config(z.locales.en());
+    result = schema.safeParse(raw);
+  }
   if (result.success) return result.data;
   const issue = result.error.issues[0];
   if (!issue) throw new ConfigError(`invalid configuration in ${source}`);
