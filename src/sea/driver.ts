@@ -10,7 +10,7 @@ export { runDriverCall } from '../protocol/driver.js';
 
 /**
  * Answers the control plane's calls (init, getvolumename, attach, isattached: the ones KCM and kubelet make all
- * the time) a few times on a scratch configuration and ledger in `dir`, so that V8 compiles their path (the
+ * the time) once each on a scratch configuration and ledger in `dir`, so that V8 compiles their path (the
  * configuration's validated copy, options, the file store, the ledger, the log line) and the code cache taken
  * afterwards holds its bytecode. The build runs it twice in two processes on the same `dir` and takes the cache of the
  * second: by then the configuration's copy and the attachment exist, so the cache holds what a steady call runs (not
@@ -29,14 +29,13 @@ export async function warmUp(dir: string): Promise<void> {
     ['attach', [json, 'warm-node']],
     ['isattached', [json, 'warm-node']],
   ];
-  for (let round = 0; round < 3; round++) {
-    for (const [op, argv] of calls) {
-      const log = {};
-      let logFile: { logFile: string; logMaxBytes: number } | undefined;
-      const reply = await answerCall(op, argv, log, (c) => (logFile = c), env);
-      if (reply.status !== 'Success') throw new Error(`warm-up ${op}: ${reply.message ?? reply.status}`);
-      if (logFile) writeLog(logFile, { op, args: redactArgs(argv), ...log, status: reply.status }, op !== 'init');
-      encodeReply(reply);
-    }
+  // Once is enough: V8 makes a function's bytecode when it first runs it, and that is what the cache holds.
+  for (const [op, argv] of calls) {
+    const log = {};
+    let logFile: { logFile: string; logMaxBytes: number } | undefined;
+    const reply = await answerCall(op, argv, log, (c) => (logFile = c), env);
+    if (reply.status !== 'Success') throw new Error(`warm-up ${op}: ${reply.message ?? reply.status}`);
+    if (logFile) writeLog(logFile, { op, args: redactArgs(argv), ...log, status: reply.status }, op !== 'init');
+    encodeReply(reply);
   }
 }
