@@ -177,6 +177,10 @@ chmodSync('bin/latch', 0o755);
 /** Bytes of the interpreter and RPATH slots (with their NUL); the longest path `latch install` can write there. */
 const RUNTIME_SLOT = 1024;
 
+/** The CommonJS module wrapper around each bundle asset of bin/latch-sea; src/sea/load.ts calls what it evaluates to. */
+const MODULE_BODY_HEAD = '(function (exports, require, module) {';
+const MODULE_BODY_TAIL = '\n})';
+
 if (process.argv.includes('--sea')) await buildSea('bin/latch-sea');
 
 /**
@@ -203,8 +207,11 @@ async function buildSea(outfile) {
       'latch-sea',
     ].map((name) => join(work, name));
     await build({ ...bundleOptions, entryPoints: ['src/sea/main.ts'], outfile: main });
-    await build({ ...bundleOptions, entryPoints: ['src/sea/driver.ts'], outfile: driver });
-    await build({ ...bundleOptions, outfile: admin });
+    // Wrapped as a module body here rather than at run time (src/sea/load.ts), so that a call compiles the asset's text
+    // as it is, without making a copy of it to wrap.
+    const asModuleBody = { banner: { js: MODULE_BODY_HEAD }, footer: { js: MODULE_BODY_TAIL } };
+    await build({ ...bundleOptions, ...asModuleBody, entryPoints: ['src/sea/driver.ts'], outfile: driver });
+    await build({ ...bundleOptions, ...asModuleBody, outfile: admin });
     await build({ ...bundleOptions, entryPoints: ['src/sea/warm.ts'], outfile: warm });
     // The node that the executable is a copy of, without the options a user's environment may give node: V8 takes a
     // code cache only from the same version with the same flags.
@@ -239,8 +246,10 @@ async function buildSea(outfile) {
     const { loader, libraries } = collectRuntime(runtime);
     const padded = (path) => `${'/'.repeat(RUNTIME_SLOT - 1 - path.length)}${path}`;
     // --page-size 2 MiB: patchelf shifts the file's contents by a page to make room for the slots, and a shift of
-    // 4 KiB put node's code segment off the 2 MiB alignment it has between file and memory, so the kernel mapped it in
-    // small pages: 340 more page faults, 1.3-2.4 ms of CPU on every call (measured on copies of one executable).
+    // 4 KiB would put node's code segment off the 2 MiB alignment it has between file and memory in the node it is a
+    // copy of. Where the page cache holds the file in 2 MiB folios (a file just written, on a filesystem that makes
+    // them), the kernel can then map the code in 2 MiB pages; read back from disk, it is mapped in 4 KiB pages either
+    // way (docs/performance.md, "The executable's page cache").
     quietly(patchelf(), [
       '--page-size',
       String(2 * 1024 * 1024),

@@ -14,15 +14,17 @@ export const ADMIN_ASSET = 'latch.js';
 /** What src/sea/driver.ts exports. */
 export interface DriverBundle {
   runDriverCall(op: string, argv: string[], startup: StartupFacts): Promise<void>;
-  warmUp(dir: string): Promise<void>;
+  warmUp(dir: string): Promise<never>;
 }
 
 /**
- * Compiles and evaluates a bundle; returns its exports. The file name and the wrapper must be the same at build
- * time and at run time: V8 takes a code cache only for the source it was made from.
+ * Compiles and evaluates a bundle, whose text build.mjs wrapped as a CommonJS module body
+ * (`(function (exports, require, module) {...})`), so that V8 compiles the asset as it is, with no copy made to wrap
+ * it; returns its exports. The file name must be the same at build time and at run time: V8 takes a code cache only
+ * for the source it was made from.
  */
 export function loadBundle<T>(name: string, source: string, cachedData?: Buffer): { exports: T; script: Script } {
-  const script = new Script(`(function (exports, require, module) {${source}\n})`, { filename: name, ...(cachedData && { cachedData }) });
+  const script = new Script(source, { filename: name, ...(cachedData && { cachedData }) });
   const module = { exports: {} as T };
   (script.runInThisContext() as (e: object, r: NodeJS.Require, m: object) => void)(module.exports as object, require, module);
   return { exports: module.exports, script };
