@@ -4,9 +4,9 @@ import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { encodeReply } from '../contract/reply.js';
 import { redactArgs, writeLog } from '../log.js';
-import { answerCall } from '../protocol/driver.js';
+import { answerCall, runDriverCall } from '../protocol/driver.js';
 
-export { runDriverCall } from '../protocol/driver.js';
+export { runDriverCall };
 
 /**
  * Answers the control plane's calls (init, getvolumename, attach, isattached: the ones KCM and kubelet make all
@@ -16,8 +16,12 @@ export { runDriverCall } from '../protocol/driver.js';
  * second: by then the configuration's copy and the attachment exist, so the cache holds what a steady call runs (not
  * zod, which only a first call needs) and nothing else a call would have to deserialize. These calls run no child
  * process; nothing of the build host stays in the cache, which is code, not data.
+ *
+ * The last call is a whole one, through runDriverCall (stray output, signal handlers, deadline, log line, reply), so
+ * that the cache holds that path too: it ends the process, with the call's exit code, and src/sea/warm.ts takes the
+ * cache on the way out.
  */
-export async function warmUp(dir: string): Promise<void> {
+export async function warmUp(dir: string): Promise<never> {
   const configPath = join(dir, 'config.json');
   const config = { nodeName: 'warm-node', stateDir: join(dir, 'state'), poolDir: join(dir, 'pool'), logFile: join(dir, 'latch.log') };
   writeFileSync(configPath, JSON.stringify(config));
@@ -27,7 +31,6 @@ export async function warmUp(dir: string): Promise<void> {
     ['init', []],
     ['getvolumename', [json]],
     ['attach', [json, 'warm-node']],
-    ['isattached', [json, 'warm-node']],
   ];
   // Once is enough: V8 makes a function's bytecode when it first runs it, and that is what the cache holds.
   for (const [op, argv] of calls) {
@@ -38,4 +41,7 @@ export async function warmUp(dir: string): Promise<void> {
     if (logFile) writeLog(logFile, { op, args: redactArgs(argv), ...log, status: reply.status }, op !== 'init');
     encodeReply(reply);
   }
+  process.env.LATCH_CONFIG = configPath;
+  await runDriverCall('isattached', [json, 'warm-node']);
+  throw new Error('warm-up isattached: runDriverCall returned without ending the process');
 }
