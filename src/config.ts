@@ -145,12 +145,24 @@ export function loadDriverConfig(
   const { raw, source, text } = readConfigFile(env, {});
   if (text === undefined || build === undefined) return parseConfig(raw, source);
   const copyPath = join(dirname(source), `.${basename(source)}.validated`);
-  const host = hostname();
+  const host = hostName();
   const copy = readRemembered(copyPath);
   if (copy && copy.build === build && copy.hostname === host && copy.text === text && copy.config.source === source) return copy.config;
   const config = parseConfig(raw, source);
   if (remember) writeRemembered(copyPath, { build, hostname: host, text, config });
   return config;
+}
+
+/**
+ * The host name, as the kernel holds it for this process's UTS namespace: the file that os.hostname() reads through
+ * uname(2), without loading node:os (a module and three functions to compile on every call).
+ */
+function hostName(): string {
+  try {
+    return readFileSync('/proc/sys/kernel/hostname', 'utf8').trimEnd();
+  } catch {
+    return hostname(); // no /proc mounted
+  }
 }
 
 function readRemembered(path: string): RememberedConfig | undefined {
