@@ -23,6 +23,12 @@ import { cleanUp, loopIo, rbdIo } from './io.js';
 const ROOT = join(__dirname, '..', '..');
 const NODE = process.execPath;
 const REPS = Number(process.env.BENCH_REPS ?? 15);
+/**
+ * The repetitions of single calls (the per-call costs, the ledger's scaling): the differences they must tell apart are
+ * a few percent of a 30 ms process, which this machine's noise hides in 15 (ratios moved by 0.05-0.1 between runs);
+ * single calls are cheap enough to run more.
+ */
+const CALL_REPS = Number(process.env.BENCH_CALL_REPS ?? 3 * REPS);
 const WARMUP = 3;
 const isRoot = process.getuid?.() === 0;
 const TIME = existsSync('/usr/bin/time') ? '/usr/bin/time' : undefined;
@@ -44,7 +50,7 @@ interface Stats {
   cpuMeanMs: number;
   rssKiB?: number;
 }
-const results: Record<string, unknown> = { machine: machine(), reps: REPS };
+const results: Record<string, unknown> = { machine: machine(), reps: REPS, callReps: CALL_REPS };
 const figures: Figure[] = [];
 const SECTIONS = ['calls', 'ledger', 'lifecycle', 'concurrent', 'io', 'rbd', 'backup'] as const;
 type Section = (typeof SECTIONS)[number];
@@ -110,10 +116,10 @@ function peakAnonymousKiB(argv: string[], env: NodeJS.ProcessEnv): number {
 }
 
 /** Measures several candidates interleaved: rep 1 of each, rep 2 of each, ... so drift hits all alike. */
-function measure(candidates: Record<string, () => Sample>): Record<string, Stats> {
+function measure(candidates: Record<string, () => Sample>, reps = REPS): Record<string, Stats> {
   const samples: Record<string, Sample[]> = {};
   for (const name of Object.keys(candidates)) samples[name] = [];
-  for (let i = 0; i < WARMUP + REPS; i++) {
+  for (let i = 0; i < WARMUP + reps; i++) {
     for (const [name, fn] of Object.entries(candidates)) {
       const s = fn();
       if (i >= WARMUP) samples[name]!.push(s);
@@ -188,7 +194,7 @@ function controlPlaneCalls(): void {
       candidates[`${name} isattached`] = () => runOnce([...cmd, 'isattached', json, 'node-a'], env, ok);
       candidates[`${name} attach (attached)`] = () => runOnce([...cmd, 'attach', json, 'node-a'], env, ok);
     }
-    const s = measure(candidates);
+    const s = measure(candidates, CALL_REPS);
     const base = s['node -e 0']!.median;
     const cpuBase = s['node -e 0']!.cpuMeanMs;
     results.controlPlane = s;
@@ -309,7 +315,7 @@ async function ledgerScaling(): Promise<void> {
       candidates[`${kind} isattached@${count}`] = () => runOnce([driver, 'isattached', json, 'node-a'], env, ok);
       candidates[`${kind} attach@${count}`] = () => runOnce([driver, 'attach', json, 'node-a'], env, ok);
     }
-    const s = measure(candidates);
+    const s = measure(candidates, CALL_REPS);
     out.stats = s;
     for (const kind of kinds) {
       for (const call of ['isattached', 'attach']) {
@@ -628,7 +634,9 @@ async function main(): Promise<void> {
   if (!existsSync(join(ROOT, 'bin/latch'))) throw new Error('bin/latch is missing: run npm run build first');
   const sea = join(ROOT, 'bin/latch-sea');
   if (existsSync(sea)) readBackFromDisk(sea);
-  console.log(`latch benchmark: ${REPS} repetitions after ${WARMUP} warm-up, interleaved; ${JSON.stringify(results.machine)}`);
+  console.log(
+    `latch benchmark: ${REPS} repetitions (single calls: ${CALL_REPS}) after ${WARMUP} warm-up, interleaved; ${JSON.stringify(results.machine)}`,
+  );
   if (!TIME) console.log('(no /usr/bin/time: peak RSS is not measured; apt-get install time)');
   if (only.has('calls')) controlPlaneCalls();
   if (only.has('ledger')) await ledgerScaling();
