@@ -70,19 +70,9 @@ export async function runDriverCall(op: string, argv: string[], startup: Startup
       finish(failure(`${op} was interrupted by ${signal}; it is safe to call it again`));
     });
   }
-  // Armed when the event loop first turns, for what is left of the deadline: a call that waits on nothing (init, or
-  // getvolumename and isattached on the file store, which reads synchronously) replies within the microtasks after
-  // the main script and never reaches a timer, so it does not load Node's timer machinery (17 functions to compile on
-  // every call); one that waits (a child, etcd, fs/promises) turns the loop at its first wait.
-  setImmediate(() => {
-    const elapsedMs = Number((process.hrtime.bigint() - started) / 1_000_000n);
-    setTimeout(
-      () => {
-        killAllChildren();
-        finish(failure(`${op} did not finish within ${CALL_DEADLINE_MS / 60000} minutes; it is safe to call it again`));
-      },
-      Math.max(0, CALL_DEADLINE_MS - elapsedMs),
-    );
+  armDeadline(started, CALL_DEADLINE_MS, () => {
+    killAllChildren();
+    finish(failure(`${op} did not finish within ${CALL_DEADLINE_MS / 60000} minutes; it is safe to call it again`));
   });
 
   try {
@@ -90,6 +80,20 @@ export async function runDriverCall(op: string, argv: string[], startup: Startup
   } catch (err) {
     finish(toReply(op, err), err);
   }
+}
+
+/**
+ * Calls `expire` when `deadlineMs` have passed since `started` (process.hrtime.bigint() at the call's start). The timer
+ * is set when the event loop first turns, for what is left of the deadline: a call that waits on nothing (init, or
+ * getvolumename and isattached on the file store, which reads synchronously) replies within the microtasks after the
+ * main script and never reaches a timer, so it does not load Node's timer machinery (17 functions to compile on every
+ * call); one that waits (a child, etcd, fs/promises) turns the loop at its first wait.
+ */
+export function armDeadline(started: bigint, deadlineMs: number, expire: () => void): void {
+  setImmediate(() => {
+    const elapsedMs = Number((process.hrtime.bigint() - started) / 1_000_000n);
+    setTimeout(expire, Math.max(0, deadlineMs - elapsedMs));
+  });
 }
 
 /**

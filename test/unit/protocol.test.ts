@@ -9,6 +9,7 @@ import { checkPvName, checkVolumeName } from '../../src/names.js';
 import { volumeOptions } from '../../src/contract/args.js';
 import { misspelledOptionOf, parseOptions } from '../../src/contract/options.js';
 import { encodeReply, exitCodeOf, failure, notSupported, success } from '../../src/contract/reply.js';
+import { armDeadline } from '../../src/protocol/driver.js';
 import { formatSize, parseSize } from '../../src/size.js';
 
 const config = parseConfig({}, 'test');
@@ -137,6 +138,25 @@ describe('options JSON', () => {
 
   it('ignores unknown kubernetes.io keys from newer kubelets', () => {
     assert.equal(parseOptions('{"kubernetes.io/pvOrVolumeName":"a","kubernetes.io/somethingNew":"x"}', config).name, 'a');
+  });
+});
+
+describe("a call's deadline", () => {
+  const timers = () => process.getActiveResourcesInfo().filter((r) => r === 'Timeout').length;
+
+  it('sets no timer until the event loop turns, then one for what is left of the deadline', async () => {
+    // The call started 2 s ago and has 2.1 s: 100 ms are left. Armed for the whole 2.1 s, it would not expire below.
+    const started = process.hrtime.bigint() - 2_000_000_000n;
+    let expiredAfterMs: number | undefined;
+    const before = timers();
+    armDeadline(started, 2_100, () => (expiredAfterMs = Number((process.hrtime.bigint() - started) / 1_000_000n)));
+    assert.equal(timers(), before, 'a timer was set before the event loop turned');
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.equal(timers(), before + 1, 'no timer after the event loop turned');
+    const waitUntil = Date.now() + 1_500;
+    while (expiredAfterMs === undefined && Date.now() < waitUntil) await new Promise((resolve) => setTimeout(resolve, 10));
+    assert.ok(expiredAfterMs !== undefined, 'the deadline did not expire within 1.5 s of its last 100 ms');
+    assert.ok(expiredAfterMs >= 2_100, `expired ${expiredAfterMs} ms after the start, before its 2,100 ms`);
   });
 });
 
