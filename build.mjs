@@ -177,10 +177,6 @@ chmodSync('bin/latch', 0o755);
 /** Bytes of the interpreter and RPATH slots (with their NUL); the longest path `latch install` can write there. */
 const RUNTIME_SLOT = 1024;
 
-/** The CommonJS module wrapper around each bundle asset of bin/latch-sea; src/sea/load.ts calls what it evaluates to. */
-const MODULE_BODY_HEAD = '(function (exports, require, module) {';
-const MODULE_BODY_TAIL = '\n})';
-
 if (process.argv.includes('--sea')) await buildSea('bin/latch-sea');
 
 /**
@@ -207,9 +203,9 @@ async function buildSea(outfile) {
       'latch-sea',
     ].map((name) => join(work, name));
     await build({ ...bundleOptions, entryPoints: ['src/sea/main.ts'], outfile: main });
-    // Wrapped as a module body here rather than at run time (src/sea/load.ts), so that a call compiles the asset's text
-    // as it is, without making a copy of it to wrap.
-    const asModuleBody = { banner: { js: MODULE_BODY_HEAD }, footer: { js: MODULE_BODY_TAIL } };
+    // Wrapped as a CommonJS module body here rather than at run time (src/sea/load.ts calls what it evaluates to), so
+    // that a call compiles the asset's text as it is, without making a copy of it to wrap.
+    const asModuleBody = { banner: { js: '(function (exports, require, module) {' }, footer: { js: '\n})' } };
     await build({ ...bundleOptions, ...asModuleBody, entryPoints: ['src/sea/driver.ts'], outfile: driver });
     await build({ ...bundleOptions, ...asModuleBody, outfile: admin });
     await build({ ...bundleOptions, entryPoints: ['src/sea/warm.ts'], outfile: warm });

@@ -1,5 +1,5 @@
 // The configuration's schema (zod/mini): what config.json may hold, its defaults and its messages. Loaded by
-// config.ts only when a configuration must be validated, which a driver call rarely needs (config.ts, loadConfig).
+// config.ts only when a configuration must be validated, which a driver call rarely needs (config.ts, loadDriverConfig).
 import { isAbsolute, normalize } from 'node:path';
 import * as z from 'zod/mini';
 import { ConfigError, errorMessage } from './errors.js';

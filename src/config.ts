@@ -281,7 +281,7 @@ function ownDriverFile(): string | undefined {
 
 /**
  * The schema (config-schema.ts, zod), loaded on first use: a call whose configuration is validated already (see
- * loadConfig) never evaluates zod, which costs more than the rest of a driver call.
+ * loadDriverConfig) never evaluates zod, which costs more than the rest of a driver call.
  */
 function configSchema(): typeof ConfigSchema {
   return require('./config-schema.js') as typeof ConfigSchema;
