@@ -547,18 +547,32 @@ export function startJob(doc: VolumeDoc, id: string, node: string, now: string):
  * Records how far the job got. finishedAt is set when it succeeded or failed. A job asked to end stays 'ending' unless
  * it failed. No ticket, or the same record again: nothing changes.
  */
-export function recordJob(
-  doc: VolumeDoc,
-  id: string,
-  update: { state: JobStatus['state']; message: string; result?: Record<string, unknown> },
-  now: string,
-): VolumeDoc {
+/** What a job's runner records of it. */
+export interface JobUpdate {
+  state: JobStatus['state'];
+  message: string;
+  result?: Record<string, unknown>;
+  /**
+   * The filesystem a job that wrote the volume whole (a restore, a clone) left on it: recorded with the job's state in
+   * one write, so that no reader sees a filesystem on a volume whose job has not finished writing it.
+   */
+  filesystem?: string;
+}
+
+export function recordJob(doc: VolumeDoc, id: string, update: JobUpdate, now: string): VolumeDoc {
   const ticket = doc.spec.tickets[id];
   if (!ticket?.job) return doc;
   const previous = doc.status.tickets[id]?.job;
   const state = previous?.state === 'ending' && update.state !== 'failed' ? 'ending' : update.state;
   const result = update.result ?? previous?.result;
-  if (previous && previous.state === state && previous.message === update.message && isDeepStrictEqual(previous.result, result)) {
+  const filesystem = update.filesystem ?? doc.status.filesystem;
+  if (
+    previous &&
+    previous.state === state &&
+    previous.message === update.message &&
+    isDeepStrictEqual(previous.result, result) &&
+    filesystem === doc.status.filesystem
+  ) {
     return doc;
   }
   const done = state === 'succeeded' || state === 'failed' || update.state === 'succeeded';
@@ -575,6 +589,7 @@ export function recordJob(
   const own = next.status.tickets[id];
   if (!own) return doc;
   own.job = job;
+  if (filesystem !== undefined) next.status.filesystem = filesystem;
   return reconcile(next, now);
 }
 

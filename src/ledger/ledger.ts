@@ -25,11 +25,12 @@ import {
   requestJob,
   startJob,
   type JobRequest,
+  type JobUpdate,
   type TicketRequest,
 } from './arbitrate.js';
 import { reapTickets, releaseHoldWithoutDevice, touchTicket } from './automatic.js';
 import { pvKey, volumeKey } from './keys.js';
-import type { AutomaticAction, JobStatus, VolumeDoc } from './types.js';
+import type { AutomaticAction, VolumeDoc } from './types.js';
 
 const MAX_ATTEMPTS = 500;
 
@@ -189,11 +190,7 @@ export class Ledger {
   }
 
   /** Records the job's progress or outcome; no ticket, or the same record again: nothing changes. */
-  recordJob(
-    name: string,
-    id: string,
-    update: { state: JobStatus['state']; message: string; result?: Record<string, unknown> },
-  ): Promise<VolumeDoc | undefined> {
+  recordJob(name: string, id: string, update: JobUpdate): Promise<VolumeDoc | undefined> {
     return this.update(name, (d) => d && recordJob(d, id, update, this.now()));
   }
 

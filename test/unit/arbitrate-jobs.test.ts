@@ -153,6 +153,22 @@ describe("job tickets: the job's life", () => {
     assert.equal(recordJob(doc, 'nope', { state: 'failed', message: 'x' }, T3), doc);
   });
 
+  it("recordJob records the filesystem a job left with the job's state, in the same change", () => {
+    let doc = startJob(
+      requestJob(vol(), job('restore-1', 'node-b', { kind: 'restore', backup: 'b1' }, false), T0),
+      'restore-1',
+      'node-b',
+      T1,
+    );
+    assert.equal(doc.status.filesystem, undefined);
+    const running = recordJob(doc, 'restore-1', { state: 'running', message: 'restoring' }, T2);
+    assert.equal(running.status.filesystem, undefined, 'no filesystem while the job runs');
+    doc = recordJob(running, 'restore-1', { state: 'succeeded', message: 'restored', filesystem: 'xfs' }, T3);
+    assert.equal(doc.status.tickets['restore-1']?.job?.state, 'succeeded');
+    assert.equal(doc.status.filesystem, 'xfs');
+    assert.equal(recordJob(doc, 'restore-1', { state: 'succeeded', message: 'restored', filesystem: 'xfs' }, T3), doc, 'no change');
+  });
+
   it('job status survives reconciles while the generation stays, and goes with a changed ticket', () => {
     let doc = startJob(requestJob(vol(), snap('snap-1', 'node-a'), T0), 'snap-1', 'node-a', T1);
     doc = addTicket(doc, ticket('admin-x', 'node-a', 'admin', true), T2); // another ticket: reconcile runs

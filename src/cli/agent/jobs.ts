@@ -5,7 +5,7 @@
 // kill finds 'running' jobs that no process here runs, and redoes them (handlers are idempotent by name).
 import type { Context } from '../../context.js';
 import { JobInterruptedError, errorMessage } from '../../errors.js';
-import { isSatisfied, jobTicketsOfNode, nodeHoldsDevice } from '../../ledger/arbitrate.js';
+import { isSatisfied, jobTicketsOfNode, nodeHoldsDevice, type JobUpdate } from '../../ledger/arbitrate.js';
 import type { JobStatus, Ticket, VolumeDoc } from '../../ledger/types.js';
 import { releaseDevice, setUpDevice } from '../../node/device.js';
 import { handlerOf } from '../../node/jobs/index.js';
@@ -173,7 +173,7 @@ export class JobRunner {
     if (!started) return; // the volume is gone
     const attempt = started.status.tickets[ticket.id]?.job?.attempts;
     this.log({ volume, ticket: ticket.id, job: job.kind, state: 'running', attempt });
-    let update: { state: JobStatus['state']; message: string; result?: Record<string, unknown> };
+    let update: JobUpdate;
     try {
       const { device, doc } = await withVolumeLock(ctx.config, volume, async () => {
         await ctx.ledger.claimGrant(volume, node);
@@ -183,7 +183,12 @@ export class JobRunner {
       signal.throwIfAborted();
       const outcome = await handler.run(job, { ctx, volume, ticket, doc, device, signal } satisfies JobRun);
       signal.throwIfAborted();
-      update = { state: 'succeeded', message: outcome.message, ...(outcome.result !== undefined && { result: outcome.result }) };
+      update = {
+        state: 'succeeded',
+        message: outcome.message,
+        ...(outcome.result !== undefined && { result: outcome.result }),
+        ...(outcome.filesystem !== undefined && { filesystem: outcome.filesystem }),
+      };
     } catch (err) {
       if (signal.aborted) {
         // Not a failure: the job is redone once the volume is granted here again (or by the next agent).

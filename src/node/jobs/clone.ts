@@ -81,7 +81,6 @@ async function cloneInto(job: CloneJob, run: JobRun) {
   }
   await verifyCopy(device, copied, signal);
   const filesystem = await ctx.system.probeFsType(device);
-  if (filesystem !== undefined) await ctx.ledger.recordFilesystem(volume, filesystem);
   const from = job.fromSnapshot === undefined ? `${job.source} (${source.consistency})` : `snapshot ${job.fromSnapshot} of ${job.source}`;
   return {
     message:
@@ -96,6 +95,7 @@ async function cloneInto(job: CloneJob, run: JobRun) {
       imageSha256: copied.sha256,
       ...(filesystem !== undefined && { filesystem }),
     },
+    ...(filesystem !== undefined && { filesystem }),
   };
 }
 

@@ -39,7 +39,6 @@ async function restore(job: JobOf<'restore'>, { ctx, volume, device, signal }: J
   const report = await restoreBackup({ target, name: job.backup, destination: device, signal });
   // The image matched the manifest's checksum (restoreBackup throws otherwise): what is on it now is the backup's.
   const filesystem = await ctx.system.probeFsType(device);
-  if (filesystem !== undefined) await ctx.ledger.recordFilesystem(volume, filesystem);
   return {
     message:
       `restored backup ${job.backup} (volume ${manifest.volume}) onto volume ${volume}: ${report.dataChunks} data chunk(s), ` +
@@ -56,5 +55,6 @@ async function restore(job: JobOf<'restore'>, { ctx, volume, device, signal }: J
       ...(manifest.chunkListSha256 !== undefined ? { chunkListSha256: manifest.chunkListSha256 } : { imageSha256: manifest.imageSha256 }),
       ...(filesystem !== undefined && { filesystem }),
     },
+    ...(filesystem !== undefined && { filesystem }),
   };
 }

@@ -25,6 +25,8 @@ export interface JobOutcome {
   message: string;
   /** For the requester: what was made (small JSON). */
   result?: Record<string, unknown>;
+  /** The filesystem now on the volume, when the job wrote it whole: the runner records it with the job's success. */
+  filesystem?: string;
 }
 
 export interface JobHandler<K extends JobKind = JobKind> {
