@@ -156,7 +156,9 @@ describe("a call's deadline", () => {
     const waitUntil = Date.now() + 1_500;
     while (expiredAfterMs === undefined && Date.now() < waitUntil) await new Promise((resolve) => setTimeout(resolve, 10));
     assert.ok(expiredAfterMs !== undefined, 'the deadline did not expire within 1.5 s of its last 100 ms');
-    assert.ok(expiredAfterMs >= 2_100, `expired ${expiredAfterMs} ms after the start, before its 2,100 ms`);
+    // Node's timers count whole milliseconds from the event loop's clock, which it reads once per turn: a timer may
+    // fire a millisecond or so before the process's own clock says its time is up (seen: 2,099 ms).
+    assert.ok(expiredAfterMs >= 2_098, `expired ${expiredAfterMs} ms after the start, before its 2,100 ms`);
   });
 });
 
