@@ -10,6 +10,7 @@ import type { CallLog } from './log.js';
 import { lazyStore } from './store/index.js';
 import type { Store } from './store/types.js';
 import { hostSystem, type System } from './sys/system.js';
+import { isoTime } from './time.js';
 
 /** Milliseconds since the epoch. */
 export type Clock = () => number;
@@ -41,7 +42,7 @@ export function createContext(config: Config, parts: ContextParts = {}): Context
   };
   return {
     config,
-    ledger: new Ledger(parts.store ?? lazyStore(config), () => new Date(clock()).toISOString(), noteAutomatic),
+    ledger: new Ledger(parts.store ?? lazyStore(config), () => isoTime(new Date(clock())), noteAutomatic),
     backend: parts.backend ?? configuredBackend(config),
     system: parts.system ?? hostSystem,
     clock,

@@ -6,6 +6,7 @@ import { ConflictError, LatchError, StoreError } from '../errors.js';
 import type { FsType } from '../filesystems.js';
 import { formatSize } from '../size.js';
 import type { Store } from '../store/types.js';
+import { isoTime } from '../time.js';
 import {
   addTicket,
   beginFence,
@@ -48,7 +49,7 @@ export interface NewVolumeSpec {
 export class Ledger {
   constructor(
     readonly store: Store,
-    private readonly clock: () => string = () => new Date().toISOString(),
+    private readonly clock: () => string = () => isoTime(new Date()),
     /** Told of every automatic action this ledger stored (the context logs them with the call). */
     private readonly onAutomatic: (action: AutomaticAction) => void = () => undefined,
   ) {}

@@ -39,10 +39,21 @@ const readsInline: FileStoreFs = {
   get lstat() {
     return lstat;
   },
-  readdir: (async (path: string, options?: { withFileTypes: true }) =>
-    options ? readdirSync(path, options) : readdirSync(path)) as unknown as FileStoreFs['readdir'],
-  readFile: (async (path: string, encoding: BufferEncoding) => readFileSync(path, encoding)) as unknown as FileStoreFs['readFile'],
+  readdir: ((path: string, options?: { withFileTypes: true }) =>
+    afterAwait(() => (options ? readdirSync(path, options) : readdirSync(path)))) as unknown as FileStoreFs['readdir'],
+  readFile: ((path: string, encoding: BufferEncoding) =>
+    afterAwait(() => readFileSync(path, encoding))) as unknown as FileStoreFs['readFile'],
 };
+
+/**
+ * A promise of `read()`'s result that runs it one microtask later, once the caller awaits it. A read that fails
+ * (ENOENT, which every lookup of an absent key meets) then rejects a promise that already has its handler: one
+ * rejected before it is awaited, as an async function's would be, sets off Node's unhandled-rejection tracking
+ * (six of Node's functions to compile in every call that meets it).
+ */
+function afterAwait<T>(read: () => T): Promise<T> {
+  return Promise.resolve().then(read);
+}
 
 export interface FileStoreOptions {
   fs?: FileStoreFs;
