@@ -30,8 +30,12 @@ export default defineConfig(
         { argsIgnorePattern: '^_', varsIgnorePattern: '^_', caughtErrorsIgnorePattern: '^_', destructuredArrayIgnorePattern: '^_' },
       ],
       // Deliberate require()s: the configuration's schema, loaded on first use (config.ts: zod costs more than the rest
-      // of a driver call), and node:sea, which Node versions before 20.12 do not have (config.ts).
-      '@typescript-eslint/no-require-imports': ['error', { allow: ['^\\./config-schema\\.js$', '^node:sea$'] }],
+      // of a driver call); the backend and the host system, made on first use (context.ts: the control plane's calls
+      // use neither); and node:sea, which Node versions before 20.12 do not have (config.ts).
+      '@typescript-eslint/no-require-imports': [
+        'error',
+        { allow: ['^\\./config-schema\\.js$', '^\\./backend/index\\.js$', '^\\./sys/system\\.js$', '^node:sea$'] },
+      ],
       // Off: an `async` function without `await` is how an op, a store or a test double implements an async
       // interface, so that a throw becomes a rejection like everywhere else (ops' run, EtcdStore.close, fakes).
       '@typescript-eslint/require-await': 'off',

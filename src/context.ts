@@ -1,7 +1,7 @@
 // The composition root: everything a driver call, an admin command or a node service works with, built once per
 // call from the configuration and passed down. Nothing below opens its own ledger, backend or clock; tests build
 // a context with an in-memory store, a fake backend and a fake system instead.
-import { configuredBackend } from './backend/index.js';
+import type * as BackendIndex from './backend/index.js';
 import type { Backend } from './backend/types.js';
 import type { Config } from './config.js';
 import { Ledger } from './ledger/ledger.js';
@@ -9,7 +9,8 @@ import type { AutomaticAction } from './ledger/types.js';
 import type { CallLog } from './log.js';
 import { lazyStore } from './store/index.js';
 import type { Store } from './store/types.js';
-import { hostSystem, type System } from './sys/system.js';
+import type * as HostSystem from './sys/system.js';
+import type { System } from './sys/system.js';
 import { isoTime } from './time.js';
 
 /** Milliseconds since the epoch. */
@@ -40,11 +41,20 @@ export function createContext(config: Config, parts: ContextParts = {}): Context
   const noteAutomatic = (action: AutomaticAction) => {
     log.automatic = [...((log.automatic as AutomaticAction[] | undefined) ?? []), action];
   };
+  let backend = parts.backend;
+  let system = parts.system;
   return {
     config,
     ledger: new Ledger(parts.store ?? lazyStore(config), () => isoTime(new Date(clock())), noteAutomatic),
-    backend: parts.backend ?? configuredBackend(config),
-    system: parts.system ?? hostSystem,
+    // Made on first use, with the modules behind them: the control plane's calls (attach, isattached, ...) touch
+    // neither the data plane nor the host's mounts, and evaluating those modules (the loop backend, the sys/*
+    // wrappers of mount, blkid, losetup) was part of every call's start-up.
+    get backend() {
+      return (backend ??= (require('./backend/index.js') as typeof BackendIndex).configuredBackend(config));
+    },
+    get system() {
+      return (system ??= (require('./sys/system.js') as typeof HostSystem).hostSystem);
+    },
     clock,
     log,
   };
