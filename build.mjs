@@ -149,6 +149,37 @@ function importedNames(source, builtin) {
   return names.length > 0 ? [...new Set(names)] : undefined;
 }
 
+/**
+ * bin/latch-sea's driver bundles leave the configuration schema (src/config-schema.ts, and zod: a quarter of the
+ * bundle) to an asset of its own: config.ts requires it only when no validated copy of the configuration is there, and
+ * the bundle's loader provides it by this name (src/sea/load.ts).
+ */
+const schemaFromLoader = {
+  name: 'schema-from-loader',
+  setup(b) {
+    b.onResolve({ filter: /^\.\/config-schema\.js$/ }, (args) =>
+      args.importer === join(SRC, 'config.ts') ? { path: 'latch:config-schema', external: true } : undefined,
+    );
+  },
+};
+
+/**
+ * The control plane's bundle (src/sea/control.ts) leaves out what src/context.ts loads on first use and its ops never
+ * use: a call that reached for it would fail with this message rather than load it.
+ */
+const withoutNodeSide = {
+  name: 'without-node-side',
+  setup(b) {
+    b.onResolve({ filter: /^\.\/(backend\/index|sys\/system)\.js$/ }, (args) =>
+      args.importer === join(SRC, 'context.ts') ? { path: args.path, namespace: 'without-node-side' } : undefined,
+    );
+    b.onLoad({ filter: /.*/, namespace: 'without-node-side' }, ({ path }) => ({
+      contents: `throw new Error(${JSON.stringify(`${path} is not in the control plane's bundle (src/sea/control.ts): an op that needs it is not a control-plane op`)});`,
+      loader: 'js',
+    }));
+  },
+};
+
 const bundleOptions = {
   plugins: [
     builtinsOnFirstUse,
@@ -193,30 +224,39 @@ if (process.argv.includes('--sea')) await buildSea('bin/latch-sea');
 async function buildSea(outfile) {
   const work = mkdtempSync(join(tmpdir(), 'latch-sea-'));
   try {
-    const [main, driver, admin, warm, codeCache, blob, exe] = [
-      'main.cjs',
-      'driver.js',
-      'latch.js',
-      'warm.cjs',
-      'driver.codecache',
-      'latch.blob',
-      'latch-sea',
-    ].map((name) => join(work, name));
+    const [main, admin, schema, warm, blob, exe] = ['main.cjs', 'latch.js', 'config-schema.js', 'warm.cjs', 'latch.blob', 'latch-sea'].map(
+      (name) => join(work, name),
+    );
     await build({ ...bundleOptions, entryPoints: ['src/sea/main.ts'], outfile: main });
     // Wrapped as a CommonJS module body here rather than at run time (src/sea/load.ts calls what it evaluates to), so
     // that a call compiles the asset's text as it is, without making a copy of it to wrap.
     const asModuleBody = { banner: { js: '(function (exports, require, module) {' }, footer: { js: '\n})' } };
-    await build({ ...bundleOptions, ...asModuleBody, entryPoints: ['src/sea/driver.ts'], outfile: driver });
     await build({ ...bundleOptions, ...asModuleBody, outfile: admin });
+    await build({ ...bundleOptions, ...asModuleBody, entryPoints: ['src/config-schema.ts'], outfile: schema });
     await build({ ...bundleOptions, entryPoints: ['src/sea/warm.ts'], outfile: warm });
-    // The node that the executable is a copy of, without the options a user's environment may give node: V8 takes a
-    // code cache only from the same version with the same flags.
-    // Twice, on one scratch directory: the second run's calls find what the first left (the configuration's validated
-    // copy, the attachment), as a steady call does, and its cache holds just what those run (src/sea/driver.ts).
-    const scratch = join(work, 'warm');
-    mkdirSync(scratch);
-    for (const cache of [[], [codeCache]]) {
-      quietly(process.execPath, [warm, driver, scratch, ...cache], { env: { PATH: process.env.PATH ?? '/usr/bin:/bin' } });
+    // The driver bundles (src/sea/load.ts names their assets), each with the code cache of its warm-up.
+    const driverBundles = [
+      { entry: 'src/sea/control.ts', asset: 'control.js', cache: 'control.codecache', plugins: [withoutNodeSide] },
+      { entry: 'src/sea/driver.ts', asset: 'driver.js', cache: 'driver.codecache', plugins: [] },
+    ];
+    for (const { entry, asset, cache, plugins } of driverBundles) {
+      const [source, codeCache, scratch] = [asset, cache, `${asset}.warm`].map((name) => join(work, name));
+      await build({
+        ...bundleOptions,
+        ...asModuleBody,
+        plugins: [schemaFromLoader, ...plugins, ...bundleOptions.plugins],
+        entryPoints: [entry],
+        outfile: source,
+      });
+      // The node that the executable is a copy of, without the options a user's environment may give node: V8 takes a
+      // code cache only from the same version with the same flags.
+      // Twice, on one scratch directory: the second run's calls find what the first left (the configuration's
+      // validated copy, the attachment), as a steady call does, and its cache holds just what those run
+      // (src/sea/bundle.ts).
+      mkdirSync(scratch);
+      for (const cacheArg of [[], [codeCache]]) {
+        quietly(process.execPath, [warm, asset, source, scratch, ...cacheArg], { env: { PATH: process.env.PATH ?? '/usr/bin:/bin' } });
+      }
     }
     const seaConfig = join(work, 'sea-config.json');
     writeFileSync(
@@ -228,7 +268,12 @@ async function buildSea(outfile) {
         disableExperimentalSEAWarning: true,
         useCodeCache: true,
         // The names src/sea/load.ts reads them by.
-        assets: { 'driver.js': driver, 'driver.codecache': codeCache, 'latch.js': admin },
+        assets: Object.fromEntries(
+          ['control.js', 'control.codecache', 'driver.js', 'driver.codecache', 'config-schema.js', 'latch.js'].map((name) => [
+            name,
+            join(work, name),
+          ]),
+        ),
       }),
     );
     quietly(process.execPath, ['--experimental-sea-config', seaConfig]);

@@ -281,15 +281,29 @@ function ownDriverFile(): string | undefined {
 
 /**
  * The schema (config-schema.ts, zod), loaded on first use: a call whose configuration is validated already (see
- * loadDriverConfig) never evaluates zod, which costs more than the rest of a driver call.
+ * loadDriverConfig) never evaluates zod, which costs more than the rest of a driver call. In bin/latch-sea's driver
+ * bundles it is an asset of its own (src/sea/load.ts).
  */
 function configSchema(): typeof ConfigSchema {
   return require('./config-schema.js') as typeof ConfigSchema;
 }
 
+/**
+ * The schema's verdict, with its ConfigError as this module's: in bin/latch-sea the schema is a bundle of its own,
+ * whose errors.ts is another copy, and a call tells a configuration error from a crash by its class.
+ */
+function validateConfig(raw: unknown, source: string): ReturnType<typeof ConfigSchema.validateConfig> {
+  try {
+    return configSchema().validateConfig(raw, source);
+  } catch (err) {
+    if (err instanceof Error && err.name === 'ConfigError' && !(err instanceof ConfigError)) throw new ConfigError(err.message);
+    throw err;
+  }
+}
+
 /** Validates an already parsed configuration object; `source` names it in messages. */
 export function parseConfig(raw: unknown, source: string): Config {
-  const c = configSchema().validateConfig(raw, source);
+  const c = validateConfig(raw, source);
   if (c.maxSize < c.defaultSize) {
     throw new ConfigError(`invalid configuration in ${source}: field "defaultSize": it is larger than maxSize`);
   }

@@ -10,7 +10,7 @@ import { LatchError, NotSupportedError, errorMessage } from '../errors.js';
 import { redactArgs, writeLog, type CallLog } from '../log.js';
 import type { ArgKinds, ArgValues, OpDefinition } from '../ops/op.js';
 import { killAllChildren, setDefaultCommandTimeout } from '../sys/run.js';
-import { OPS, usageOf } from './ops.js';
+import { usageOf, type OpTable } from './ops.js';
 
 // kubelet kills waitforattach at 10 minutes and waits forever on the others: answer before either happens.
 const CALL_DEADLINE_MS = 9 * 60 * 1000;
@@ -21,7 +21,11 @@ export interface StartupFacts {
   codeCacheRejected?: boolean;
 }
 
-export async function runDriverCall(op: string, argv: string[], startup: StartupFacts = {}): Promise<void> {
+/**
+ * Answers one FlexVolume call from `ops` (ops.ts: OPS, or the control plane's table in src/sea/control.ts's bundle) and
+ * ends the process: the reply on stdout, the log line, the exit code.
+ */
+export async function runDriverCall(op: string, argv: string[], ops: OpTable, startup: StartupFacts = {}): Promise<void> {
   const started = process.hrtime.bigint();
   // Ties the call's log line to its children's; not a secret, so not worth loading node:crypto for.
   const callId = Math.floor(Math.random() * 0x1_0000_0000)
@@ -76,7 +80,7 @@ export async function runDriverCall(op: string, argv: string[], startup: Startup
   });
 
   try {
-    finish(await answerCall(op, argv, log, (loaded) => (config = loaded)));
+    finish(await answerCall(op, argv, ops, log, (loaded) => (config = loaded)));
   } catch (err) {
     finish(toReply(op, err), err);
   }
@@ -104,11 +108,12 @@ export function armDeadline(started: bigint, deadlineMs: number, expire: () => v
 export async function answerCall(
   op: string,
   argv: string[],
+  ops: OpTable,
   log: CallLog,
   configured: (config: Config) => void,
   env: NodeJS.ProcessEnv = process.env,
 ): Promise<Reply> {
-  const load = OPS[op];
+  const load = ops[op];
   if (!load) {
     // Unknown ops (waitfordetach, getdevicemountpath, ...) are Not supported whatever the config says; the
     // config is read only to log the call where the operator chose.

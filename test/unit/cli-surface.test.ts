@@ -86,8 +86,10 @@ describe('the command surface', () => {
   test('main.ts loads nothing of the CLI for a driver call but the list of names, which imports nothing', () => {
     const imports = (file: string) =>
       [...readFileSync(join(SRC, file), 'utf8').matchAll(/^import\s[^;]*?from '([^']+)'/gms)].map((m) => m[1]);
-    assert.deepEqual(imports('main.ts'), ['./cli/command-names.js', './protocol/driver.js']);
+    assert.deepEqual(imports('main.ts'), ['./cli/command-names.js', './protocol/driver.js', './protocol/ops.js']);
     assert.deepEqual(imports('cli/command-names.ts'), []);
+    // bin/latch-sea's loader reads the control plane's op names as well (src/sea/main.ts).
+    assert.deepEqual(imports('protocol/control-plane-ops.ts'), []);
     assert.match(readFileSync(join(SRC, 'main.ts'), 'utf8'), /import\('\.\/cli\/main\.js'\)/, 'the CLI is loaded lazily');
   });
 

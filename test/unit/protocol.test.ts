@@ -9,7 +9,9 @@ import { checkPvName, checkVolumeName } from '../../src/names.js';
 import { volumeOptions } from '../../src/contract/args.js';
 import { misspelledOptionOf, parseOptions } from '../../src/contract/options.js';
 import { encodeReply, exitCodeOf, failure, notSupported, success } from '../../src/contract/reply.js';
+import { CONTROL_PLANE_OPS, isControlPlaneOp } from '../../src/protocol/control-plane-ops.js';
 import { armDeadline } from '../../src/protocol/driver.js';
+import { CONTROL_PLANE_OP_TABLE, OPS } from '../../src/protocol/ops.js';
 import { formatSize, parseSize } from '../../src/size.js';
 
 const config = parseConfig({}, 'test');
@@ -159,6 +161,17 @@ describe("a call's deadline", () => {
     // Node's timers count whole milliseconds from the event loop's clock, which it reads once per turn: a timer may
     // fire a millisecond or so before the process's own clock says its time is up (seen: 2,099 ms).
     assert.ok(expiredAfterMs >= 2_098, `expired ${expiredAfterMs} ms after the start, before its 2,100 ms`);
+  });
+});
+
+describe('the op tables', () => {
+  it("bin/latch-sea's control-plane bundle answers its ops as the whole table does, and no other op", () => {
+    // src/sea/main.ts picks the bundle by CONTROL_PLANE_OPS; src/sea/control.ts's bundle has CONTROL_PLANE_OP_TABLE.
+    assert.deepEqual(Object.keys(CONTROL_PLANE_OP_TABLE), [...CONTROL_PLANE_OPS]);
+    for (const op of CONTROL_PLANE_OPS) assert.equal(OPS[op], CONTROL_PLANE_OP_TABLE[op], op);
+    const nodeOps = Object.keys(OPS).filter((op) => !isControlPlaneOp(op));
+    assert.deepEqual(nodeOps, ['waitforattach', 'mountdevice', 'unmountdevice', 'mount', 'unmount', 'expandfs', 'expandvolume']);
+    assert.equal(isControlPlaneOp('unknownop'), false, 'an unknown op goes to the whole bundle, which answers Not supported');
   });
 });
 
