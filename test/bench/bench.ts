@@ -115,17 +115,29 @@ function peakAnonymousKiB(argv: string[], env: NodeJS.ProcessEnv): number {
   return peak;
 }
 
-/** Measures several candidates interleaved: rep 1 of each, rep 2 of each, ... so drift hits all alike. */
+/**
+ * Measures several candidates interleaved: rep 1 of each, rep 2 of each, ... so drift hits all alike; each rep in a
+ * new random order, so that no candidate always runs after the same one (seen: one executable 0.04-0.06 apart in
+ * two positions of a fixed order, against `node -e 0` in the same runs).
+ */
 function measure(candidates: Record<string, () => Sample>, reps = REPS): Record<string, Stats> {
   const samples: Record<string, Sample[]> = {};
   for (const name of Object.keys(candidates)) samples[name] = [];
   for (let i = 0; i < WARMUP + reps; i++) {
-    for (const [name, fn] of Object.entries(candidates)) {
+    for (const [name, fn] of shuffled(Object.entries(candidates))) {
       const s = fn();
       if (i >= WARMUP) samples[name]!.push(s);
     }
   }
   return Object.fromEntries(Object.entries(samples).map(([n, s]) => [n, stats(s)]));
+}
+
+/** `items` in a random order (sorted by random keys). */
+function shuffled<T>(items: readonly T[]): T[] {
+  return items
+    .map((item) => ({ item, key: Math.random() }))
+    .sort((a, b) => a.key - b.key)
+    .map(({ item }) => item);
 }
 
 function table(title: string, rows: string[][]): void {
