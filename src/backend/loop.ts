@@ -1,12 +1,12 @@
 // The embedded data plane: each volume is a sparse image file <poolDir>/<volume>.img, attached with losetup.
 // Which device belongs to which volume is read from the kernel (/sys/block/loopN/loop/backing_file), never
 // remembered in a file, so it stays true across crashes and restarts.
-import { randomBytes } from 'node:crypto';
 import { constants } from 'node:fs';
 import { chmod, link, lstat, mkdir, open, readdir, readFile, realpath, rmdir, statfs, truncate, unlink } from 'node:fs/promises';
 import type { Stats } from 'node:fs';
 import { basename, dirname, isAbsolute, join, resolve } from 'node:path';
 import { LatchError } from '../errors.js';
+import { tempTag } from '../hash.js';
 import { checkVolumeName } from '../names.js';
 import { formatSize } from '../size.js';
 import { blockDeviceSize } from '../sys/blockdev.js';
@@ -93,7 +93,7 @@ export class LoopBackend implements Backend, SnapshotBackend {
     // count), so the commit that makes the new name durable carries the inode with its size and mode (a journal
     // commits whole transactions in order; btrfs logs the inode of a new name). An fsync of the image first would
     // be a second journal commit that protects nothing more.
-    const temp = join(this.poolDir, `.${imageFileName(volume)}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
+    const temp = join(this.poolDir, `.${imageFileName(volume)}.${process.pid}.${tempTag()}.tmp`);
     const handle = await open(temp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o600);
     try {
       try {
@@ -305,7 +305,7 @@ export class LoopBackend implements Backend, SnapshotBackend {
     if (await statImage(path)) throw new LatchError(`volume ${volume} already has a snapshot named ${name}`);
     await removeDeadTemps(dir);
 
-    const temp = join(dir, `.${name}${IMAGE_SUFFIX}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
+    const temp = join(dir, `.${name}${IMAGE_SUFFIX}.${process.pid}.${tempTag()}.tmp`);
     const createdAt = new Date().toISOString();
     try {
       // A sparse copy reads and writes the whole image: allow it about 20 MB/s, and never less than 10 minutes.

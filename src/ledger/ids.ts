@@ -1,17 +1,6 @@
 // Deterministic ticket IDs, like Kubernetes' CSI VolumeAttachment names: repeating a call finds the same ticket.
-import { sha256 } from '@noble/hashes/sha2.js';
-import { bytesToHex } from '@noble/hashes/utils.js';
+import { sha256Hex } from '../hash.js';
 import type { TicketType } from './types.js';
-
-/**
- * Hex sha256 of a short string. Not node:crypto: every attach and isattached names its ticket, and loading node:crypto
- * cost those calls 2.5 ms of CPU (a tenth of a node start-up), where this audited pure-JS sha256 costs 0.1 ms. The
- * text's UTF-8 bytes from Buffer.from, which the call's reply uses anyway, rather than TextEncoder (two more of Node's
- * functions to compile).
- */
-function sha256Hex(text: string): string {
-  return bytesToHex(sha256(Buffer.from(text, 'utf8')));
-}
 
 /** A node's ticket (attach mode): `<type>-<sha256(pvOrVolumeName + driverName + nodeName)>`. */
 export function ticketId(type: TicketType, pvOrVolumeName: string, driverName: string, nodeName: string): string {

@@ -1,0 +1,49 @@
+import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
+import { createServer, type Server } from 'node:net';
+import { test } from 'node:test';
+import { tempTag } from '../../src/hash.js';
+import { withHostLock } from '../../src/sys/lock.js';
+
+test('temp tags are eight hex digits, and different from one call to the next', () => {
+  const tags = Array.from({ length: 200 }, () => tempTag());
+  for (const tag of tags) assert.match(tag, /^[0-9a-f]{8}$/);
+  // 200 draws from 2^32: a repeat would mean the tag is not random.
+  assert.equal(new Set(tags).size, tags.length);
+  // Every digit position varies (a tag that is not padded or is cut short would fix some).
+  for (let i = 0; i < 8; i++) assert.ok(new Set(tags.map((t) => t[i])).size > 4, `digit ${i} hardly varies`);
+});
+
+test('a host lock held under the name an earlier build computed with node:crypto still excludes (rolling upgrade)', async () => {
+  const parts = ['volume', `hash-test-${process.pid}`];
+  const oldName = `\0latch-volume-${createHash('sha256').update(parts.join('\0')).digest('hex').slice(0, 40)}`;
+  const holder: Server = createServer();
+  await new Promise<void>((resolve) => holder.listen({ path: oldName }, resolve));
+  try {
+    let ran = false;
+    await assert.rejects(
+      withHostLock(
+        parts,
+        150,
+        () => 'busy',
+        async () => {
+          ran = true;
+        },
+      ),
+      /busy/,
+    );
+    assert.equal(ran, false);
+  } finally {
+    await new Promise<void>((resolve) => holder.close(() => resolve()));
+  }
+  // Once it is free, the same parts take it.
+  assert.equal(
+    await withHostLock(
+      parts,
+      150,
+      () => 'busy',
+      async () => 'taken',
+    ),
+    'taken',
+  );
+});
