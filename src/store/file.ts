@@ -1,58 +1,76 @@
 // The embedded `file` store: one directory per key, one file per revision, compare-and-swap by exclusive link.
 // Layout, the writer's steps and why garbage collection cannot resurrect a revision: docs/ledger.md, "The file store".
-import { readdirSync, readFileSync, watch as watchPath, type Dirent, type FSWatcher } from 'node:fs';
+import {
+  chmodSync,
+  closeSync,
+  fchmodSync,
+  fsyncSync,
+  linkSync,
+  lstatSync,
+  mkdirSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  unlinkSync,
+  watch as watchPath,
+  writeFileSync,
+  type Dirent,
+  type FSWatcher,
+} from 'node:fs';
 import type * as NodeFs from 'node:fs/promises';
-import { chmod, link, lstat, mkdir, open, readdir, unlink, type FileHandle } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
-import { randomBytes } from 'node:crypto';
 import { ConflictError, LatchError, StoreError } from '../errors.js';
+import { tempTag } from '../hash.js';
 import { parseKey, type Store, type Versioned } from './types.js';
 import { ChangeSignal } from './watch.js';
 
 /** The few file system calls the store makes; tests pass a wrapper to count or delay them. */
-export type FileStoreFs = Pick<typeof NodeFs, 'open' | 'readdir' | 'readFile' | 'link' | 'unlink' | 'mkdir' | 'chmod' | 'lstat'>;
+export type FileStoreFs = {
+  open(path: string, flags: string, mode?: number): Promise<StoreFileHandle>;
+  readdir: (typeof NodeFs)['readdir'];
+} & Pick<typeof NodeFs, 'readFile' | 'link' | 'unlink' | 'mkdir' | 'chmod' | 'lstat'>;
+
+/** What the store does with an open file: write a revision, sync it (or a directory), close it. */
+export type StoreFileHandle = Pick<NodeFs.FileHandle, 'writeFile' | 'sync' | 'chmod' | 'close'>;
 
 /**
- * fs/promises, except that the reads (readdir, readFile) are done synchronously. A driver call is a short process
- * that waits for each read anyway, and its first asynchronous file system call starts libuv's thread pool (four
- * threads): measured at 5 ms of an `isattached`, whose whole job is two reads. The reads are of a small directory and
- * a file of a few KiB, so a long-running process (latch agent) is not held up by them either.
+ * Node's file system calls, made synchronously behind fs/promises' shape. A driver call is a short process that
+ * waits for each call anyway, and its first asynchronous one starts libuv's thread pool (four threads): measured at
+ * 5 ms of an `isattached`, whose whole job is two reads, and 3-5 ms of each `attach` and `detach`, which write. The
+ * files are a few KiB and a write's fsyncs are of one small file and its directory, so a long-running process
+ * (latch agent) is not held up by them much longer than by its own await.
  */
-const readsInline: FileStoreFs = {
-  // Getters: fs/promises loads on first use (build.mjs), and copying its functions here would load it (2 ms) in
-  // calls that only read.
-  get open() {
-    return open;
-  },
-  get link() {
-    return link;
-  },
-  get unlink() {
-    return unlink;
-  },
-  get mkdir() {
-    return mkdir;
-  },
-  get chmod() {
-    return chmod;
-  },
-  get lstat() {
-    return lstat;
-  },
+const inline: FileStoreFs = {
+  open: (path, flags, mode) => afterAwait(() => inlineHandle(openSync(path, flags, mode))),
   readdir: ((path: string, options?: { withFileTypes: true }) =>
     afterAwait(() => (options ? readdirSync(path, options) : readdirSync(path)))) as unknown as FileStoreFs['readdir'],
   readFile: ((path: string, encoding: BufferEncoding) =>
     afterAwait(() => readFileSync(path, encoding))) as unknown as FileStoreFs['readFile'],
+  link: (from, to) => afterAwait(() => linkSync(from as string, to as string)),
+  unlink: (path) => afterAwait(() => unlinkSync(path as string)),
+  mkdir: ((path: string, options: { recursive?: boolean; mode?: number }) =>
+    afterAwait(() => mkdirSync(path, options))) as unknown as FileStoreFs['mkdir'],
+  chmod: (path, mode) => afterAwait(() => chmodSync(path as string, mode)),
+  lstat: ((path: string) => afterAwait(() => lstatSync(path))) as unknown as FileStoreFs['lstat'],
 };
 
+function inlineHandle(fd: number): StoreFileHandle {
+  return {
+    writeFile: (text) => afterAwait(() => writeFileSync(fd, text as string, 'utf8')),
+    sync: () => afterAwait(() => fsyncSync(fd)),
+    chmod: (mode) => afterAwait(() => fchmodSync(fd, mode)),
+    close: () => afterAwait(() => closeSync(fd)),
+  };
+}
+
 /**
- * A promise of `read()`'s result that runs it one microtask later, once the caller awaits it. A read that fails
+ * A promise of `call()`'s result that runs it one microtask later, once the caller awaits it. A call that fails
  * (ENOENT, which every lookup of an absent key meets) then rejects a promise that already has its handler: one
  * rejected before it is awaited, as an async function's would be, sets off Node's unhandled-rejection tracking
  * (six of Node's functions to compile in every call that meets it).
  */
-function afterAwait<T>(read: () => T): Promise<T> {
-  return Promise.resolve().then(read);
+function afterAwait<T>(call: () => T): Promise<T> {
+  return Promise.resolve().then(call);
 }
 
 export interface FileStoreOptions {
@@ -104,7 +122,7 @@ export class FileStore implements Store {
 
   constructor(stateDir: string, options: FileStoreOptions = {}) {
     this.root = resolve(stateDir);
-    this.fs = options.fs ?? readsInline;
+    this.fs = options.fs ?? inline;
   }
 
   async get(key: string): Promise<Versioned | undefined> {
@@ -187,8 +205,14 @@ export class FileStore implements Store {
         // It vanished before we could follow it: nothing to watch there.
       }
     };
-    const followKeys = async () => {
-      const entries = await readdir(kindDir, { withFileTypes: true }).catch(() => []);
+    // Set up synchronously, so that a change made once the first next() has returned its promise is seen.
+    const followKeys = () => {
+      let entries: Dirent[] = [];
+      try {
+        entries = readdirSync(kindDir, { withFileTypes: true });
+      } catch {
+        // The kind's directory went away: its own watcher's error handler notifies.
+      }
       for (const entry of entries) {
         if (!entry.isDirectory() || entry.name.startsWith('.')) continue;
         follow(join(kindDir, entry.name), (name) => {
@@ -198,15 +222,17 @@ export class FileStore implements Store {
     };
     try {
       // Made now (0700, as a writer makes it) so that a store nobody wrote to yet can be watched.
-      await mkdir(kindDir, { recursive: true, mode: DIR_MODE }).catch((err: unknown) => {
+      try {
+        mkdirSync(kindDir, { recursive: true, mode: DIR_MODE });
+      } catch (err) {
         throw ioError(`create state directory ${kindDir}`, err);
-      });
+      }
       follow(kindDir, () => {
         // A key's first write makes its directory: follow it, and read again.
         changes.notify();
-        void followKeys();
+        followKeys();
       });
-      await followKeys();
+      followKeys();
       yield* changes;
     } finally {
       for (const w of watchers.values()) w.close();
@@ -269,8 +295,8 @@ export class FileStore implements Store {
   private async commit(where: { key: string; kindDir: string; dir: string }, expected: number, doc: Doc): Promise<number> {
     const { key, dir } = where;
     // The temp file must exist before the current revision is read: see the comment at the top.
-    const tempPath = join(dir, `${TEMP_PREFIX}${process.pid}-${randomBytes(6).toString('hex')}`);
-    let handle: FileHandle | undefined = await this.createTemp(where, tempPath);
+    const tempPath = join(dir, `${TEMP_PREFIX}${process.pid}-${tempTag()}`);
+    let handle: StoreFileHandle | undefined = await this.createTemp(where, tempPath);
     let next: number;
     try {
       const cur = await this.current(dir);
@@ -323,9 +349,9 @@ export class FileStore implements Store {
   }
 
   /** Opens a new temp file in the key's directory, creating the directories on the key's first write. */
-  private async createTemp(where: { kindDir: string; dir: string }, tempPath: string): Promise<FileHandle> {
+  private async createTemp(where: { kindDir: string; dir: string }, tempPath: string): Promise<StoreFileHandle> {
     for (let attempt = 0; ; attempt++) {
-      let handle: FileHandle;
+      let handle: StoreFileHandle;
       try {
         handle = await this.fs.open(tempPath, 'wx', FILE_MODE);
       } catch (err) {
@@ -381,7 +407,7 @@ export class FileStore implements Store {
   }
 
   private async syncDir(dir: string): Promise<void> {
-    let handle: FileHandle | undefined;
+    let handle: StoreFileHandle | undefined;
     try {
       handle = await this.fs.open(dir, 'r');
       await handle.sync();

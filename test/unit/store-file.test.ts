@@ -1,4 +1,5 @@
-import { after, before, describe, it } from 'node:test';
+import { after, afterEach, before, beforeEach, describe, it } from 'node:test';
+import { setTimeout as sleep } from 'node:timers/promises';
 import assert from 'node:assert/strict';
 import * as fs from 'node:fs/promises';
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -402,6 +403,14 @@ describe('openStore', () => {
 });
 
 describe('file store: watch', () => {
+  // The watchers do not keep a process alive (the agent's own timer does), and the store's writes are synchronous:
+  // without a timer of its own, a test waiting for a change would see its event loop run empty.
+  let keepAlive: NodeJS.Timeout | undefined;
+  beforeEach(() => {
+    keepAlive = setInterval(() => {}, 1000);
+  });
+  afterEach(() => clearInterval(keepAlive));
+
   it('yields after a key of its kind is created or written (by any store on the directory), and ends on abort', async () => {
     const dir = stateDir();
     const watcher = new FileStore(dir);
@@ -428,7 +437,10 @@ describe('file store: watch', () => {
     const stop = new AbortController();
     let seen = 0;
     const writing = (async () => {
-      for (let i = 0, rev = 0; i < 50 && seen === 0; i++) rev = await s.put('volumes/b', { i }, rev);
+      for (let i = 0, rev = 0; i < 50 && seen === 0; i++) {
+        rev = await s.put('volumes/b', { i }, rev);
+        await sleep(20); // the store's writes never wait on the event loop: let the watcher's events in
+      }
     })();
     for await (const _ of s.watch('volumes', stop.signal)) {
       seen++;
