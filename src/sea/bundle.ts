@@ -22,8 +22,9 @@ export function driverBundle(ops: OpTable): DriverBundle {
 
 /**
  * Answers the control plane's calls (init, getvolumename, attach, isattached: the ones KCM and kubelet make all
- * the time) once each on a scratch configuration and ledger in `dir`, so that V8 compiles their path (the
- * configuration's validated copy, options, the file store, the ledger, the log line) and the code cache taken
+ * the time; and an attach and detach that write the ledger) once each on a scratch configuration and ledger in `dir`,
+ * so that V8 compiles their path (the configuration's validated copy, options, the file store, the ledger and its
+ * writes, the log line) and the code cache taken
  * afterwards holds its bytecode. The build runs it twice in two processes on the same `dir` and takes the cache of the
  * second: by then the configuration's copy and the attachment exist, so the cache holds what a steady call runs (not
  * zod, which only a first call needs) and nothing else a call would have to deserialize. These calls run no child
@@ -39,10 +40,16 @@ async function warmUp(dir: string, ops: OpTable): Promise<never> {
   writeFileSync(configPath, JSON.stringify(config));
   const env = { LATCH_CONFIG: configPath };
   const json = JSON.stringify({ 'kubernetes.io/fsType': '', 'kubernetes.io/pvOrVolumeName': 'pv-warm', 'kubernetes.io/readwrite': 'rw' });
+  // A volume of this process's own, attached and detached, so that both processes write the ledger (pv-warm's attach
+  // is a write only in the first).
+  const own = `pv-warm-${process.pid}`;
+  const ownJson = JSON.stringify({ 'kubernetes.io/fsType': '', 'kubernetes.io/pvOrVolumeName': own, 'kubernetes.io/readwrite': 'rw' });
   const calls: [string, string[]][] = [
     ['init', []],
     ['getvolumename', [json]],
     ['attach', [json, 'warm-node']],
+    ['attach', [ownJson, 'warm-node']],
+    ['detach', [own, 'warm-node']],
   ];
   // Once is enough: V8 makes a function's bytecode when it first runs it, and that is what the cache holds.
   for (const [op, argv] of calls) {

@@ -74,6 +74,14 @@ let defaultTimeoutMs = INITIAL_TIMEOUT_MS;
 /** Process group ids (= pids, since every child is a group leader) of the children still running. */
 const running = new Set<number>();
 
+/**
+ * Whole milliseconds since `started` (process.hrtime.bigint()). Not performance.now(): its first use loads Node's
+ * perf_hooks, about 1 ms of every call that runs a child.
+ */
+function elapsedMs(started: bigint): number {
+  return Math.round(Number(process.hrtime.bigint() - started) / 1e6);
+}
+
 /** Sets the deadline used when a call passes no timeoutMs (from the config's commandTimeout). */
 export function setDefaultCommandTimeout(ms: number): void {
   if (!Number.isFinite(ms) || ms <= 0) throw new LatchError(`command timeout must be a positive number of milliseconds, got ${ms}`);
@@ -112,7 +120,7 @@ export async function run(command: string, args: string[], options: RunOptions =
   const searchPath = extendedPath(process.env.PATH);
   const path = searchPath.join(':');
   const executable = await findExecutable(command, searchPath);
-  const started = performance.now();
+  const started = process.hrtime.bigint();
   if (executable === undefined) {
     throw new CommandError(`${showCommand(command, args)} could not be started: command not found (PATH=${path})`, {
       command,
@@ -174,7 +182,7 @@ export async function run(command: string, args: string[], options: RunOptions =
     if (pgid !== undefined) running.delete(pgid);
   }
 
-  const durationMs = Math.round(performance.now() - started);
+  const durationMs = elapsedMs(started);
   const shown = showCommand(command, args);
   if (result === undefined) {
     throw new CommandError(
@@ -299,7 +307,7 @@ export async function startDaemon(command: string, args: string[], options: { ti
   }
   const setpriv = setprivPath();
   const [file, argv] = setpriv ? [setpriv, ['--pdeathsig', 'SIGKILL', '--', executable, ...args]] : [executable, args];
-  const started = performance.now();
+  const started = process.hrtime.bigint();
   const child = spawn(file, argv, {
     detached: true,
     stdio: ['ignore', 'ignore', 'pipe'],
@@ -331,7 +339,7 @@ export async function startDaemon(command: string, args: string[], options: { ti
   });
   if (pgid !== undefined) running.delete(pgid);
   child.stderr?.destroy();
-  const durationMs = Math.round(performance.now() - started);
+  const durationMs = elapsedMs(started);
   const tail = outputTail(stderr);
   const result = {
     ...details,
