@@ -470,21 +470,32 @@ async function concurrentLifecycles(count: number): Promise<void> {
       child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
       child.on('close', (code) => resolve({ stdout, code: code ?? -1 }));
     });
+  // Each failed lifecycle's failing call and its reply (or exit code), kept in the results file: a failure under
+  // load is rare, and without its reply there is nothing to go on.
+  const failed: string[] = [];
   const one = async (i: number): Promise<number | undefined> => {
     const pv = `pv-conc-${i}`;
     const json = optionsFor(pv);
     const global = join(dir, 'mounts', pv);
     mkdirSync(global, { recursive: true });
     const started = process.hrtime.bigint();
+    const step = async (args: string[]): Promise<string | undefined> => {
+      const { stdout, code } = await call(args);
+      if (ok(stdout, code)) return stdout;
+      failed.push(`${pv} ${args[0]}: exit ${code}, ${stdout.trim() || '(no reply)'}`);
+      return undefined;
+    };
     try {
-      if (!ok((await call(['attach', json, 'node-a'])).stdout, 0)) return undefined;
-      const device = (JSON.parse((await call(['waitforattach', '', json])).stdout) as { device?: string }).device;
+      if ((await step(['attach', json, 'node-a'])) === undefined) return undefined;
+      const waited = await step(['waitforattach', '', json]);
+      const device = waited === undefined ? undefined : (JSON.parse(waited) as { device?: string }).device;
       if (!device) return undefined;
-      if (!ok((await call(['mountdevice', global, device, json])).stdout, 0)) return undefined;
-      if (!ok((await call(['unmountdevice', global])).stdout, 0)) return undefined;
-      if (!ok((await call(['detach', pv, 'node-a'])).stdout, 0)) return undefined;
+      if ((await step(['mountdevice', global, device, json])) === undefined) return undefined;
+      if ((await step(['unmountdevice', global])) === undefined) return undefined;
+      if ((await step(['detach', pv, 'node-a'])) === undefined) return undefined;
       return Number(process.hrtime.bigint() - started) / 1e6;
-    } catch {
+    } catch (err) {
+      failed.push(`${pv}: ${err instanceof Error ? err.message : String(err)}`);
       return undefined;
     }
   };
@@ -524,11 +535,12 @@ async function concurrentLifecycles(count: number): Promise<void> {
       p50: pct(0.5),
       p99: pct(0.99),
       failures,
+      failed,
     };
     figures.push({
       section: 'concurrent',
       what: `${count} concurrent pod lifecycles: failures`,
-      value: String(failures),
+      value: failures === 0 ? '0' : `${failures} (first: ${failed[0] ?? 'no reply recorded'})`,
       target: '0',
       pass: failures === 0,
     });
