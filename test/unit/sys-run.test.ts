@@ -87,6 +87,34 @@ describe('run', () => {
     }
   });
 
+  it("collects a child's output through files that have no name, whole, and leaves no file behind", async () => {
+    const shm = () => new Set(readdirSync('/dev/shm'));
+    const before = shm();
+    // Output well over a pipe's 64 KiB and over several reads, with a marker at the end: nothing cut or reordered.
+    const result = await run('sh', ['-c', 'head -c 300000 /dev/zero | tr "\\0" x; echo END; echo E >&2']);
+    assert.equal(result.stdout.length, 300_004);
+    assert.ok(result.stdout.endsWith('xEND\n'));
+    assert.equal(result.stderr, 'E\n');
+    // The child's own view: its stdout and stderr are unlinked files in /dev/shm (where the files are made), not pipes.
+    const fds = await run('sh', ['-c', 'readlink /proc/$$/fd/1; readlink /proc/$$/fd/2']);
+    const targets = fds.stdout.trim().split('\n');
+    assert.equal(targets.length, 2);
+    for (const target of targets) assert.match(target, /^\/dev\/shm\/#\d+ \(deleted\)$/);
+    assert.deepEqual(
+      [...shm()].filter((name) => !before.has(name)),
+      [],
+    );
+  });
+
+  it('fails a child whose output is over 16 MiB', async () => {
+    await assert.rejects(run('head', ['-c', String(17 * 1024 * 1024), '/dev/zero']), (err: unknown) => {
+      assert.ok(err instanceof CommandError);
+      assert.match(err.message, /produced more than 16777216 bytes of output/);
+      return true;
+    });
+    assert.equal((await run('head', ['-c', String(1024 * 1024), '/dev/zero'])).stdout.length, 1024 * 1024);
+  });
+
   it('passes input on stdin, and stdin is /dev/null otherwise', async () => {
     assert.equal((await run('cat', [], { input: 'hello\n' })).stdout, 'hello\n');
     const started = Date.now();
