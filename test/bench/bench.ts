@@ -456,6 +456,36 @@ function childrenCpuSeconds(): number {
 }
 
 /**
+ * What a core does when every core is busy, against one core busy alone: the CPU seconds a fixed CPU-only job
+ * (a loop in `node -e`, no I/O) costs alone over what it costs with one per core at once, alternating over a few
+ * rounds. 1.0 on a machine whose cores scale; below it where they share something (a hypervisor's host under other
+ * load, which counts the time it takes from a busy guest as the guest's own CPU time, or SMT siblings). The bound
+ * of the concurrency section assumes 1.0.
+ */
+async function coreScaling(cores: number, env: NodeJS.ProcessEnv): Promise<number> {
+  const job = [NODE, '-e', 'let x = 0; for (let i = 0; i < 2e8; i++) x += i; if (x < 0) console.log(x);'];
+  const once = () =>
+    new Promise<void>((resolve, reject) => {
+      const [file, ...args] = job;
+      const child = spawn(file ?? NODE, args, { env, stdio: 'ignore' });
+      child.on('error', reject);
+      child.on('close', () => resolve());
+    });
+  let alone = 0;
+  let together = 0;
+  const ROUNDS = 3;
+  for (let round = 0; round < ROUNDS; round++) {
+    let before = childrenCpuSeconds();
+    for (let i = 0; i < cores; i++) await once();
+    alone += childrenCpuSeconds() - before;
+    before = childrenCpuSeconds();
+    await Promise.all(Array.from({ length: cores }, () => once()));
+    together += childrenCpuSeconds() - before;
+  }
+  return alone / together;
+}
+
+/**
  * `count` pod lifecycles on `count` volumes at once, against the machine's bound: the CPU one lifecycle costs (its
  * node starts, latch's work and the tools, measured on sequential lifecycles in the same run) divided into the
  * cores. A rate well below the bound means something serializes the lifecycles rather than the CPU limiting them.
@@ -507,6 +537,7 @@ async function concurrentLifecycles(count: number): Promise<void> {
     const cpuPerLifecycle = (childrenCpuSeconds() - cpuBefore) / SEQUENTIAL;
     const cores = cpus().length;
     const bound = cores / cpuPerLifecycle;
+    const scaling = await coreScaling(cores, env);
 
     const started = process.hrtime.bigint();
     const cpuAtStart = childrenCpuSeconds();
@@ -536,6 +567,7 @@ async function concurrentLifecycles(count: number): Promise<void> {
       p99: pct(0.99),
       failures,
       failed,
+      coreScaling: scaling,
     };
     figures.push({
       section: 'concurrent',
@@ -550,6 +582,12 @@ async function concurrentLifecycles(count: number): Promise<void> {
       value: `${(rate / bound).toFixed(2)} (${rate.toFixed(2)} vs ${bound.toFixed(2)} lifecycles/s; used ${(utilization * 100).toFixed(0)}% of the CPU, load ${loadAtStart.toFixed(1)})`,
       target: '>= 0.80',
       pass: rate / bound >= 0.8,
+    });
+    figures.push({
+      section: 'concurrent',
+      what: `the machine's cores when all are busy: a CPU-only job's CPU time alone / with one per core at once (1.0: they scale)`,
+      value: `${scaling.toFixed(2)}; rate / (bound x that): ${(rate / (bound * scaling)).toFixed(2)}`,
+      target: '',
     });
     table(`${count} concurrent pod lifecycles on ${count} volumes (target: 0 failures, rate >= 0.80 of the machine bound)`, [
       [
