@@ -273,17 +273,25 @@ function spawnCollecting(
     };
     child.stdout?.on('data', collect(out));
     child.stderr?.on('data', collect(err));
+    // Read once: the files are closed after it, and a second event ('close' after an 'error') gets the same.
+    let collected: { stdout: string; stderr: string; isMaxBuffer: boolean } | undefined;
     const output = (): { stdout: string; stderr: string; isMaxBuffer: boolean } => {
       const text = (chunks: Buffer[]) => Buffer.concat(chunks).toString('utf8');
       if (!files) return { stdout: text(out), stderr: text(err), isMaxBuffer };
+      if (collected) return collected;
       try {
         const stdout = readOutput(files.out);
         const stderr = readOutput(files.err);
-        if (stdout === undefined || stderr === undefined) return { stdout: '', stderr: '', isMaxBuffer: true };
-        return { stdout, stderr, isMaxBuffer: false };
+        collected =
+          stdout === undefined || stderr === undefined
+            ? { stdout: '', stderr: '', isMaxBuffer: true }
+            : { stdout, stderr, isMaxBuffer: false };
+      } catch {
+        collected = { stdout: '', stderr: '', isMaxBuffer: false };
       } finally {
         closeFiles(files);
       }
+      return collected;
     };
     child.once('error', (error: NodeJS.ErrnoException) => {
       // Not started (no 'close' follows); an error after the start (a failed kill) changes nothing.
