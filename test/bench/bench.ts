@@ -458,9 +458,9 @@ function childrenCpuSeconds(): number {
 /**
  * What a core does when every core is busy, against one core busy alone: the CPU seconds a fixed CPU-only job
  * (a loop in `node -e`, no I/O) costs alone over what it costs with one per core at once, alternating over a few
- * rounds. 1.0 on a machine whose cores scale; below it where they share something (a hypervisor's host under other
- * load, which counts the time it takes from a busy guest as the guest's own CPU time, or SMT siblings). The bound
- * of the concurrency section assumes 1.0.
+ * rounds. 1.0 on a machine whose cores scale; below it where they share something (SMT siblings, or a virtual
+ * machine's host under other load, which a guest sees as its own CPU time running slower). The bound of the
+ * concurrency section assumes 1.0.
  */
 async function coreScaling(cores: number, env: NodeJS.ProcessEnv): Promise<number> {
   const job = [NODE, '-e', 'let x = 0; for (let i = 0; i < 2e8; i++) x += i; if (x < 0) console.log(x);'];
