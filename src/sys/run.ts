@@ -6,7 +6,7 @@ import { closeSync, constants, existsSync, fstatSync, openSync, readdirSync, rea
 import { access, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { LatchError } from '../errors.js';
+import { LatchError, errorMessage } from '../errors.js';
 
 export interface RunOptions {
   /** Deadline for the child; default: setDefaultCommandTimeout(), initially 120 s. */
@@ -198,6 +198,11 @@ export async function run(command: string, args: string[], options: RunOptions =
   if (timedOut) {
     throw new CommandError(`${shown} timed out after ${formatDuration(timeoutMs)}`, details, { cause: result });
   }
+  if (result.readError !== undefined) {
+    throw new CommandError(`${shown} ran, but its output could not be read: ${errorMessage(result.readError)}`, details, {
+      cause: result.readError,
+    });
+  }
   if (result.isMaxBuffer) {
     throw new CommandError(`${shown} produced more than ${MAX_BUFFER} bytes of output`, details, { cause: result });
   }
@@ -215,15 +220,21 @@ export async function run(command: string, args: string[], options: RunOptions =
   return { stdout, stderr, exitCode, durationMs };
 }
 
-interface Collected {
+/** A child's output as collected. */
+interface Output {
   stdout: string;
   stderr: string;
+  isMaxBuffer: boolean;
+  /** Why its output files could not be read. */
+  readError?: unknown;
+}
+
+interface Collected extends Output {
   /** undefined when a signal killed the child or it could not be started. */
   exitCode: number | undefined;
   signal: NodeJS.Signals | undefined;
   /** Why it could not be started (ENOENT, EACCES, ...). */
   errorCode: string | undefined;
-  isMaxBuffer: boolean;
 }
 
 /**
@@ -232,7 +243,7 @@ interface Collected {
  * rather than execa: every driver call that runs a tool paid for evaluating execa and for its per-child machinery
  * (measured: 10-25 ms of a call's CPU, more than the tool itself), and this is all of it that latch needs.
  *
- * The output goes to two files without a name (outputFile), read once the child is gone, rather than to pipes: a pipe
+ * The output goes to two files without a name (outputFiles), read once the child is gone, rather than to pipes: a pipe
  * is a libuv handle and a stream to read it through, which measured 4 ms more per child (a first spawn 10.4 ms
  * against 6.5, its exit 3.5 against 1.5), five times in a pod's lifecycle. Where such a file cannot be made, pipes.
  */
@@ -241,10 +252,7 @@ function spawnCollecting(
   argv: string[],
   options: { input: string | undefined; env: NodeJS.ProcessEnv },
 ): { pid: number | undefined; done: Promise<Collected> } {
-  const outFd = outputFile();
-  const errFd = outFd === undefined ? undefined : outputFile();
-  if (outFd !== undefined && errFd === undefined) closeSync(outFd);
-  const files = outFd !== undefined && errFd !== undefined ? { out: outFd, err: errFd } : undefined;
+  const files = outputFiles();
   let child;
   try {
     child = spawn(file, argv, {
@@ -273,28 +281,13 @@ function spawnCollecting(
     };
     child.stdout?.on('data', collect(out));
     child.stderr?.on('data', collect(err));
-    // Read once: the files are closed after it, and a second event ('close' after an 'error') gets the same.
-    let collected: { stdout: string; stderr: string; isMaxBuffer: boolean } | undefined;
-    const output = (): { stdout: string; stderr: string; isMaxBuffer: boolean } => {
-      const text = (chunks: Buffer[]) => Buffer.concat(chunks).toString('utf8');
-      if (!files) return { stdout: text(out), stderr: text(err), isMaxBuffer };
-      if (collected) return collected;
-      try {
-        const stdout = readOutput(files.out);
-        const stderr = readOutput(files.err);
-        collected =
-          stdout === undefined || stderr === undefined
-            ? { stdout: '', stderr: '', isMaxBuffer: true }
-            : { stdout, stderr, isMaxBuffer: false };
-      } catch {
-        collected = { stdout: '', stderr: '', isMaxBuffer: false };
-      } finally {
-        closeFiles(files);
-      }
-      return collected;
-    };
+    const text = (chunks: Buffer[]) => Buffer.concat(chunks).toString('utf8');
+    // Taken once: a child that could not be started sends 'error' and then 'close', and the files are closed after
+    // the first read.
+    let collected: Output | undefined;
+    const output = (): Output => (collected ??= files ? readFiles(files) : { stdout: text(out), stderr: text(err), isMaxBuffer });
     child.once('error', (error: NodeJS.ErrnoException) => {
-      // Not started (no 'close' follows); an error after the start (a failed kill) changes nothing.
+      // Not started; an error after the start (a failed kill) changes nothing, and 'close' reports the exit.
       if (child.pid !== undefined) return;
       resolve({ ...output(), exitCode: undefined, signal: undefined, errorCode: error.code });
     });
@@ -316,22 +309,47 @@ const OUTPUT_DIR = '/dev/shm';
 const O_TMPFILE = 0o20000000 | constants.O_DIRECTORY;
 
 /**
- * A file for one of a child's output streams: readable and writable by root only, and without a name (O_TMPFILE), so
- * that nothing is left behind whatever happens to the call, and nobody else can open it. undefined where the
- * directory or the flag is not there (the caller uses a pipe).
+ * Two files for a child's stdout and stderr: readable and writable by root only, and without a name (O_TMPFILE), so
+ * that nothing is left behind whatever happens to the call, and nobody else can open them. undefined where the
+ * directory or the flag is not there (the caller uses pipes).
  */
-function outputFile(): number | undefined {
-  try {
-    return openSync(OUTPUT_DIR, constants.O_RDWR | O_TMPFILE, 0o600);
-  } catch {
+function outputFiles(): { out: number; err: number } | undefined {
+  const make = (): number | undefined => {
+    try {
+      return openSync(OUTPUT_DIR, constants.O_RDWR | O_TMPFILE, 0o600);
+    } catch {
+      return undefined;
+    }
+  };
+  const out = make();
+  if (out === undefined) return undefined;
+  const err = make();
+  if (err === undefined) {
+    closeSync(out);
     return undefined;
   }
+  return { out, err };
 }
 
 /**
- * What the child wrote to an output file, from its start; undefined when that is over MAX_BUFFER. A child cannot be
- * stopped at that size as with a pipe: its deadline bounds what it writes.
+ * What the child wrote to its output files, which are closed after. Over MAX_BUFFER, isMaxBuffer and nothing of it: a
+ * child cannot be stopped at that size as with a pipe, its deadline bounds what it writes. A file that cannot be read
+ * is readError: an output taken as empty could read as "nothing found".
  */
+function readFiles(files: { out: number; err: number }): Output {
+  try {
+    const stdout = readOutput(files.out);
+    const stderr = readOutput(files.err);
+    if (stdout === undefined || stderr === undefined) return { stdout: '', stderr: '', isMaxBuffer: true };
+    return { stdout, stderr, isMaxBuffer: false };
+  } catch (readError) {
+    return { stdout: '', stderr: '', isMaxBuffer: false, readError };
+  } finally {
+    closeFiles(files);
+  }
+}
+
+/** One output file from its start; undefined when it is over MAX_BUFFER. */
 function readOutput(fd: number): string | undefined {
   const size = fstatSync(fd).size;
   if (size > MAX_BUFFER) return undefined;
