@@ -21,3 +21,12 @@ export function tempTag(): string {
     .toString(16)
     .padStart(8, '0');
 }
+
+/**
+ * The name of a temp file made beside `name` and renamed or linked onto it: `.<name>.<pid>.<tempTag>.tmp`. Hidden,
+ * and in the shape that the clean-ups of dead writers' temps match (the loop pool's, the installer's, the files
+ * beside the driver).
+ */
+export function tempName(name: string): string {
+  return `.${name}.${process.pid}.${tempTag()}.tmp`;
+}

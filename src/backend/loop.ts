@@ -6,7 +6,7 @@ import { chmod, link, lstat, mkdir, open, readdir, readFile, realpath, rmdir, st
 import type { Stats } from 'node:fs';
 import { basename, dirname, isAbsolute, join, resolve } from 'node:path';
 import { LatchError } from '../errors.js';
-import { tempTag } from '../hash.js';
+import { tempName } from '../hash.js';
 import { checkVolumeName } from '../names.js';
 import { formatSize } from '../size.js';
 import { blockDeviceSize } from '../sys/blockdev.js';
@@ -93,7 +93,7 @@ export class LoopBackend implements Backend, SnapshotBackend {
     // count), so the commit that makes the new name durable carries the inode with its size and mode (a journal
     // commits whole transactions in order; btrfs logs the inode of a new name). An fsync of the image first would
     // be a second journal commit that protects nothing more.
-    const temp = join(this.poolDir, `.${imageFileName(volume)}.${process.pid}.${tempTag()}.tmp`);
+    const temp = join(this.poolDir, tempName(imageFileName(volume)));
     const handle = await open(temp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o600);
     try {
       try {
@@ -305,7 +305,7 @@ export class LoopBackend implements Backend, SnapshotBackend {
     if (await statImage(path)) throw new LatchError(`volume ${volume} already has a snapshot named ${name}`);
     await removeDeadTemps(dir);
 
-    const temp = join(dir, `.${name}${IMAGE_SUFFIX}.${process.pid}.${tempTag()}.tmp`);
+    const temp = join(dir, tempName(`${name}${IMAGE_SUFFIX}`));
     const createdAt = new Date().toISOString();
     try {
       // A sparse copy reads and writes the whole image: allow it about 20 MB/s, and never less than 10 minutes.

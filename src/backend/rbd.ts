@@ -8,7 +8,7 @@
 import { mkdir, readFile, rename, rm, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { LatchError } from '../errors.js';
-import { tempTag } from '../hash.js';
+import { tempName } from '../hash.js';
 import { checkVolumeName } from '../names.js';
 import { formatSize } from '../size.js';
 import { withHostLock } from '../sys/lock.js';
@@ -263,7 +263,7 @@ export class RbdBackend implements Backend {
     const snap = (await rbdSnapList(this.identity, this.pool, image)).find((s) => s.name === name);
     if (!snap) throw new LatchError(`volume ${volume} has no snapshot named ${name} (latch snapshot list ${volume})`);
     await mkdir(this.mountDir, { recursive: true, mode: 0o700 });
-    const file = join(this.mountDir, `.export-${image}@${name}.${process.pid}.${tempTag()}.tmp`);
+    const file = join(this.mountDir, tempName(`export-${image}@${name}`));
     // An export reads the whole snapshot: allow it about 20 MB/s, and never less than 10 minutes.
     await rbdExportSnapshot(this.identity, this.pool, image, name, file, Math.max(600_000, snap.size / 20_000)).catch(
       async (err: unknown) => {

@@ -6,11 +6,12 @@
 // never a missing one, and nothing else is ever written below the plugin dir but what the driver needs beside it,
 // under the dot-name .latch: the runtime of the self-contained build and, when asked, the configuration
 // (host/beside-driver.ts; docs/protocol.md, "Discovery and install").
-import { createHash, randomBytes } from 'node:crypto';
+import { createHash } from 'node:crypto';
 import { constants } from 'node:fs';
 import { access, lstat, mkdir, open, readdir, rename, stat, unlink } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { LatchError } from '../errors.js';
+import { tempName } from '../hash.js';
 import type { Config } from '../config.js';
 import {
   prepareConfigBeside,
@@ -187,7 +188,7 @@ async function installLocked(options: InstallDriverOptions): Promise<InstallResu
   await removeStaleTemps(dir, basename(file));
   // The runtime the replaced driver names stays until the next install: a call of it may be starting right now.
   const previousRuntime = before.state === 'present' ? await runtimeNamedBy(file, seenAsDir) : undefined;
-  const temp = join(dir, `.${basename(file)}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
+  const temp = join(dir, tempName(basename(file)));
   const copied = await copyTo(options.source, temp, edits);
   try {
     if (copied !== wanted.sha256) {

@@ -10,12 +10,13 @@
 // under a name of its content, so the driver only ever names a complete runtime: it is installed before the driver
 // that names it, and a runtime is removed only two installs later (a call of the previous driver may be starting).
 // kubelet's prober ignores names starting with '.', so the runtime's rename does not make it re-probe.
-import { X509Certificate, createHash, createPrivateKey, randomBytes } from 'node:crypto';
+import { X509Certificate, createHash, createPrivateKey } from 'node:crypto';
 import { constants } from 'node:fs';
 import { copyFile, lstat, mkdir, open, readdir, readFile, rename, rm, stat } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { BESIDE_DRIVER_DIR, type Config } from '../config.js';
 import { errorMessage, LatchError } from '../errors.js';
+import { tempName } from '../hash.js';
 import { syncDir } from '../sys/files.js';
 import { withHostLock } from '../sys/lock.js';
 import { fileDigest } from './driver-file.js';
@@ -126,7 +127,7 @@ export async function installRuntime(plan: RuntimePlan): Promise<void> {
   if (await runtimeInstalled(plan)) return;
   const beside = dirname(plan.installedDir);
   await ensureBesideDir(beside);
-  const temp = join(beside, `.${basename(plan.installedDir)}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
+  const temp = join(beside, tempName(basename(plan.installedDir)));
   await mkdir(temp, { mode: 0o755 });
   try {
     for (const f of plan.files) {
@@ -294,7 +295,7 @@ async function writePrivate(path: string, data: Buffer): Promise<void> {
     () => false,
   );
   if (same) return;
-  const temp = join(dirname(path), `.${basename(path)}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
+  const temp = join(dirname(path), tempName(basename(path)));
   const handle = await open(temp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o600);
   try {
     await handle.chmod(0o600); // whatever the umask

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { createServer, type Server } from 'node:net';
 import { test } from 'node:test';
-import { tempTag } from '../../src/hash.js';
+import { tempName, tempTag } from '../../src/hash.js';
 import { withHostLock } from '../../src/sys/lock.js';
 
 test('temp tags are eight hex digits, and different from one call to the next', () => {
@@ -12,6 +12,14 @@ test('temp tags are eight hex digits, and different from one call to the next', 
   assert.equal(new Set(tags).size, tags.length);
   // Every digit position varies (a tag that is not padded or is cut short would fix some).
   for (let i = 0; i < 8; i++) assert.ok(new Set(tags.map((t) => t[i])).size > 4, `digit ${i} hardly varies`);
+});
+
+test("temp names have the shape the clean-ups of dead writers' temps match", () => {
+  const name = tempName('vol-a.img');
+  assert.match(name, new RegExp(`^\\.vol-a\\.img\\.${process.pid}\\.[0-9a-f]{8}\\.tmp$`));
+  // The pattern the loop pool's clean-up reads a writer's pid with (src/backend/loop.ts).
+  assert.equal(/^\..*\.(\d+)\.[0-9a-f]+\.tmp$/.exec(name)?.[1], String(process.pid));
+  assert.notEqual(tempName('vol-a.img'), name);
 });
 
 test('a host lock held under the name an earlier build computed with node:crypto still excludes (rolling upgrade)', async () => {
