@@ -463,11 +463,10 @@ function childrenCpuSeconds(): number {
  * concurrency section assumes 1.0.
  */
 async function coreScaling(cores: number, env: NodeJS.ProcessEnv): Promise<number> {
-  const job = [NODE, '-e', 'let x = 0; for (let i = 0; i < 2e8; i++) x += i; if (x < 0) console.log(x);'];
+  const loop = 'let x = 0; for (let i = 0; i < 2e8; i++) x += i; if (x < 0) console.log(x);';
   const once = () =>
     new Promise<void>((resolve, reject) => {
-      const [file, ...args] = job;
-      const child = spawn(file ?? NODE, args, { env, stdio: 'ignore' });
+      const child = spawn(NODE, ['-e', loop], { env, stdio: 'ignore' });
       child.on('error', reject);
       child.on('close', () => resolve());
     });
