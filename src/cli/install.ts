@@ -29,6 +29,7 @@ import { choosePluginDir } from '../host/plugin-dir.js';
 import type { Preset } from '../host/presets.js';
 import { formatSize } from '../size.js';
 import { syncDir } from '../sys/files.js';
+import { reloadPageCache, type PageCacheReload } from '../sys/page-cache.js';
 import { driverNameFrom } from './driver-name.js';
 import type { CommandIO } from './io.js';
 import { formatJson, type OutputFormat } from './output.js';
@@ -72,6 +73,7 @@ export async function install(options: InstallOptions, io: CommandIO): Promise<v
     ...(hasRuntime && { runtime }),
     ...(seenAs !== undefined && { pluginDirSeenAs: seenAs }),
     ...(options.configBesideDriver && driver.config && { configBeside: driver.config }),
+    reloadPageCache: source.selfContained,
   });
   if (options.output === 'json') {
     io.out(
@@ -100,6 +102,9 @@ export async function install(options: InstallOptions, io: CommandIO): Promise<v
   }
   if (result.runtime)
     lines.push(`the driver runs with the loader and libraries in ${result.runtime}: it needs nothing outside the plugin dir`);
+  if (result.pageCache?.reloaded === false) {
+    lines.push(`note: the driver's page cache was not reloaded (${result.pageCache.reason}); its calls start as they did before`);
+  }
   if (result.config)
     lines.push(`wrote the configuration beside the driver: ${[result.config, ...(result.configFiles ?? [])].join(', ')} (0600)`);
   if (source.selfContained && !hasRuntime) {
@@ -128,6 +133,11 @@ export interface InstallDriverOptions {
   pluginDirSeenAs?: string;
   /** Write this configuration beside the driver too. */
   configBeside?: Config;
+  /**
+   * Reload the page cache of the driver and its runtime, whether written now or not (a self-contained build: every
+   * call maps them; src/sys/page-cache.ts).
+   */
+  reloadPageCache?: boolean;
 }
 
 export interface InstallResult {
@@ -141,6 +151,8 @@ export interface InstallResult {
   /** The configuration written beside the driver, and the files it names. */
   config?: string;
   configFiles?: string[];
+  /** Whether the driver's page cache was reloaded, with reloadPageCache. */
+  pageCache?: PageCacheReload;
 }
 
 /**
@@ -149,7 +161,15 @@ export interface InstallResult {
  * 0755, rename over the old file, fsync the directory.
  */
 export async function installDriver(options: InstallDriverOptions): Promise<InstallResult> {
-  return withDriverDirLock(driverPath(options.pluginDir, options.driverName).dir, () => installLocked(options));
+  return withDriverDirLock(driverPath(options.pluginDir, options.driverName).dir, async () => {
+    const result = await installLocked(options);
+    if (!options.reloadPageCache) return result;
+    // Also when nothing changed: this is what runs on every start of the DaemonSet's pod, so after each reboot, when
+    // kubelet's first calls have faulted the driver into the page cache in 4 KiB pieces.
+    const { runtime } = result;
+    const libraries = runtime === undefined ? [] : (await readdir(runtime)).sort().map((name) => join(runtime, name));
+    return { ...result, pageCache: await reloadPageCache([result.path, ...libraries]) };
+  });
 }
 
 async function installLocked(options: InstallDriverOptions): Promise<InstallResult> {

@@ -13,6 +13,7 @@ import {
   readFileSync,
   rmSync,
   statSync,
+  statfsSync,
   writeFileSync,
   appendFileSync,
 } from 'node:fs';
@@ -106,6 +107,30 @@ describe('install with the runtime beside the driver', { skip, timeout: 300_000 
 
     assert.equal((await uninstallDriver({ pluginDir: plugins, driverName: 'latch/loop' })).action, 'removed');
     assert.deepEqual(readdirSync(plugins), []);
+  });
+
+  test('the page cache of the driver and its runtime is reloaded by every install, also one that changes nothing', async () => {
+    const plugins = join(work, 'plugins-reload');
+    const reinstall = () =>
+      installDriver({ pluginDir: plugins, driverName: 'latch/loop', source: SEA, runtime: RUNTIME, reloadPageCache: true });
+    const first = await reinstall();
+    assert.deepEqual(first.pageCache, { reloaded: true });
+    assert.equal((await install(plugins, RUNTIME)).pageCache, undefined, 'only when asked (the Node.js bundle is not mapped)');
+
+    // Unchanged: everything kubelet's calls map is dropped and read back from the disk (not on tmpfs, which keeps it).
+    const readBytes = () => Number(/^read_bytes: (\d+)$/m.exec(readFileSync('/proc/self/io', 'utf8'))?.[1]);
+    const mapped = [join(plugins, 'latch~loop/loop'), ...readdirSync(first.runtime ?? '').map((n) => join(first.runtime ?? '', n))];
+    const total = mapped.reduce((sum, file) => sum + statSync(file).size, 0);
+    const before = readBytes();
+    const again = await reinstall();
+    assert.equal(again.action, 'unchanged');
+    assert.deepEqual(again.pageCache, { reloaded: true });
+    if (statfsSync(plugins).type !== 0x01021994 && !Number.isNaN(before)) {
+      assert.ok(
+        readBytes() - before >= total,
+        `read ${readBytes() - before} bytes from the disk, less than the ${total} of the driver and its runtime`,
+      );
+    }
   });
 
   test('concurrent installs of three runtimes: every driver a watcher sees names a complete runtime', async () => {
