@@ -6,7 +6,7 @@
 //   npm run bench -- --only io,rbd    some sections (calls, ledger, lifecycle, concurrent, io, rbd, backup); the results file
 //                                     keeps the other sections' figures from their last run
 import { spawn, spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -15,10 +15,11 @@ import { ticketId } from '../../src/ledger/ids.js';
 import { EtcdStore } from '../../src/store/etcd.js';
 import { FileStore } from '../../src/store/file.js';
 import type { Store } from '../../src/store/types.js';
+import { reloadPageCache } from '../../src/sys/page-cache.js';
 import { EtcdCluster, etcdSkipReason } from '../etcd/etcd.js';
 import { printFigures, writeReport, type Figure, type Results } from './figures.js';
 import { backupThroughput } from './backup.js';
-import { cleanUp, loopIo, rbdIo } from './io.js';
+import { cleanUp, evict, loopIo, rbdIo } from './io.js';
 
 const ROOT = join(__dirname, '..', '..');
 const NODE = process.execPath;
@@ -194,6 +195,23 @@ function drivers(): Record<string, string[]> {
   return found;
 }
 
+/**
+ * A copy of the single executable whose page cache is dropped, so that its calls fault it in by the kernel's
+ * read-around, in 4 KiB pieces, and keep it so: what a node has after memory pressure evicted the driver since
+ * `latch install` last reloaded it (src/sys/page-cache.ts). bin/latch-sea itself is measured as install leaves it.
+ */
+function evictedCopy(dir: string): string[] | undefined {
+  const sea = drivers()['bin/latch-sea']?.[0];
+  if (sea === undefined) return undefined;
+  const copy = join(dir, 'latch-sea-evicted');
+  copyFileSync(sea, copy);
+  evict(copy);
+  return [copy];
+}
+
+const EVICTED_ISATTACHED = 'bin/latch-sea isattached, its page cache evicted (faulted back in 4 KiB pieces)';
+const EVICTED_LIFECYCLE = 'bin/latch-sea pod lifecycle, its page cache evicted';
+
 function controlPlaneCalls(): void {
   const { dir, env } = workDir();
   try {
@@ -206,6 +224,8 @@ function controlPlaneCalls(): void {
       candidates[`${name} isattached`] = () => runOnce([...cmd, 'isattached', json, 'node-a'], env, ok);
       candidates[`${name} attach (attached)`] = () => runOnce([...cmd, 'attach', json, 'node-a'], env, ok);
     }
+    const evicted = evictedCopy(dir);
+    if (evicted) candidates[EVICTED_ISATTACHED] = () => runOnce([...evicted, 'isattached', json, 'node-a'], env, ok);
     const s = measure(candidates, CALL_REPS);
     const base = s['node -e 0']!.median;
     const cpuBase = s['node -e 0']!.cpuMeanMs;
@@ -214,13 +234,14 @@ function controlPlaneCalls(): void {
       if (n === 'node -e 0') continue;
       const ratio = v.median / base;
       const cpuRatio = v.cpuMeanMs / cpuBase;
+      const evictedRow = n === EVICTED_ISATTACHED;
       figures.push({
         section: 'calls',
         what: `${n} / node -e 0`,
         // The CPU ratio is robust to the machine's other load, which wall times on a shared machine are not.
         value: `${ratio.toFixed(2)} (CPU ${cpuRatio.toFixed(2)})`,
-        target: '<= 1.10',
-        pass: ratio <= 1.1,
+        target: evictedRow ? '' : '<= 1.10',
+        ...(!evictedRow && { pass: ratio <= 1.1 }),
       });
       if (v.rssKiB !== undefined && n.endsWith(' init')) {
         const rss = v.rssKiB / 1024;
@@ -405,6 +426,8 @@ function podLifecycle(): void {
     for (const [name, cmd] of Object.entries(drivers())) {
       candidates[`${name} lifecycle`] = () => lifecycle(cmd, env, dir, `pv-life-${n++}`);
     }
+    const evicted = evictedCopy(dir);
+    if (evicted) candidates[EVICTED_LIFECYCLE] = () => lifecycle(evicted, env, dir, `pv-life-${n++}`);
     const s = measure(candidates);
     const node = s['node -e 0']!.median;
     const floor = s['raw tools floor']!.median;
@@ -435,6 +458,15 @@ function podLifecycle(): void {
         ((life - floor) / node).toFixed(2),
         (life / (floor + 5 * node)).toFixed(2),
       ]);
+    }
+    const evictedLife = s[EVICTED_LIFECYCLE];
+    if (evictedLife) {
+      figures.push({
+        section: 'lifecycle',
+        what: `${EVICTED_LIFECYCLE}: node starts over the raw tools floor`,
+        value: `${((evictedLife.median - floor) / node).toFixed(1)} (${fmt(evictedLife.median)} ms; CPU: ${((evictedLife.cpuMeanMs - floorCpu) / nodeCpu).toFixed(1)})`,
+        target: '',
+      });
     }
     results.podLifecycle = { ...s, overheadInNodeStarts: overhead };
     table('Pod lifecycle (attach, waitforattach, mountdevice, unmountdevice, detach) on a fresh 64 MiB volume', [
@@ -671,30 +703,22 @@ function saveResults(ran: Set<Section>): string {
 }
 
 /**
- * Drops the page cache of `file`, so that the calls measured run from pages the kernel reads back from disk, as an
- * installed executable's are (after the node boots, or after memory pressure), and as `node -e 0`'s are. The build
- * has just written bin/latch-sea, and a file just written stays cached in the large folios its writes made, which the
- * kernel maps in 2 MiB pages: measured on this VM, 300 fewer page faults, 2-2.5 ms less CPU and 25 MiB more peak RSS
- * per call than the same file read back from disk (docs/performance.md, "The executable's page cache").
+ * Leaves the single executable in the page cache as `latch install` leaves an installed driver (src/sys/page-cache.ts),
+ * whatever the build's writes or earlier runs left: the figures are of the driver as a node holds it after install
+ * and after each reboot (the DaemonSet's pod installs again on every start).
  */
-function readBackFromDisk(file: string): void {
-  // Dirty pages cannot be dropped: written back first.
-  for (const [command, args] of [
-    ['sync', [file]],
-    ['dd', [`if=${file}`, 'iflag=nocache', 'count=0', 'status=none']],
-  ] as const) {
-    const r = spawnSync(command, args, { encoding: 'utf8' });
-    if (r.status !== 0) throw new Error(`cannot drop the page cache of ${file}: ${command} ${r.stderr || r.error?.message}`);
-  }
+async function asInstalled(file: string): Promise<void> {
+  const reload = await reloadPageCache([file]);
+  if (!reload.reloaded) throw new Error(`cannot reload the page cache of ${file}: ${reload.reason}`);
   const resident = spawnSync('fincore', ['--bytes', '--noheadings', '--output', 'RES', file], { encoding: 'utf8' });
-  console.log(`Dropped the page cache of ${file} (resident now: ${resident.stdout.trim() || 'unknown'} bytes).`);
+  console.log(`Reloaded the page cache of ${file} as latch install does (resident now: ${resident.stdout.trim() || 'unknown'} bytes).`);
 }
 
 async function main(): Promise<void> {
   const only = chosenSections();
   if (!existsSync(join(ROOT, 'bin/latch'))) throw new Error('bin/latch is missing: run npm run build first');
   const sea = join(ROOT, 'bin/latch-sea');
-  if (existsSync(sea)) readBackFromDisk(sea);
+  if (existsSync(sea)) await asInstalled(sea);
   console.log(
     `latch benchmark: ${REPS} repetitions (single calls: ${CALL_REPS}) after ${WARMUP} warm-up, interleaved; ${JSON.stringify(results.machine)}`,
   );

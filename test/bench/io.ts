@@ -118,8 +118,12 @@ function cachedBytes(file: string): number {
   return Number(sh('fincore', ['--bytes', '--noheadings', '--output', 'RES', file]).trim());
 }
 
-/** Drops `file`'s clean pages from the page cache (POSIX_FADV_DONTNEED over the whole file). */
-function evict(file: string): void {
+/**
+ * Drops `file`'s pages from the page cache (POSIX_FADV_DONTNEED over the whole file), but those a process maps. Dirty
+ * pages cannot be dropped, so they are written back first.
+ */
+export function evict(file: string): void {
+  sh('sync', [file]);
   sh('dd', [`if=${file}`, 'iflag=nocache', 'count=0', 'status=none']);
 }
 
