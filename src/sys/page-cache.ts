@@ -3,8 +3,8 @@
 // reboot or after memory pressure evicted it) is cached in 4 KiB folios, and every start of it takes a page fault per
 // 4 KiB of the code it runs. Read from start to end in pieces no larger than the readahead window, the same file comes
 // in through readahead in large folios (up to 2 MiB, where the filesystem supports them: ext4 since Linux 6.16, xfs),
-// which a start maps with far fewer faults. Measured here: a driver call took 1,650 page faults instead of 1,980, and
-// 0.89-0.95 of a bare `node -e 0` instead of 1.08-1.13.
+// which a start maps with far fewer faults. Measured here: a driver call took 1,630 page faults instead of 1,990, and
+// 0.85-0.88 of a bare `node -e 0` instead of 1.00-1.13.
 //
 // The cached pages must go first: readahead skips what is already cached, in whatever folios it is in. Node has no
 // posix_fadvise, so `dd iflag=nocache count=0` drops them (POSIX_FADV_DONTNEED over the whole file). The kernel keeps
@@ -21,7 +21,7 @@ import { run } from './run.js';
  */
 const READ_BYTES = 128 * 1024;
 
-/** What a reload did: the files whose page cache is now read in large pieces, or why not. */
+/** Whether the files were reloaded, or why not. */
 export type PageCacheReload = { reloaded: true } | { reloaded: false; reason: string };
 
 /**
