@@ -447,13 +447,13 @@ start_entrypoint() {
   diff <(printf '%s\n' "$output") "$LATCH_REPO_ROOT/install/daemonset.yaml" || fail 'differs from install/daemonset.yaml'
 }
 
-@test "sea: installs itself (the executable, not a script), and doctor finds it identical" {
+@test "sea: installs itself (the executable, not a script), reloads its page cache, and doctor finds it identical" {
   require_sea
   local sea="$LATCH_TMP/builds/sea/latch-sea"
   mkdir -p "$(dirname "$sea")"
   cp "$LATCH_SEA" "$sea"
   install_with "$sea" install --plugin-dir "$PLUGINS" -o json
-  jq -e --arg s "$sea" '.selfContained == true and .source == $s and .action == "installed"' <<<"$output"
+  jq -e --arg s "$sea" '.selfContained == true and .source == $s and .action == "installed" and .pageCache.reloaded == true' <<<"$output"
   cmp "$DRIVER" "$sea"
   only_the_driver_in "$PLUGINS" "$DRIVER"
   run --separate-stderr "$DRIVER" init
