@@ -708,6 +708,9 @@ function saveResults(ran: Set<Section>): string {
  * and after each reboot (the DaemonSet's pod installs again on every start).
  */
 async function asInstalled(file: string): Promise<void> {
+  // The build has just written it, and dirty pages cannot be dropped (install's copy is fsynced before its reload).
+  const synced = spawnSync('sync', [file], { encoding: 'utf8' });
+  if (synced.status !== 0) throw new Error(`cannot sync ${file}: ${synced.stderr || synced.error?.message}`);
   const reload = await reloadPageCache([file]);
   if (!reload.reloaded) throw new Error(`cannot reload the page cache of ${file}: ${reload.reason}`);
   const resident = spawnSync('fincore', ['--bytes', '--noheadings', '--output', 'RES', file], { encoding: 'utf8' });
