@@ -24,10 +24,11 @@ export function driverBundle(ops: OpTable): DriverBundle {
  * Answers the control plane's calls (init, getvolumename, attach, isattached: the ones KCM and kubelet make all
  * the time; and an attach and detach that write the ledger) once each on a scratch configuration and ledger in `dir`,
  * so that V8 compiles their path (the configuration's validated copy, options, the file store, the ledger and its
- * writes, the log line) and the code cache taken afterwards holds its bytecode. The build runs it twice in two processes on the same `dir` and takes the cache of the
- * second: by then the configuration's copy and the attachment exist, so the cache holds what a steady call runs (not
- * zod, which only a first call needs) and nothing else a call would have to deserialize. These calls run no child
- * process; nothing of the build host stays in the cache, which is code, not data.
+ * writes, the log line) and the code cache taken afterwards holds its bytecode. The build runs it twice in two
+ * processes on the same `dir` and takes the cache of the second: by then the configuration's copy and the attachment
+ * exist, so the cache holds what a steady call runs (not zod, which only a first call needs) and nothing else a call
+ * would have to deserialize. These calls run no child process; nothing of the build host stays in the cache, which is
+ * code, not data.
  *
  * The last call is a whole one, through runDriverCall (stray output, signal handlers, deadline, log line, reply), so
  * that the cache holds that path too: it ends the process, with the call's exit code, and src/sea/warm.ts takes the

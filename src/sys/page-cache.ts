@@ -28,10 +28,11 @@ export type PageCacheReload = { reloaded: true } | { reloaded: false; reason: st
  * Drops each file's cached pages that no process maps and reads the file back from start to end, so that the kernel
  * caches it in large folios. Never throws: the files are left as they are, only slower to start, if it cannot.
  */
-export async function reloadPageCache(paths: readonly string[], timeoutMs = 60_000): Promise<PageCacheReload> {
+export async function reloadPageCache(paths: readonly string[]): Promise<PageCacheReload> {
   try {
     for (const path of paths) {
-      await run('dd', [`if=${path}`, 'iflag=nocache', 'count=0', 'status=none'], { timeoutMs });
+      // Reads nothing (count=0): only the advice, so a minute is plenty.
+      await run('dd', [`if=${path}`, 'iflag=nocache', 'count=0', 'status=none'], { timeoutMs: 60_000 });
       await readThrough(path);
     }
     return { reloaded: true };

@@ -114,8 +114,13 @@ function layOut(file: string): void {
 }
 
 /** Bytes of `file` in the page cache (fincore, util-linux). */
-function cachedBytes(file: string): number {
+export function cachedBytes(file: string): number {
   return Number(sh('fincore', ['--bytes', '--noheadings', '--output', 'RES', file]).trim());
+}
+
+/** Writes back `file`'s dirty pages: only clean ones can be dropped from the page cache. */
+export function syncFile(file: string): void {
+  sh('sync', [file]);
 }
 
 /**
@@ -123,7 +128,7 @@ function cachedBytes(file: string): number {
  * pages cannot be dropped, so they are written back first.
  */
 export function evict(file: string): void {
-  sh('sync', [file]);
+  syncFile(file);
   sh('dd', [`if=${file}`, 'iflag=nocache', 'count=0', 'status=none']);
 }
 

@@ -30,6 +30,7 @@ import { readRuntimeSlots } from '../../src/host/elf.js';
 import { makeTestCertificates } from '../etcd/etcd.js';
 
 const SEA = resolve(__dirname, '..', '..', 'bin/latch-sea');
+const TMPFS_MAGIC = 0x01021994;
 const RUNTIME = `${SEA}.runtime`;
 const skip = existsSync(RUNTIME) || process.env.LATCH_REQUIRE_SEA === '1' ? undefined : `${RUNTIME} is missing: run 'npm run build:sea'`;
 
@@ -125,7 +126,7 @@ describe('install with the runtime beside the driver', { skip, timeout: 300_000 
     const again = await reinstall();
     assert.equal(again.action, 'unchanged');
     assert.deepEqual(again.pageCache, { reloaded: true });
-    if (statfsSync(plugins).type !== 0x01021994 && !Number.isNaN(before)) {
+    if (statfsSync(plugins).type !== TMPFS_MAGIC && !Number.isNaN(before)) {
       assert.ok(
         readBytes() - before >= total,
         `read ${readBytes() - before} bytes from the disk, less than the ${total} of the driver and its runtime`,
