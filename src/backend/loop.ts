@@ -47,6 +47,7 @@ export function volumeOfImageFile(file: string): string | undefined {
 export class LoopBackend implements Backend, SnapshotBackend {
   readonly poolDir: string;
   readonly maxSize: number;
+  readonly freedByUnmount = true;
 
   constructor(options: LoopBackendOptions) {
     if (!isAbsolute(options.poolDir)) throw new LatchError(`poolDir ${JSON.stringify(options.poolDir)} must be an absolute path`);

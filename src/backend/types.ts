@@ -40,6 +40,11 @@ export interface Backend {
   isBlank?(volume: string, device: string): Promise<boolean>;
   /** Tears down the volume's device if it has one. Idempotent. Only ever touches devices backed by this pool. */
   release(volume: string): Promise<void>;
+  /**
+   * The volume's device is a loop device and nothing else: `umount -d` may free it with its last mount, in the
+   * unmount's own child, and release() then finds nothing left to do.
+   */
+  readonly freedByUnmount?: boolean;
   /** Grows the storage to `sizeBytes` and refreshes the device's capacity if one is set up. Refuses to shrink. */
   grow(volume: string, sizeBytes: number): Promise<void>;
 }

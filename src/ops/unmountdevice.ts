@@ -22,7 +22,11 @@ export const op = defineOp({
     ctx.log.volume = name;
     if (found.kind === 'mounted') {
       await cutOffIfFenced(ctx, name);
-      await ctx.system.umount(deviceMountPath);
+      // Its last mount: the umount frees a loop device as well, one child where two ran (releaseDevice below then
+      // finds it gone). Mounted elsewhere too (a pod's bind mount kubelet has not removed), the device stays.
+      const device = found.top.source;
+      const lastMount = (await ctx.system.readMountInfo()).filter((m) => m.source === device).length === 1;
+      await ctx.system.umount(deviceMountPath, { freeLoopDevice: lastMount && ctx.backend.freedByUnmount === true });
     } else if ((await ctx.backend.findDevice(name)) === undefined) {
       // Nothing mounted and no device: done, unless a previous call died before confirming the release.
       const phase = (await ctx.ledger.get(name))?.status.nodes[node]?.phase;

@@ -134,12 +134,14 @@ export async function bindMount(source: string, target: string, readOnly: boolea
 
 /**
  * Unmounts the topmost mount at `target`. Returns false (Success-equivalent) when nothing was mounted there,
- * including a missing directory. Lazy (detached) unmount only when asked for explicitly.
+ * including a missing directory. Lazy (detached) unmount only when asked for explicitly; with freeLoopDevice, umount
+ * also detaches the loop device it unmounted (LOOP_CLR_FD, as `losetup -d` would: deferred by the kernel until its
+ * last close while something else still has it open).
  */
-export async function umount(target: string, options: { lazy?: boolean } = {}): Promise<boolean> {
+export async function umount(target: string, options: { lazy?: boolean; freeLoopDevice?: boolean } = {}): Promise<boolean> {
   const dst = checkPath(target, 'mount point');
   if (!(await isMountPoint(dst))) return false;
-  const args = options.lazy ? ['--lazy', dst] : [dst];
+  const args = [...(options.lazy ? ['--lazy'] : []), ...(options.freeLoopDevice ? ['--detach-loop'] : []), dst];
   try {
     await run('umount', args);
     return true;

@@ -11,8 +11,11 @@ export interface System {
   mountsAt(path: string, table?: MountInfo[]): Promise<MountInfo[]>;
   mount(device: string, path: string, options: MountOptions): Promise<void>;
   bindMount(source: string, target: string, readOnly: boolean): Promise<void>;
-  /** Unmounts the topmost mount at `path`; false when nothing was mounted there. */
-  umount(path: string): Promise<boolean>;
+  /**
+   * Unmounts the topmost mount at `path`; false when nothing was mounted there. With freeLoopDevice, a loop device
+   * mounted there is detached too (`umount -d`; the kernel defers that while anything else has it open).
+   */
+  umount(path: string, options?: { freeLoopDevice?: boolean }): Promise<boolean>;
   isDeviceMounted(device: string): Promise<boolean>;
   probeFsType(device: string): Promise<string | undefined>;
   makeFs(device: string, fsType: string): Promise<void>;
@@ -25,7 +28,7 @@ export const hostSystem: System = {
   mountsAt,
   mount,
   bindMount,
-  umount: (path) => umount(path),
+  umount: (path, options) => umount(path, options),
   isDeviceMounted,
   probeFsType,
   makeFs,

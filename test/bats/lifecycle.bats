@@ -371,6 +371,9 @@ mountdevice_killed() {
   volume_start a "$pv"
   path=$volume_path
   device=$volume_device
+  # The mount gone and the device left (a call that died between the two, a reboot's unmount): unmountdevice then
+  # detaches the device with losetup -d. With the mount still there, its umount -d frees the device in one child.
+  umount "$path"
   spawn_and_kill_during -s 5 losetup a unmountdevice "$path"
   node_call_success a unmountdevice "$path"
   assert_not_mounted "$path"
@@ -387,6 +390,43 @@ mountdevice_killed() {
   assert_mounted "$volume_path" "$volume_device" ext4 rw
   assert_equal "$(<"/sys/block/${volume_device#/dev/}/loop/autoclear")" 0
   volume_stop a "$next"
+  node_call_success a detach "$pv" node-a
+}
+
+@test "unmountdevice frees the loop device in its umount, no losetup; a device still mounted elsewhere stays" {
+  local pv path device bind real
+  pv=$(unique_name pv)
+  volume_start a "$pv"
+  path=$volume_path
+  device=$volume_device
+  # A losetup first on PATH that notes each run.
+  real=$(PATH=/usr/local/sbin:/usr/sbin:/sbin:$PATH command -v losetup)
+  mkdir -p "$LATCH_TMP/notebin"
+  printf '#!/bin/bash\necho "$*" >>%q\nexec %q "$@"\n' "$LATCH_TMP/losetup.runs" "$real" >"$LATCH_TMP/notebin/losetup"
+  chmod +x "$LATCH_TMP/notebin/losetup"
+
+  PATH="$LATCH_TMP/notebin:$PATH" node_call_success a unmountdevice "$path"
+  assert_not_mounted "$path"
+  assert_loop_count "$pv" 0
+  [[ ! -e $LATCH_TMP/losetup.runs ]] || fail "unmountdevice ran losetup: $(<"$LATCH_TMP/losetup.runs")"
+  assert_ledger "$pv" '.status.nodes["node-a"].phase == "granted"'
+
+  # The pod's bind mount still there (kubelet has not removed it): the device and the hold stay, not set to autoclear.
+  volume_start a "$pv"
+  device=$volume_device
+  bind="$LATCH_TMP/bind-$pv"
+  mkdir -p "$bind"
+  mount --bind "$volume_path" "$bind"
+  PATH="$LATCH_TMP/notebin:$PATH" node_call_success a unmountdevice "$volume_path"
+  [[ $reply_message == *"still mounted elsewhere"* ]] || fail "unmountdevice should say the device stays: $reply_message"
+  assert_not_mounted "$volume_path"
+  assert_loop_count "$pv" 1
+  assert_equal "$loop_devices" "$device"
+  assert_equal "$(<"/sys/block/${device#/dev/}/loop/autoclear")" 0
+  assert_ledger "$pv" '.status.nodes["node-a"].phase == "attached"'
+  umount "$bind"
+  node_call_success a unmountdevice "$volume_path"
+  assert_loop_count "$pv" 0
   node_call_success a detach "$pv" node-a
 }
 

@@ -356,6 +356,34 @@ describe('unmountdevice', () => {
     assert.deepEqual([doc.status.state, doc.status.nodes], ['detached', {}]);
   });
 
+  it('frees a loop device with its last unmount: one umount -d, and the release finds nothing left', async () => {
+    const cluster = new Cluster({ freedByUnmount: true });
+    const [cp, nodeA] = [cluster.node('cp'), cluster.node('node-a')];
+    const { globalPath } = await stageVolume(cp, nodeA, 'pv-1');
+    assert.deepEqual((await nodeA.call('unmountdevice', [globalPath])).reply, { status: 'Success' });
+    assert.deepEqual(nodeA.fake.callsOf('umount'), [[globalPath, { freeLoopDevice: true }]]);
+    assert.equal(nodeA.fake.devices.size, 0);
+    assert.equal((await cluster.mustDoc('pv-1')).status.nodes['node-a']?.phase, 'granted');
+  });
+
+  it('does not free a loop device that is still mounted elsewhere, nor a device of another kind', async () => {
+    const loop = new Cluster({ freedByUnmount: true });
+    const [cp, nodeA] = [loop.node('cp'), loop.node('node-a')];
+    const { device, globalPath } = await stageVolume(cp, nodeA, 'pv-1');
+    await nodeA.fake.system.bindMount(globalPath, nodeA.podDir('uid-1', 'pv-1'), false);
+    succeeded(await nodeA.call('unmountdevice', [globalPath]));
+    assert.deepEqual(nodeA.fake.callsOf('umount'), [[globalPath, { freeLoopDevice: false }]]);
+    assert.equal(nodeA.fake.devices.get(device)?.volume, 'pv-1');
+    assert.equal((await loop.mustDoc('pv-1')).status.nodes['node-a']?.phase, 'attached');
+
+    const other = setup();
+    const staged = await stageVolume(other.cp, other.nodeA, 'pv-1');
+    succeeded(await other.nodeA.call('unmountdevice', [staged.globalPath]));
+    assert.deepEqual(other.nodeA.fake.callsOf('umount'), [[staged.globalPath, { freeLoopDevice: false }]]);
+    assert.deepEqual(other.nodeA.fake.callsOf('release'), [['pv-1']]);
+    assert.equal(other.nodeA.fake.devices.size, 0);
+  });
+
   it('after a force-detach, confirming the release hands the volume to the waiting node', async () => {
     const { cluster, cp, nodeA } = setup();
     const { globalPath } = await stageVolume(cp, nodeA, 'pv-1');
