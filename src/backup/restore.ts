@@ -68,12 +68,14 @@ export async function restoreBackup(options: RestoreOptions): Promise<RestoreRep
     }
     const check = imageCheck(manifest);
     const parallel = Math.max(1, options.parallel ?? 4);
-    // Read-ahead: chunk i + parallel - 1 is read and decompressed while chunk i is written.
+    // Read-ahead: the next `parallel` data chunks are read and decompressed while one is written. Counted in data
+    // chunks, not positions: a window of positions that spans a run of holes would leave the chunk after it unread.
     const pending = new Map<number, ReturnType<typeof readChunk>>();
-    const fetch = (index: number) => {
-      const hash = manifest.chunks[index];
-      if (index < manifest.chunks.length && typeof hash === 'string' && !pending.has(index)) {
-        pending.set(index, readChunk(target, hash, chunkLength(sizeBytes, chunkSize, index)));
+    let ahead = 0;
+    const readAhead = () => {
+      for (; ahead < manifest.chunks.length && pending.size < parallel; ahead++) {
+        const hash = manifest.chunks[ahead];
+        if (typeof hash === 'string') pending.set(ahead, readChunk(target, hash, chunkLength(sizeBytes, chunkSize, ahead)));
       }
     };
     let holeStart: number | undefined;
@@ -83,7 +85,7 @@ export async function restoreBackup(options: RestoreOptions): Promise<RestoreRep
     };
     for (let index = 0; index < manifest.chunks.length; index++) {
       options.signal?.throwIfAborted();
-      for (let ahead = index; ahead < index + parallel; ahead++) fetch(ahead);
+      readAhead();
       const offset = index * chunkSize;
       const length = chunkLength(sizeBytes, chunkSize, index);
       const hash = manifest.chunks[index];
