@@ -47,7 +47,7 @@ async function copyTree(from: string, to: string): Promise<void> {
 
 /** One call of the driver in the empty root: chroot, an empty environment, no stdin. */
 export async function callInEmptyRoot(emptyRoot: EmptyRoot, args: string[], timeoutMs = 60_000): Promise<RunResult> {
-  const [env, chroot] = await Promise.all([findTool('env', toolSearchPath()), findTool('chroot', toolSearchPath())]);
+  const [env, chroot] = [findTool('env', toolSearchPath()), findTool('chroot', toolSearchPath())];
   if (!env || !chroot) throw new LatchError('env and chroot (coreutils) are needed to run the driver in an empty root');
   // env -i runs outside the root and clears the environment, then chroot enters it: nothing of ours leaks in.
   return run(env, ['-i', chroot, emptyRoot.root, emptyRoot.driver, ...args], { timeoutMs, okExitCodes: [1] });

@@ -478,11 +478,7 @@ export function toolSearchPath(env: NodeJS.ProcessEnv = process.env): string[] {
 }
 
 /** The full path of an executable file named `tool` in the first of `searchPath` that has one, or undefined. */
-export async function findTool(tool: string, searchPath: readonly string[]): Promise<string | undefined> {
-  return findOnPath(tool, searchPath);
-}
-
-function findOnPath(tool: string, searchPath: readonly string[]): string | undefined {
+export function findTool(tool: string, searchPath: readonly string[]): string | undefined {
   for (const dir of searchPath) {
     const candidate = join(dir, tool);
     if (isExecutableFile(candidate)) return candidate;
@@ -493,7 +489,7 @@ function findOnPath(tool: string, searchPath: readonly string[]): string | undef
 /** What `command` runs: itself when it is a path, else the first match on the search path; undefined when none. */
 function findExecutable(command: string, searchPath: readonly string[]): string | undefined {
   if (command.includes('/')) return isExecutableFile(command) ? command : undefined;
-  return findOnPath(command, searchPath);
+  return findTool(command, searchPath);
 }
 
 /**

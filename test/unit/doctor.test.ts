@@ -235,9 +235,9 @@ describe('doctor helpers', () => {
     writeFileSync(join(dir, 'exe'), '', { mode: 0o755 });
     writeFileSync(join(dir, 'plain'), '', { mode: 0o644 });
     mkdirSync(join(dir, 'adir'));
-    assert.equal(await findTool('exe', ['/nonexistent', dir]), join(dir, 'exe'));
-    assert.equal(await findTool('plain', [dir]), undefined);
-    assert.equal(await findTool('adir', [dir]), undefined);
+    assert.equal(findTool('exe', ['/nonexistent', dir]), join(dir, 'exe'));
+    assert.equal(findTool('plain', [dir]), undefined);
+    assert.equal(findTool('adir', [dir]), undefined);
   });
 
   test('sh quotes what the shell would split or expand', () => {

@@ -185,8 +185,8 @@ async function checkInterpreter(file: string, env: NodeJS.ProcessEnv, add: AddFi
   const interpreter = words[0] && basename(words[0]) === 'env' ? words[1] : words[0];
   if (!interpreter) return;
   const found = interpreter.startsWith('/')
-    ? await findTool(basename(interpreter), [dirname(interpreter)])
-    : await findTool(interpreter, toolSearchPath(env));
+    ? findTool(basename(interpreter), [dirname(interpreter)])
+    : findTool(interpreter, toolSearchPath(env));
   if (found) return;
   add({
     check: 'driver',

@@ -93,7 +93,7 @@ async function checkCephTools(env: NodeJS.ProcessEnv, add: AddFinding): Promise<
   const searchPath = toolSearchPath(env);
   const found = new Set<string>();
   for (const spec of CEPH_TOOLS) {
-    if (await findTool(spec.tool, searchPath)) {
+    if (findTool(spec.tool, searchPath)) {
       found.add(spec.tool);
       continue;
     }

@@ -56,7 +56,7 @@ export async function checkTools(config: Config | undefined, env: NodeJS.Process
   const searchPath = toolSearchPath(env);
   const found: string[] = [];
   for (const spec of requiredTools(config?.allowedFsTypes ?? FS_TYPES, config?.defaultFsType ?? 'ext4')) {
-    if (await findTool(spec.tool, searchPath)) {
+    if (findTool(spec.tool, searchPath)) {
       found.push(spec.tool);
       continue;
     }
