@@ -157,6 +157,8 @@ export interface ImageCheck {
   /** The next chunk in order: its sha256 and bytes as read back and checked, or null and its length for a hole. */
   add(hash: string | null, data: Buffer | number): void;
   matches(): boolean;
+  /** Whether `add` uses a chunk's bytes (v1), or its hash alone (v2: a chunk seen before need not be read again). */
+  readonly needsBytes: boolean;
 }
 
 export function imageCheck(manifest: Manifest): ImageCheck {
@@ -165,6 +167,7 @@ export function imageCheck(manifest: Manifest): ImageCheck {
     return {
       add: (hash) => seen.push(hash),
       matches: () => chunkListDigest(manifest.sizeBytes, manifest.chunkSize, seen) === manifest.chunkListSha256,
+      needsBytes: false,
     };
   }
   const whole = createHash('sha256');
@@ -179,6 +182,7 @@ export function imageCheck(manifest: Manifest): ImageCheck {
       whole.update(zeros.subarray(0, data));
     },
     matches: () => whole.digest('hex') === manifest.imageSha256,
+    needsBytes: true,
   };
 }
 

@@ -75,7 +75,10 @@ export async function restoreBackup(options: RestoreOptions): Promise<RestoreRep
     const readAhead = () => {
       for (; ahead < manifest.chunks.length && pending.size < parallel; ahead++) {
         const hash = manifest.chunks[ahead];
-        if (typeof hash === 'string') pending.set(ahead, readChunk(target, hash, chunkLength(sizeBytes, chunkSize, ahead)));
+        if (typeof hash !== 'string') continue;
+        const read = readChunk(target, hash, chunkLength(sizeBytes, chunkSize, ahead));
+        read.catch(() => undefined); // awaited in its turn; a failure before then is not an unhandled rejection
+        pending.set(ahead, read);
       }
     };
     let holeStart: number | undefined;

@@ -1,7 +1,7 @@
 // Verifying a backup: every chunk it needs is read back, decompressed and hashed, and the image's checksum is
 // recomputed from them (the chunk list's for a v2 manifest, the sha256 of every byte for a v1: manifest.ts). Reads
 // only; it takes no lock.
-import { chunkLength, readChunk } from './chunks.js';
+import { chunkLength, readChunk, type ChunkRead } from './chunks.js';
 import { checkTarget, type BackupTarget } from './layout.js';
 import { imageCheck, readManifest } from './manifest.js';
 
@@ -17,40 +17,71 @@ export interface VerifyReport {
   name: string;
   volume: string;
   ok: boolean;
+  /** The chunk files read back: each distinct chunk once (a v1 backup's at each of its positions). */
   chunksChecked: number;
   problems: ChunkProblem[];
   /** Whether the chunks put together match the manifest's image checksum (undefined when chunks are unusable). */
   imageChecksumMatches: boolean | undefined;
 }
 
-export async function verifyBackup(options: { target: BackupTarget; name: string }): Promise<VerifyReport> {
+export interface VerifyOptions {
+  target: BackupTarget;
+  name: string;
+  /** Chunks read and decompressed at once (default 4). */
+  parallel?: number | undefined;
+}
+
+export async function verifyBackup(options: VerifyOptions): Promise<VerifyReport> {
   const { target, name } = options;
   await checkTarget(target);
   const manifest = await readManifest(target, name);
+  const { chunks, sizeBytes, chunkSize } = manifest;
   const check = imageCheck(manifest);
+  const parallel = Math.max(1, options.parallel ?? 4);
+
+  // A chunk that appears at several positions is read once, unless the image check needs its bytes at each (v1).
+  // The next `parallel` reads are in flight while one is checked, counted in reads as restore counts them.
+  const reads = new Map<number, Promise<ChunkRead>>();
+  const scheduled = new Set<string>();
+  let ahead = 0;
+  const readAhead = () => {
+    for (; ahead < chunks.length && reads.size < parallel; ahead++) {
+      const hash = chunks[ahead];
+      if (typeof hash !== 'string' || (!check.needsBytes && scheduled.has(hash))) continue;
+      scheduled.add(hash);
+      const read = readChunk(target, hash, chunkLength(sizeBytes, chunkSize, ahead));
+      read.catch(() => undefined); // awaited in its turn; a failure before then is not an unhandled rejection
+      reads.set(ahead, read);
+    }
+  };
+
   const problems: ChunkProblem[] = [];
-  const known = new Map<string, ChunkProblem | undefined>();
+  const damaged = new Map<string, ChunkProblem>();
   let checked = 0;
-  for (const [index, hash] of manifest.chunks.entries()) {
-    const length = chunkLength(manifest.sizeBytes, manifest.chunkSize, index);
+  for (const [index, hash] of chunks.entries()) {
+    readAhead();
+    const length = chunkLength(sizeBytes, chunkSize, index);
     if (hash === null) {
       check.add(null, length);
       continue;
     }
-    const earlier = known.get(hash);
-    if (earlier) {
-      problems.push({ ...earlier, index });
+    const pending = reads.get(index);
+    reads.delete(index);
+    if (pending === undefined) {
+      // A repeat of a chunk read at an earlier position, which this loop has already checked.
+      const earlier = damaged.get(hash);
+      if (earlier) problems.push({ ...earlier, index });
+      else check.add(hash, length);
       continue;
     }
-    const read = await readChunk(target, hash, length);
+    const read = await pending;
     checked++;
     if (read.ok) {
       check.add(hash, read.data);
-      known.set(hash, undefined);
     } else {
       const problem: ChunkProblem = { index, hash, problem: read.problem, detail: read.detail };
       problems.push(problem);
-      known.set(hash, problem);
+      damaged.set(hash, problem);
     }
   }
   const imageChecksumMatches = problems.length === 0 ? check.matches() : undefined;

@@ -20,6 +20,7 @@ import {
   unlinkSync,
   utimesSync,
   existsSync,
+  mkdirSync,
 } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -242,6 +243,70 @@ describe('verify', () => {
       report.problems.map((p) => [p.hash, p.problem, p.detail]),
       [[h3, 'corrupt', 'its bytes do not match its sha256']],
     );
+  });
+});
+
+describe('verify: chunks at several positions, and reads ahead', () => {
+  /** An image whose chunks 1, 4, 9 and 20 hold the same bytes, 2 and 30 others of their own, the rest holes. */
+  function imageWithRepeats(): { path: string; bytes: Buffer } {
+    const bytes = Buffer.alloc(SIZE);
+    const shared = randomBytes(CHUNK);
+    for (const i of [1, 4, 9, 20]) shared.copy(bytes, i * CHUNK);
+    for (const i of [2, 30]) randomBytes(CHUNK).copy(bytes, i * CHUNK);
+    const path = join(freshDir('image'), 'volume.img');
+    writeFileSync(path, Buffer.alloc(0));
+    writeImage(path, bytes);
+    return { path, bytes };
+  }
+
+  it('reads a chunk that appears at several positions once, and names each position when it is damaged', async () => {
+    const target = freshTarget();
+    const m = await createBackup({ target, source: imageWithRepeats().path, volume: 'v', name: 'b', chunkSize: CHUNK });
+    assert.equal(m.stats.dataChunks, 6);
+    const good = await verifyBackup({ target, name: 'b' });
+    assert.deepEqual([good.ok, good.imageChecksumMatches, good.chunksChecked], [true, true, 3]);
+    for (const parallel of [1, 2, 16]) assert.equal((await verifyBackup({ target, name: 'b', parallel })).chunksChecked, 3);
+
+    writeFileSync(chunkPath(target, m.chunks[4] as string), randomBytes(100));
+    const bad = await verifyBackup({ target, name: 'b' });
+    assert.equal(bad.ok, false);
+    assert.deepEqual(
+      bad.problems.map((p) => [p.index, p.problem]),
+      [1, 4, 9, 20].map((i) => [i, 'corrupt']),
+    );
+  });
+
+  it('a v1 backup (whole-image sha256) reads a repeated chunk at each position, since its check needs the bytes', async () => {
+    const target = freshTarget();
+    const image = imageWithRepeats();
+    const m = await createBackup({ target, source: image.path, volume: 'v', name: 'old', chunkSize: CHUNK });
+    const { chunkListSha256: _dropped, ...rest } = m;
+    rewriteManifest(target, { ...rest, format: 'latch-backup/v1', imageSha256: createHash('sha256').update(image.bytes).digest('hex') });
+    const report = await verifyBackup({ target, name: 'old' });
+    assert.deepEqual([report.ok, report.imageChecksumMatches, report.chunksChecked], [true, true, 6]);
+  });
+
+  it('a chunk that cannot be read at all fails verify and restore with its error, and leaves no rejection unhandled', async () => {
+    const target = freshTarget();
+    const m = await createBackup({ target, source: makeImage([0, 1, 2, 3, 4, 5]).path, volume: 'v', name: 'b', chunkSize: CHUNK });
+    // A directory where a chunk file should be: reading it fails with EISDIR, not as a missing or corrupt chunk.
+    const path = chunkPath(target, m.chunks[3] as string);
+    unlinkSync(path);
+    mkdirSync(path);
+    const unhandled: unknown[] = [];
+    const onUnhandled = (reason: unknown) => unhandled.push(reason);
+    process.on('unhandledRejection', onUnhandled);
+    try {
+      await assert.rejects(verifyBackup({ target, name: 'b', parallel: 8 }), { code: 'EISDIR' });
+      await assert.rejects(restoreBackup({ target, name: 'b', destination: join(freshDir('restore'), 'x.img'), parallel: 8 }), {
+        code: 'EISDIR',
+      });
+      // A slow first chunk: the failing read ahead of it settles while the loop still waits.
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    } finally {
+      process.off('unhandledRejection', onUnhandled);
+    }
+    assert.deepEqual(unhandled, []);
   });
 });
 
