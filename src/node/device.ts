@@ -65,3 +65,17 @@ export async function releaseDevice(ctx: Context, name: string): Promise<string 
   await clearOwnFence(ctx, name, doc);
   return undefined;
 }
+
+/**
+ * Unmounts the topmost mount at `path`; false when nothing was mounted there. Where that is its device's last mount on
+ * this host and the backend's devices go with their last unmount (plain loop devices: Backend.freedByUnmount), the
+ * same umount frees the device: one child where releaseDevice would run a second (it then finds the device gone). A
+ * device mounted elsewhere too (a pod's bind mount kubelet has not removed) stays, and keeps the node's hold.
+ */
+export async function unmountTop(ctx: Context, path: string): Promise<boolean> {
+  const table = await ctx.system.readMountInfo();
+  const top = (await ctx.system.mountsAt(path, table)).at(-1);
+  if (!top) return false;
+  const lastMount = ctx.backend.freedByUnmount === true && table.filter((m) => m.source === top.source).length === 1;
+  return ctx.system.umount(path, { freeLoopDevice: lastMount });
+}

@@ -70,10 +70,3 @@ export async function ensureDirectory(path: string, mode = 0o750): Promise<void>
   if (!info) await mkdir(path, { recursive: true, mode });
   else if (!info.isDirectory()) throw new LatchError(`mount path ${path} exists and is not a directory`);
 }
-
-/** Unmounts every mount stacked at `path` (a bounded number); returns how many went. Nothing mounted: 0. */
-export async function umountAll(ctx: Context, path: string): Promise<number> {
-  let count = 0;
-  while (count < 16 && (await ctx.system.umount(path))) count++;
-  return count;
-}

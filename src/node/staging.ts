@@ -5,8 +5,10 @@ import { rmdir } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import type { Config } from '../config.js';
 import type { Context } from '../context.js';
-import { releaseDevice } from './device.js';
-import { umountAll } from './mount.js';
+import { releaseDevice, unmountTop } from './device.js';
+
+/** Mounts stacked at a staging path that leaving the node takes down. */
+const MAX_STACKED = 16;
 
 /**
  * `<stateDir>/staging/<node>/<volume>`. The node name is part of the path so that simulated nodes sharing a
@@ -32,7 +34,7 @@ export function podKeyOf(podDir: string): string {
 export async function leaveNode(ctx: Context, name: string): Promise<string | undefined> {
   const staging = stagingPath(ctx.config, name);
   await cutOffIfFenced(ctx, name);
-  await umountAll(ctx, staging);
+  for (let i = 0; i < MAX_STACKED && (await unmountTop(ctx, staging)); i++);
   await rmdir(staging).catch(() => undefined);
   await rmdir(dirname(staging)).catch(() => undefined); // the node's staging dir, once empty
   return releaseDevice(ctx, name);

@@ -2,7 +2,7 @@
 // device and confirm the release in the ledger. Works with no options and after a crash at any point.
 import { path } from '../contract/args.js';
 import { failure, success } from '../contract/reply.js';
-import { releaseDevice } from '../node/device.js';
+import { releaseDevice, unmountTop } from '../node/device.js';
 import { cutOffIfFenced } from '../node/fence.js';
 import { volumeAtPath } from '../node/volume-at-path.js';
 import { defineOp } from './op.js';
@@ -22,11 +22,7 @@ export const op = defineOp({
     ctx.log.volume = name;
     if (found.kind === 'mounted') {
       await cutOffIfFenced(ctx, name);
-      // Its last mount: the umount frees a loop device as well, one child where two ran (releaseDevice below then
-      // finds it gone). Mounted elsewhere too (a pod's bind mount kubelet has not removed), the device stays.
-      const device = found.top.source;
-      const lastMount = (await ctx.system.readMountInfo()).filter((m) => m.source === device).length === 1;
-      await ctx.system.umount(deviceMountPath, { freeLoopDevice: lastMount && ctx.backend.freedByUnmount === true });
+      await unmountTop(ctx, deviceMountPath);
     } else if ((await ctx.backend.findDevice(name)) === undefined) {
       // Nothing mounted and no device: done, unless a previous call died before confirming the release.
       const phase = (await ctx.ledger.get(name))?.status.nodes[node]?.phase;

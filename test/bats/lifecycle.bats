@@ -394,16 +394,12 @@ mountdevice_killed() {
 }
 
 @test "unmountdevice frees the loop device in its umount, no losetup; a device still mounted elsewhere stays" {
-  local pv path device bind real
+  local pv path device bind
   pv=$(unique_name pv)
   volume_start a "$pv"
   path=$volume_path
   device=$volume_device
-  # A losetup first on PATH that notes each run.
-  real=$(PATH=/usr/local/sbin:/usr/sbin:/sbin:$PATH command -v losetup)
-  mkdir -p "$LATCH_TMP/notebin"
-  printf '#!/bin/bash\necho "$*" >>%q\nexec %q "$@"\n' "$LATCH_TMP/losetup.runs" "$real" >"$LATCH_TMP/notebin/losetup"
-  chmod +x "$LATCH_TMP/notebin/losetup"
+  noting_tool losetup
 
   PATH="$LATCH_TMP/notebin:$PATH" node_call_success a unmountdevice "$path"
   assert_not_mounted "$path"

@@ -96,10 +96,13 @@ teardown() {
   assert_equal "$(sha256sum <"$dir2/data")" "$sum"
   assert_ledger "$PV" '(.spec.tickets | length) == 1 and .status.nodes["node-a"].phase == "attached"'
 
-  # The last pod leaves: staging mount, device and the node's hold all go.
-  pod_unmount_ok a uid-2 "$PV"
+  # The last pod leaves: staging mount, device and the node's hold all go, the device with the staging mount's
+  # umount -d (no losetup ran).
+  noting_tool losetup
+  PATH="$LATCH_TMP/notebin:$PATH" pod_unmount_ok a uid-2 "$PV"
   assert_not_mounted "$dir2"
   assert_released "$PV"
+  [[ ! -e $LATCH_TMP/losetup.runs ]] || fail "the last unmount ran losetup: $(<"$LATCH_TMP/losetup.runs")"
   refute [ -e "$staging" ]
 
   # Repeating the unmount changes nothing.

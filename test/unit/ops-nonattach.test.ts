@@ -252,6 +252,35 @@ describe('unmount (non-attach mode)', () => {
     succeeded(await mountPod(nodeB, 'uid-3'));
   });
 
+  it('frees a loop device with its staging mount: one umount -d, and the release finds nothing left', async () => {
+    const cluster = new Cluster({ config: { attach: false }, freedByUnmount: true });
+    const nodeA = cluster.node('node-a');
+    const { podDir } = await mountPod(nodeA, 'uid-1');
+    succeeded(await nodeA.call('unmount', [podDir]));
+    const staging = stagingPath(nodeA.config, 'pv-1');
+    assert.deepEqual(nodeA.fake.callsOf('umount'), [[podDir], [staging, { freeLoopDevice: true }]]);
+    assert.deepEqual(nodeA.fake.callsOf('release'), [['pv-1']]);
+    assert.equal(nodeA.fake.devices.size, 0);
+    assert.deepEqual((await cluster.mustDoc('pv-1')).status.nodes, {});
+  });
+
+  it('does not free a loop device that is still mounted elsewhere, nor a device of another kind', async () => {
+    const loop = new Cluster({ config: { attach: false }, freedByUnmount: true });
+    const nodeA = loop.node('node-a');
+    const { podDir } = await mountPod(nodeA, 'uid-1');
+    const staging = stagingPath(nodeA.config, 'pv-1');
+    await nodeA.fake.system.bindMount(staging, nodeA.podDir('debug', 'copy'), false); // someone's own bind mount
+    succeeded(await nodeA.call('unmount', [podDir]));
+    assert.deepEqual(nodeA.fake.callsOf('umount'), [[podDir], [staging, { freeLoopDevice: false }]]);
+    assert.equal(nodeA.fake.devices.size, 1);
+
+    const { nodeA: other } = setup();
+    const mounted = await mountPod(other, 'uid-1');
+    succeeded(await other.call('unmount', [mounted.podDir]));
+    assert.deepEqual(other.fake.callsOf('umount'), [[mounted.podDir], [stagingPath(other.config, 'pv-1'), { freeLoopDevice: false }]]);
+    assert.equal(other.fake.devices.size, 0);
+  });
+
   it('is Success when the pod dir has nothing mounted and no ticket, and changes nothing', async () => {
     const { cluster, nodeA } = setup();
     const mounts = structuredClone(nodeA.fake.mounts);

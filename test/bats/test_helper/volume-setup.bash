@@ -291,6 +291,16 @@ slow_tool() {
   chmod +x "$LATCH_TMP/slowbin/$1"
 }
 
+# noting_tool TOOL -- puts a wrapper for TOOL in $LATCH_TMP/notebin that appends each run's arguments to
+# $LATCH_TMP/TOOL.runs and then runs the real one: with that dir first on PATH, a test sees whether a call ran TOOL.
+noting_tool() {
+  local real
+  real=$(PATH=/usr/local/sbin:/usr/sbin:/sbin:$PATH command -v "$1") || fail "noting_tool: $1 not found"
+  mkdir -p "$LATCH_TMP/notebin"
+  printf '#!/bin/bash\necho "$*" >>%q\nexec %q "$@"\n' "$LATCH_TMP/$1.runs" "$real" >"$LATCH_TMP/notebin/$1"
+  chmod +x "$LATCH_TMP/notebin/$1"
+}
+
 # spawn_and_kill_during [-s SECONDS] TOOL NODE ARGS... -- latch_spawn with a slow TOOL (slow_tool TOOL SECONDS,
 # default 2) first on PATH, waits until the driver runs TOOL, and SIGKILLs the driver: TOOL lives on as an orphan,
 # as after kubelet's kill.
