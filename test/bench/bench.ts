@@ -17,7 +17,7 @@ import { FileStore } from '../../src/store/file.js';
 import type { Store } from '../../src/store/types.js';
 import { reloadPageCache } from '../../src/sys/page-cache.js';
 import { EtcdCluster, etcdSkipReason } from '../etcd/etcd.js';
-import { printFigures, writeReport, type Figure, type Results } from './figures.js';
+import { printFigures, writeReports, type Figure, type Results } from './figures.js';
 import { backupThroughput } from './backup.js';
 import { cachedBytes, cleanUp, evict, loopIo, rbdIo, syncFile } from './io.js';
 
@@ -761,8 +761,8 @@ async function main(): Promise<void> {
   printFigures(figures);
   const file = saveResults(only);
   console.log(`\nWrote ${file}`);
-  writeReport(file, join(ROOT, 'docs/performance.md'));
-  console.log('Regenerated the figures in docs/performance.md');
+  const reports = writeReports(file, ROOT);
+  console.log(`Regenerated the figures in ${reports.join(' and ')}`);
 }
 
 main().catch((err: unknown) => {

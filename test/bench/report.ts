@@ -1,8 +1,8 @@
-// npm run bench:report: renders test/bench/results/latest.json (from `npm run bench`) into docs/performance.md's
-// generated block, with the date and the machine. bench runs it itself after each run.
+// npm run bench:report: renders test/bench/results/latest.json (from `npm run bench`) into the generated blocks of
+// docs/performance.md and the README, with the date and the machine. bench runs it itself after each run.
 import { join } from 'node:path';
-import { writeReport } from './figures.js';
+import { writeReports } from './figures.js';
 
 const ROOT = join(__dirname, '..', '..');
-writeReport(join(ROOT, 'test/bench/results/latest.json'), join(ROOT, 'docs/performance.md'));
-console.log('Regenerated the figures in docs/performance.md from test/bench/results/latest.json');
+const files = writeReports(join(ROOT, 'test/bench/results/latest.json'), ROOT);
+console.log(`Regenerated the figures in ${files.join(' and ')} from test/bench/results/latest.json`);
