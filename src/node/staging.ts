@@ -34,7 +34,8 @@ export function podKeyOf(podDir: string): string {
 export async function leaveNode(ctx: Context, name: string): Promise<string | undefined> {
   const staging = stagingPath(ctx.config, name);
   await cutOffIfFenced(ctx, name);
-  for (let i = 0; i < MAX_STACKED && (await unmountTop(ctx, staging)); i++);
+  // Every mount stacked there goes; the last of the device's mounts frees a loop device with it (unmountTop).
+  for (let i = 0; i < MAX_STACKED; i++) if (!(await unmountTop(ctx, staging))) break;
   await rmdir(staging).catch(() => undefined);
   await rmdir(dirname(staging)).catch(() => undefined); // the node's staging dir, once empty
   return releaseDevice(ctx, name);
