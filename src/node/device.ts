@@ -70,7 +70,8 @@ export async function releaseDevice(ctx: Context, name: string): Promise<string 
  * Unmounts the topmost mount at `path`; false when nothing was mounted there. Where that is its device's last mount on
  * this host and the backend's devices go with their last unmount (plain loop devices: Backend.freedByUnmount), the
  * same umount frees the device: one child where releaseDevice would run a second (it then finds the device gone). A
- * device mounted elsewhere too (a pod's bind mount kubelet has not removed) stays, and keeps the node's hold.
+ * device mounted elsewhere too (a pod's bind mount kubelet has not removed) stays, and keeps the node's hold. For a
+ * path where only the volume is mounted: unmountdevice's, once it found the volume there, or latch's own staging path.
  */
 export async function unmountTop(ctx: Context, path: string): Promise<boolean> {
   const table = await ctx.system.readMountInfo();
