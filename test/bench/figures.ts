@@ -51,7 +51,7 @@ function machineLine(results: Results): string {
 const cell = (s: string) => s.replace(/\|/g, '\\|');
 
 /** The results as markdown: the machine, the dates, and one table of every figure (docs/performance.md). */
-export function renderFigures(results: Results): string {
+function renderFigures(results: Results): string {
   return [
     machineLine(results),
     '',
@@ -62,7 +62,7 @@ export function renderFigures(results: Results): string {
 }
 
 /** The README's summary: the machine, the dates, and the figures that have a target, each with its verdict. */
-export function renderSummary(results: Results): string {
+function renderSummary(results: Results): string {
   const targeted = results.figures.filter((f) => f.target !== '');
   const passed = targeted.filter((f) => f.pass === true).length;
   return [
