@@ -436,12 +436,17 @@ export class CephCluster {
       await cluster.create();
       return cluster;
     } catch (err) {
-      const logs = Object.values(cluster.daemons)
-        .map((d) => d.describe())
-        .join('\n---\n');
+      const logs = cluster.describe();
       await cluster.stop().catch(() => undefined);
       throw new Error(`${err instanceof Error ? err.message : String(err)}\n${logs}`, { cause: err });
     }
+  }
+
+  /** Each daemon's state and the tail of its log: what a failure message needs to be diagnosed afterwards. */
+  describe(): string {
+    return Object.values(this.daemons)
+      .map((d) => d.describe())
+      .join('\n---\n');
   }
 
   private path(...parts: string[]): string {

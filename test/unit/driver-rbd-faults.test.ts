@@ -237,17 +237,28 @@ describe('the driver with the rbd backend under faults', { skip }, () => {
 
   /**
    * The fault ends when the cluster serves again: an OSD resumed after a long stop can take a while (once, after a
-   * 14-s stop, a fresh client's `rbd info` still timed out at 10 s). Waits until `rbd ls` (which reads from the OSD)
-   * answers, and says how long that took when it was not at once.
+   * 14-s stop, a fresh client's `rbd info` still timed out at 10 s), and once (a CI run of 2026-11-26) it had not
+   * served 90 s later, which failed every test after it. Waits until `rbd ls` (which reads from the OSD) answers. An
+   * OSD that still does not after 45 s is restarted, as an operator would, and the test says so with the daemons'
+   * logs: what these tests check is latch's side of an OSD that comes back, not how this one-host cluster recovers
+   * from SIGSTOP.
    */
   async function clusterServes(t: TestContext): Promise<void> {
     const since = performance.now();
+    let restarted = false;
     for (;;) {
       try {
         await ceph.rbd(['ls', ceph.pool], { timeoutMs: 5_000 });
         break;
       } catch (err) {
-        if (performance.now() - since > 90_000) throw new Error('the cluster did not serve again within 90 s', { cause: err });
+        const waited = Math.round(performance.now() - since);
+        if (!restarted && waited > 45_000) {
+          t.diagnostic(`the cluster did not serve ${waited} ms after the fault ended; restarting the OSD. ${ceph.describe()}`);
+          restarted = true;
+          await ceph.restart('osd');
+        } else if (waited > 150_000) {
+          throw new Error(`the cluster did not serve again within 150 s, an OSD restart included\n${ceph.describe()}`, { cause: err });
+        }
       }
     }
     const ms = Math.round(performance.now() - since);
