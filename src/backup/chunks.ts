@@ -59,7 +59,7 @@ export async function storeChunk(target: BackupTarget, hash: string, data: Buffe
 export type ChunkRead = { ok: true; data: Buffer } | { ok: false; problem: 'missing' | 'corrupt'; detail: string };
 
 /** Reads a chunk back and checks that its bytes still hash to its name. */
-export async function readChunk(target: BackupTarget, hash: string, expectedLength: number): Promise<ChunkRead> {
+async function readChunk(target: BackupTarget, hash: string, expectedLength: number): Promise<ChunkRead> {
   let packed: Buffer;
   try {
     packed = await readFile(chunkPath(target, hash));
@@ -79,6 +79,43 @@ export async function readChunk(target: BackupTarget, hash: string, expectedLeng
   }
   if (sha256(data) !== hash) return { ok: false, problem: 'corrupt', detail: 'its bytes do not match its sha256' };
   return { ok: true, data };
+}
+
+/** An image's chunk list as a manifest holds it: each position's hash, or null for a hole. */
+export interface ChunkList {
+  chunks: readonly (string | null)[];
+  sizeBytes: number;
+  chunkSize: number;
+}
+
+/**
+ * Reads an image's data chunks ahead of a loop that goes through its positions in order (restore, verify): the next
+ * `parallel` reads are in flight while the loop works on one. Counted in reads, not positions, so that a run of holes
+ * never leaves the read after it waiting. With `repeatsOnce`, a chunk that appears at several positions is read at
+ * the first one only. Returns `take(index)`: the read of that position, or undefined for a hole or a repeat.
+ */
+export function readAhead(
+  target: BackupTarget,
+  list: ChunkList,
+  parallel: number,
+  options: { repeatsOnce?: boolean } = {},
+): (index: number) => Promise<ChunkRead> | undefined {
+  const pending = new Map<number, Promise<ChunkRead>>();
+  const scheduled = new Set<string>();
+  let ahead = 0;
+  return (index) => {
+    for (; ahead < list.chunks.length && pending.size < parallel; ahead++) {
+      const hash = list.chunks[ahead];
+      if (typeof hash !== 'string' || (options.repeatsOnce && scheduled.has(hash))) continue;
+      scheduled.add(hash);
+      const read = readChunk(target, hash, chunkLength(list.sizeBytes, list.chunkSize, ahead));
+      read.catch(() => undefined); // awaited in its turn; a failure before then is not an unhandled rejection
+      pending.set(ahead, read);
+    }
+    const read = pending.get(index);
+    pending.delete(index);
+    return read;
+  };
 }
 
 /** The byte length of chunk `index` of an image of `sizeBytes` (the last one may be short). */

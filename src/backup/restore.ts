@@ -12,7 +12,7 @@ import { open, stat } from 'node:fs/promises';
 import { LatchError } from '../errors.js';
 import { blockDeviceSize } from '../sys/blockdev.js';
 import { zeroRange } from '../sys/zero.js';
-import { chunkLength, readChunk } from './chunks.js';
+import { chunkLength, readAhead } from './chunks.js';
 import { checkTarget, type BackupTarget } from './layout.js';
 import { imageCheck, readManifest } from './manifest.js';
 
@@ -68,19 +68,8 @@ export async function restoreBackup(options: RestoreOptions): Promise<RestoreRep
     }
     const check = imageCheck(manifest);
     const parallel = Math.max(1, options.parallel ?? 4);
-    // Read-ahead: the next `parallel` data chunks are read and decompressed while one is written. Counted in data
-    // chunks, not positions: a window of positions that spans a run of holes would leave the chunk after it unread.
-    const pending = new Map<number, ReturnType<typeof readChunk>>();
-    let ahead = 0;
-    const readAhead = () => {
-      for (; ahead < manifest.chunks.length && pending.size < parallel; ahead++) {
-        const hash = manifest.chunks[ahead];
-        if (typeof hash !== 'string') continue;
-        const read = readChunk(target, hash, chunkLength(sizeBytes, chunkSize, ahead));
-        read.catch(() => undefined); // awaited in its turn; a failure before then is not an unhandled rejection
-        pending.set(ahead, read);
-      }
-    };
+    // The next `parallel` data chunks are read and decompressed while one is written.
+    const take = readAhead(target, manifest, parallel);
     let holeStart: number | undefined;
     const flushHoles = async (end: number) => {
       if (holeStart !== undefined && isDevice) await zeroRange(handle, destination, holeStart, end - holeStart);
@@ -88,7 +77,6 @@ export async function restoreBackup(options: RestoreOptions): Promise<RestoreRep
     };
     for (let index = 0; index < manifest.chunks.length; index++) {
       options.signal?.throwIfAborted();
-      readAhead();
       const offset = index * chunkSize;
       const length = chunkLength(sizeBytes, chunkSize, index);
       const hash = manifest.chunks[index];
@@ -98,9 +86,9 @@ export async function restoreBackup(options: RestoreOptions): Promise<RestoreRep
         holeStart ??= offset;
         continue;
       }
+      const reading = take(index); // (the reads ahead start before the holes behind this chunk are zeroed)
       await flushHoles(offset);
-      const read = await pending.get(index);
-      pending.delete(index);
+      const read = await reading;
       if (!read?.ok) {
         throw new LatchError(
           `backup ${name}: chunk ${index} (${hash}) is ${read?.problem ?? 'missing'} (${read?.detail ?? ''}); ` +

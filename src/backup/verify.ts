@@ -1,7 +1,7 @@
 // Verifying a backup: every chunk it needs is read back, decompressed and hashed, and the image's checksum is
 // recomputed from them (the chunk list's for a v2 manifest, the sha256 of every byte for a v1: manifest.ts). Reads
 // only; it takes no lock.
-import { chunkLength, readChunk, type ChunkRead } from './chunks.js';
+import { chunkLength, readAhead } from './chunks.js';
 import { checkTarget, type BackupTarget } from './layout.js';
 import { imageCheck, readManifest } from './manifest.js';
 
@@ -40,33 +40,18 @@ export async function verifyBackup(options: VerifyOptions): Promise<VerifyReport
   const parallel = Math.max(1, options.parallel ?? 4);
 
   // A chunk that appears at several positions is read once, unless the image check needs its bytes at each (v1).
-  // The next `parallel` reads are in flight while one is checked, counted in reads as restore counts them.
-  const reads = new Map<number, Promise<ChunkRead>>();
-  const scheduled = new Set<string>();
-  let ahead = 0;
-  const readAhead = () => {
-    for (; ahead < chunks.length && reads.size < parallel; ahead++) {
-      const hash = chunks[ahead];
-      if (typeof hash !== 'string' || (!check.needsBytes && scheduled.has(hash))) continue;
-      scheduled.add(hash);
-      const read = readChunk(target, hash, chunkLength(sizeBytes, chunkSize, ahead));
-      read.catch(() => undefined); // awaited in its turn; a failure before then is not an unhandled rejection
-      reads.set(ahead, read);
-    }
-  };
+  const take = readAhead(target, manifest, parallel, { repeatsOnce: !check.needsBytes });
 
   const problems: ChunkProblem[] = [];
   const damaged = new Map<string, ChunkProblem>();
   let checked = 0;
   for (const [index, hash] of chunks.entries()) {
-    readAhead();
     const length = chunkLength(sizeBytes, chunkSize, index);
     if (hash === null) {
       check.add(null, length);
       continue;
     }
-    const pending = reads.get(index);
-    reads.delete(index);
+    const pending = take(index);
     if (pending === undefined) {
       // A repeat of a chunk read at an earlier position, which this loop has already checked.
       const earlier = damaged.get(hash);
