@@ -284,21 +284,22 @@ wait_spawned_gone() {
 # slow_tool TOOL SECONDS -- puts a wrapper for TOOL (e.g. mkfs.ext4, losetup, umount) in $LATCH_TMP/slowbin that
 # sleeps SECONDS and then runs the real one: a window in which a kill hits the driver while its child is running.
 slow_tool() {
-  local real
-  real=$(PATH=/usr/local/sbin:/usr/sbin:/sbin:$PATH command -v "$1") || fail "slow_tool: $1 not found"
-  mkdir -p "$LATCH_TMP/slowbin"
-  printf '#!/bin/bash\nsleep %s\nexec %q "$@"\n' "$2" "$real" >"$LATCH_TMP/slowbin/$1"
-  chmod +x "$LATCH_TMP/slowbin/$1"
+  _wrap_tool slowbin "$1" "sleep $2"
 }
 
 # noting_tool TOOL -- puts a wrapper for TOOL in $LATCH_TMP/notebin that appends each run's arguments to
 # $LATCH_TMP/TOOL.runs and then runs the real one: with that dir first on PATH, a test sees whether a call ran TOOL.
 noting_tool() {
+  _wrap_tool notebin "$1" "echo \"\$*\" >>$(printf %q "$LATCH_TMP/$1.runs")"
+}
+
+# _wrap_tool DIR TOOL LINE -- writes $LATCH_TMP/DIR/TOOL, a script that runs LINE and then execs the real TOOL.
+_wrap_tool() {
   local real
-  real=$(PATH=/usr/local/sbin:/usr/sbin:/sbin:$PATH command -v "$1") || fail "noting_tool: $1 not found"
-  mkdir -p "$LATCH_TMP/notebin"
-  printf '#!/bin/bash\necho "$*" >>%q\nexec %q "$@"\n' "$LATCH_TMP/$1.runs" "$real" >"$LATCH_TMP/notebin/$1"
-  chmod +x "$LATCH_TMP/notebin/$1"
+  real=$(PATH=/usr/local/sbin:/usr/sbin:/sbin:$PATH command -v "$2") || fail "no $2 to wrap"
+  mkdir -p "$LATCH_TMP/$1"
+  printf '#!/bin/bash\n%s\nexec %q "$@"\n' "$3" "$real" >"$LATCH_TMP/$1/$2"
+  chmod +x "$LATCH_TMP/$1/$2"
 }
 
 # spawn_and_kill_during [-s SECONDS] TOOL NODE ARGS... -- latch_spawn with a slow TOOL (slow_tool TOOL SECONDS,
