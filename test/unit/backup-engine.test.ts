@@ -66,10 +66,15 @@ function makeImage(dataChunks: number[]): { path: string; bytes: Buffer } {
     randomBytes(CHUNK / 2).copy(bytes, i * CHUNK);
     bytes.fill(i + 1, i * CHUNK + CHUNK / 2, (i + 1) * CHUNK);
   }
-  const path = join(freshDir('image'), 'volume.img');
+  return { path: imageFile(bytes), bytes };
+}
+
+/** A new image file in a dir of its own holding `bytes`, sparse (writeImage). */
+function imageFile(bytes: Buffer, name = 'volume.img'): string {
+  const path = join(freshDir('image'), name);
   writeFileSync(path, Buffer.alloc(0));
   writeImage(path, bytes);
-  return { path, bytes };
+  return path;
 }
 
 /** Writes only the non-zero chunks, so the file is sparse like a pool image. */
@@ -253,10 +258,7 @@ describe('verify: chunks at several positions, and reads ahead', () => {
     const shared = randomBytes(CHUNK);
     for (const i of [1, 4, 9, 20]) shared.copy(bytes, i * CHUNK);
     for (const i of [2, 30]) randomBytes(CHUNK).copy(bytes, i * CHUNK);
-    const path = join(freshDir('image'), 'volume.img');
-    writeFileSync(path, Buffer.alloc(0));
-    writeImage(path, bytes);
-    return { path, bytes };
+    return { path: imageFile(bytes), bytes };
   }
 
   it('reads a chunk that appears at several positions once, and names each position when it is damaged', async () => {
@@ -558,9 +560,7 @@ describe('holes skipped without reading, and the chunk-list checksum', () => {
     randomBytes(CHUNK).copy(bytes, 6 * CHUNK); // a whole chunk
     randomBytes(100).copy(bytes, 30 * CHUNK + 7); // a few bytes
     bytes.fill(9, SIZE - 10); // the very end
-    const path = join(freshDir('image'), 'sparse.img');
-    writeFileSync(path, Buffer.alloc(0));
-    writeImage(path, bytes);
+    const path = imageFile(bytes, 'sparse.img');
     // An allocated chunk of zeros: read (the map says data), found zero, recorded as a hole all the same.
     const fd = openSync(path, 'r+');
     writeSync(fd, Buffer.alloc(CHUNK), 0, CHUNK, 12 * CHUNK);
