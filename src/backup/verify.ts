@@ -53,7 +53,8 @@ export async function verifyBackup(options: VerifyOptions): Promise<VerifyReport
     }
     const pending = take(index);
     if (pending === undefined) {
-      // A repeat of a chunk read at an earlier position, which this loop has already checked.
+      // A repeat of a chunk read at an earlier position, which this loop has already checked (only where the check
+      // goes by hashes, so its bytes need not be passed).
       const earlier = damaged.get(hash);
       if (earlier) problems.push({ ...earlier, index });
       else check.add(hash, length);

@@ -47,7 +47,9 @@ async function copyTree(from: string, to: string): Promise<void> {
 
 /** One call of the driver in the empty root: chroot, an empty environment, no stdin. */
 export async function callInEmptyRoot(emptyRoot: EmptyRoot, args: string[], timeoutMs = 60_000): Promise<RunResult> {
-  const [env, chroot] = [findTool('env', toolSearchPath()), findTool('chroot', toolSearchPath())];
+  const searchPath = toolSearchPath();
+  const env = findTool('env', searchPath);
+  const chroot = findTool('chroot', searchPath);
   if (!env || !chroot) throw new LatchError('env and chroot (coreutils) are needed to run the driver in an empty root');
   // env -i runs outside the root and clears the environment, then chroot enters it: nothing of ours leaks in.
   return run(env, ['-i', chroot, emptyRoot.root, emptyRoot.driver, ...args], { timeoutMs, okExitCodes: [1] });
