@@ -7,10 +7,11 @@
 // else: a fenced rbd-fuse hangs every stat of its mount, beyond any signal. Whatever must touch the mount (the stat
 // that waits for the image file, losetup, umount) runs in a child under guardFuse, which aborts the connection
 // through fusectl when it overruns, so no driver call hangs on it.
-import { access, mkdir, readdir, readFile, realpath, rmdir } from 'node:fs/promises';
+import { mkdir, realpath, rmdir } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { LatchError, errorMessage } from '../errors.js';
+import { checkNoFilesystemLeft } from '../sys/blockdev.js';
 import {
   abortFuseConnection,
   fuseMountsAt,
@@ -148,16 +149,7 @@ export class RbdFuseLoopClient implements NodeClient {
     // rbd-fuse stopped answering) is gone from mountinfo, but the filesystem is still writing back through the
     // device. Aborting the connection now would throw those writes away; once the cluster answers they land and the
     // device is free, so the call fails and its repeat finishes the job.
-    for (const dev of devices) {
-      const writing = await inFlight(dev.device);
-      if (writing > 0 || (await filesystemOn(dev.device))) {
-        throw new LatchError(
-          `${dev.device} of ${this.spec(image)} is still in use by a filesystem being unmounted` +
-            (writing > 0 ? ` (${writing} request(s) waiting on the cluster)` : '') +
-            `; try again once the cluster answers`,
-        );
-      }
-    }
+    for (const dev of devices) checkNoFilesystemLeft(dev.device, `${dev.device} of ${this.spec(image)}`);
     // losetup -d is an ioctl on the loop device and answers also when the FUSE mount does not; the kernel then
     // frees the device only once the FUSE connection is gone (which the abort below makes sure of).
     let detached = true;
@@ -316,46 +308,5 @@ export class RbdFuseLoopClient implements NodeClient {
 
   private spec(image: string): string {
     return `${this.options.pool}/${image}`;
-  }
-}
-
-/** Requests the block device has in flight (/sys/block/loopN/inflight: reads, writes); 0 when it is gone. */
-async function inFlight(device: string): Promise<number> {
-  try {
-    const text = await readFile(`/sys/block/${basename(device)}/inflight`, 'utf8');
-    return text
-      .trim()
-      .split(/\s+/)
-      .reduce((sum, n) => sum + (Number(n) || 0), 0);
-  } catch {
-    return 0;
-  }
-}
-
-/**
- * Whether a filesystem of a type latch makes still has its superblock on `device` (each registers it in /sys/fs
- * under the device's name until it is fully unmounted), also when no mount shows it any more.
- */
-async function filesystemOn(device: string): Promise<boolean> {
-  const name = basename(device);
-  for (const path of [`/sys/fs/ext4/${name}`, `/sys/fs/xfs/${name}`]) {
-    if (await exists(path)) return true;
-  }
-  let btrfs: string[] = [];
-  try {
-    btrfs = await readdir('/sys/fs/btrfs');
-  } catch {
-    // no btrfs loaded
-  }
-  for (const fsid of btrfs) if (await exists(`/sys/fs/btrfs/${fsid}/devices/${name}`)) return true;
-  return false;
-}
-
-async function exists(path: string): Promise<boolean> {
-  try {
-    await access(path);
-    return true;
-  } catch {
-    return false;
   }
 }

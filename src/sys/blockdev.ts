@@ -1,4 +1,5 @@
 // Filesystems on block devices: probe, format, grow; and device sizes from /sys.
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { readFile, realpath } from 'node:fs/promises';
 import { basename, isAbsolute } from 'node:path';
 import { FILESYSTEMS, FS_TYPES, growSpecOf, isFsType } from '../filesystems.js';
@@ -93,4 +94,49 @@ function checkDevicePath(device: string): string {
 /** Drops the kernel's cached blocks of a device (BLKFLSBUF), so that the next reads come from the device: verifying a copy. */
 export async function flushBuffers(device: string): Promise<void> {
   await run('blockdev', ['--flushbufs', checkDevicePath(device)]);
+}
+
+/**
+ * Throws while a filesystem still writes through `device` although no mount shows it: a umount that gave up at its
+ * deadline (the storage stalled) leaves the mount table at once, while its writeback waits in the kernel. Freeing the
+ * device then would throw those writes away; once the storage answers they land, and a repeat may free it. Reads
+ * sysfs only, which answers from the kernel's memory: inline.
+ */
+export function checkNoFilesystemLeft(device: string, what: string): void {
+  const writing = requestsInFlight(device);
+  if (writing === 0 && !filesystemRegistered(device)) return;
+  throw new LatchError(
+    `${what} is still in use by a filesystem being unmounted` +
+      (writing > 0 ? ` (${writing} request(s) waiting on the storage)` : '') +
+      `; try again once the storage answers`,
+  );
+}
+
+/** Requests the block device has in flight (/sys/block/NAME/inflight: reads, writes); 0 when it is gone. */
+function requestsInFlight(device: string): number {
+  try {
+    const text = readFileSync(`/sys/block/${basename(device)}/inflight`, 'utf8');
+    return text
+      .trim()
+      .split(/\s+/)
+      .reduce((sum, n) => sum + (Number(n) || 0), 0);
+  } catch {
+    return 0;
+  }
+}
+
+/**
+ * Whether a filesystem of a type latch makes still has its superblock on `device` (each registers it in /sys/fs
+ * under the device's name until it is fully unmounted), also when no mount shows it any more.
+ */
+function filesystemRegistered(device: string): boolean {
+  const name = basename(device);
+  if (existsSync(`/sys/fs/ext4/${name}`) || existsSync(`/sys/fs/xfs/${name}`)) return true;
+  let btrfs: string[] = [];
+  try {
+    btrfs = readdirSync('/sys/fs/btrfs');
+  } catch {
+    // no btrfs loaded
+  }
+  return btrfs.some((fsid) => existsSync(`/sys/fs/btrfs/${fsid}/devices/${name}`));
 }
