@@ -54,9 +54,9 @@ export function redactedError(err: unknown): unknown {
   );
 }
 
-async function rbd(identity: CephIdentity, args: string[], okExitCodes: number[] = []): Promise<RunResult> {
+async function rbd(identity: CephIdentity, args: string[], okExitCodes: number[] = [], timeoutMs?: number): Promise<RunResult> {
   try {
-    return await run('rbd', [...cephClientArgs(identity), ...args], { okExitCodes });
+    return await run('rbd', [...cephClientArgs(identity), ...args], { okExitCodes, timeoutMs });
   } catch (err) {
     throw redactedError(err);
   }
@@ -150,17 +150,65 @@ export async function rbdWatchers(identity: CephIdentity, pool: string, image: s
   return (status.watchers ?? []).map((w) => w.address).filter((a): a is string => typeof a === 'string');
 }
 
+/** One lock on an image as `rbd lock ls` shows it: its id (`auto <handle>` for the exclusive lock), holder and address. */
+export interface RbdLock {
+  id: string;
+  locker: string;
+  address: string;
+}
+
 /**
- * The client instances holding a lock on the image (the exclusive lock of its last writer), from `rbd lock ls`. The
- * record stays in the image header after its holder died or was cut off: the most durable trace of a writer.
+ * The image's locks (the exclusive lock of its last writer), from `rbd lock ls`. The record stays in the image header
+ * after its holder died or was cut off: the most durable trace of a writer.
  */
-export async function rbdLockers(identity: CephIdentity, pool: string, image: string): Promise<string[]> {
+export async function rbdLocks(identity: CephIdentity, pool: string, image: string): Promise<RbdLock[]> {
   const { stdout, exitCode } = await rbd(identity, ['lock', 'ls', '--format', 'json', imageSpec(pool, image)], [ENOENT]);
   if (exitCode === ENOENT || stdout.trim() === '') return [];
-  const locks = parseJson<{ address?: unknown }[] | Record<string, { address?: unknown }>>(`rbd lock ls ${imageSpec(pool, image)}`, stdout);
-  return Object.values(locks)
-    .map((l) => l.address)
-    .filter((a): a is string => typeof a === 'string');
+  type Listed = { id?: unknown; locker?: unknown; address?: unknown };
+  // Ceph 16 prints a list; older releases an object keyed by the lock id.
+  const locks = parseJson<Listed[] | Record<string, Listed>>(`rbd lock ls ${imageSpec(pool, image)}`, stdout);
+  const entries: [unknown, Listed][] = Array.isArray(locks) ? locks.map((l) => [l.id, l]) : Object.entries(locks);
+  return entries.flatMap(([id, l]) =>
+    typeof id === 'string' && typeof l.locker === 'string' && typeof l.address === 'string'
+      ? [{ id, locker: l.locker, address: l.address }]
+      : [],
+  );
+}
+
+/** The client instances holding a lock on the image (rbdLocks' addresses). */
+export async function rbdLockers(identity: CephIdentity, pool: string, image: string): Promise<string[]> {
+  return (await rbdLocks(identity, pool, image)).map((l) => l.address);
+}
+
+/**
+ * `rbd lock rm`: breaks a lock whose holder is gone. librbd blocklists the holder first unless the identity's conf
+ * says `rbd_blocklist_on_break_lock = false`, which a node's must (a node may not blocklist; docs/operations.md). A
+ * lock already gone is fine.
+ */
+export async function rbdLockRemove(identity: CephIdentity, pool: string, image: string, lock: RbdLock): Promise<void> {
+  await rbd(identity, ['lock', 'rm', imageSpec(pool, image), lock.id, lock.locker], [ENOENT]);
+}
+
+// ---- the kernel client (krbd) ------------------------------------------------------------------------------------
+
+/**
+ * `rbd device map -t krbd -o OPTIONS POOL/IMAGE`: the kernel maps the image and rbd waits for udev's /dev node. The
+ * key goes from the keyring file to the kernel's keyring, never to argv.
+ */
+export async function rbdDeviceMap(
+  identity: CephIdentity,
+  pool: string,
+  image: string,
+  options: string[],
+  timeoutMs: number,
+): Promise<string> {
+  const args = ['device', 'map', '--device-type', 'krbd', '--options', options.join(','), imageSpec(pool, image)];
+  return (await rbd(identity, args, [], timeoutMs)).stdout.trim();
+}
+
+/** `rbd device unmap -t krbd DEVICE`: removes the mapping through /sys/bus/rbd/remove; fails while the device is open. */
+export async function rbdDeviceUnmap(identity: CephIdentity, device: string, timeoutMs: number): Promise<void> {
+  await rbd(identity, ['device', 'unmap', '--device-type', 'krbd', device], [], timeoutMs);
 }
 
 async function ceph(identity: CephIdentity, args: string[], okExitCodes: number[] = []): Promise<RunResult> {
@@ -305,9 +353,5 @@ export async function rbdExportSnapshot(
   file: string,
   timeoutMs: number,
 ): Promise<void> {
-  try {
-    await run('rbd', [...cephClientArgs(identity), 'export', '--no-progress', `${imageSpec(pool, image)}@${snap}`, file], { timeoutMs });
-  } catch (err) {
-    throw redactedError(err);
-  }
+  await rbd(identity, ['export', '--no-progress', `${imageSpec(pool, image)}@${snap}`, file], [], timeoutMs);
 }
