@@ -66,6 +66,7 @@ function buildSchema() {
       clientId: z.optional(cephxId),
       keyring: z.optional(absolutePath),
       mountDir: z._default(absolutePath, '/var/lib/latch/rbd'),
+      client: z._default(z.enum(['rbd-fuse', 'krbd']), 'rbd-fuse'),
       fencer: z.optional(z.strictObject({ clientId: cephxId, keyring: absolutePath })),
     }),
   ]);

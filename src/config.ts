@@ -32,14 +32,20 @@ export interface RbdBackendConfig {
   clientId: string;
   /** The identity's keyring file (0600): the key is only ever read from it. */
   keyring: string;
-  /** Node-private directory for the per-volume rbd-fuse mounts. */
+  /**
+   * Node-private directory for the per-volume rbd-fuse mounts, the client instance recorded for each mapping, keys
+   * from PV secrets and exported snapshots.
+   */
   mountDir: string;
+  /** How this node maps images: rbd-fuse + a loop device (the default), or the kernel client (docs/operations.md). */
+  client: RbdClientKind;
   /**
    * The identity that may blocklist single client instances (docs/operations.md, "Fencing"): only on the machines
    * that run `latch node fence` and `latch volume release --node-is-down`, never in a node's configuration.
    */
   fencer?: { clientId: string; keyring: string };
 }
+export type RbdClientKind = 'rbd-fuse' | 'krbd';
 type BackendConfig = { type: 'loop' } | RbdBackendConfig;
 
 /** Where `latch backup` writes: an existing directory, local or a shared mount (NFS, CephFS) every node sees. */

@@ -21,6 +21,7 @@ function lazyRbdBackend(rbd: RbdBackendConfig, maxSize: number, timeoutMs: numbe
           clientId: rbd.clientId,
           keyring: rbd.keyring,
           mountDir: rbd.mountDir,
+          client: rbd.client,
           maxSize,
           timeoutMs,
         }),

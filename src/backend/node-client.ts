@@ -1,16 +1,17 @@
-// How an RBD image becomes a block device on this node: the rbd backend's data plane, one strategy per client.
+// How an RBD image becomes a block device on this node: the rbd backend's data plane, one strategy per client. The
+// configuration's `backend.client` says which one a node uses.
 //
-// Which one a node can use depends on its kernel; each finds its existing mapping from kernel state, so every call
-// stays idempotent and crash-safe as with the loop backend:
-//  - rbd-fuse + loop (RbdFuseLoopClient in rbd-fuse-loop.ts): the only one implemented, as the only one that runs
-//    where latch is tested (no rbd or nbd module). One `rbd-fuse -r IMAGE` per volume at <mountDir>/<volume>, a loop device over <mountDir>/<volume>/<image>.
-//  - krbd, where the rbd module is loaded: `rbd device map` / `unmap`, device /dev/rbdID, found in
-//    /sys/bus/rbd/devices/ID/{pool,pool_ns,name,current_snap} ('-' for the head); `client_addr` there is exactly
-//    the blocklist entry that fences it. Map with `-o noshare` (or every krbd volume of the node shares one client
-//    instance, and a per-volume fence fences them all) and `--exclusive`. The key goes to the kernel keyring.
-//  - rbd-nbd, where the nbd module is: `rbd-nbd map` is a daemon like rbd-fuse; /sys/block/nbdN/pid names it, and its
-//    /proc/PID/cmdline says pool, namespace, image and snapshot (what `rbd-nbd list-mapped` reads). Its address
-//    comes from the image's watchers and lock, as for rbd-fuse.
+// Each finds its existing mapping from kernel state, so every call stays idempotent and crash-safe as with the loop
+// backend:
+//  - rbd-fuse + loop (RbdFuseLoopClient in rbd-fuse-loop.ts): the default, and the one that runs where latch is tested
+//    (no rbd or nbd module). One `rbd-fuse -r IMAGE` per volume at <mountDir>/<volume>, a loop device over
+//    <mountDir>/<volume>/<image>.
+//  - krbd (KernelRbdClient in krbd.ts), where the rbd module is loaded: `rbd device map -o noshare` / `unmap`, device
+//    /dev/rbdID, found in /sys/bus/rbd/devices/ID/{pool,pool_ns,name,current_snap} ('-' for the head); `client_addr`
+//    there is exactly the blocklist entry that fences it. The key goes to the kernel keyring.
+//  - rbd-nbd, where the nbd module is (designed, not implemented): `rbd-nbd map` is a daemon like rbd-fuse;
+//    /sys/block/nbdN/pid names it, and its /proc/PID/cmdline says pool, namespace, image and snapshot (what
+//    `rbd-nbd list-mapped` reads). Its address comes from the image's watchers and lock, as for rbd-fuse.
 
 /** One way of making an RBD image a block device on this node. Every method reads its state from the kernel. */
 export interface NodeClient {
@@ -30,4 +31,9 @@ export interface NodeClient {
   abort(image: string): Promise<void>;
   /** Makes the device show the image's new size `sizeBytes`. */
   refreshSize(image: string, sizeBytes: number): Promise<void>;
+  /**
+   * The client instance (IP:PORT/NONCE) serving the image's mapping, where the kernel says it. Without it the backend
+   * takes the watcher that appeared while it mapped the image.
+   */
+  clientAddress?(image: string): Promise<string | undefined>;
 }

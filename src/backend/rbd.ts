@@ -2,11 +2,12 @@
 // is named after the volume's stable name; the control plane (create, size, grow, delete) is the `rbd` tool as this
 // node's own cephx identity, and the data plane (a block device on this node) is a NodeClient.
 //
-// The node clients, and the ones still to come, are described in node-client.ts.
+// The node clients (rbd-fuse + loop, krbd), and the one still to come, are described in node-client.ts.
 // Fencing is the fencer's (rbd-fencer.ts); this side records which client instance serves each mapping, so that a
 // fence can name it even after the node lost contact with the cluster.
 import { mkdir, readFile, rename, rm, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import type { RbdClientKind } from '../config.js';
 import { LatchError } from '../errors.js';
 import { tempName } from '../hash.js';
 import { checkVolumeName } from '../names.js';
@@ -28,14 +29,17 @@ import {
   rbdWatchers,
   type CephIdentity,
 } from '../sys/rbd.js';
+import { KernelRbdClient } from './krbd.js';
 import { RbdFuseLoopClient } from './rbd-fuse-loop.js';
 import type { NodeClient } from './node-client.js';
 import type { Backend, ReadableImage, SnapshotInfo } from './types.js';
 
 export interface RbdBackendOptions extends CephIdentity {
   pool: string;
-  /** Node-private directory for the node client's mounts. */
+  /** Node-private directory for the node client's mounts, the recorded client instances and exported snapshots. */
   mountDir: string;
+  /** How this node maps images (node-client.ts); rbd-fuse + loop when not given. */
+  client?: RbdClientKind;
   /** Largest size a volume may be created with or grown to, in bytes. */
   maxSize: number;
   /** Deadline for one step that touches a FUSE mount or starts a client (the config's commandTimeout). */
@@ -64,12 +68,11 @@ export class RbdBackend implements Backend {
     this.maxSize = options.maxSize;
     this.mountDir = options.mountDir;
     this.identity = { cephConf: options.cephConf, clientId: options.clientId, keyring: options.keyring };
-    this.client = new RbdFuseLoopClient({
-      identity: this.identity,
-      pool: options.pool,
-      mountDir: options.mountDir,
-      timeoutMs: options.timeoutMs,
-    });
+    const { pool, timeoutMs } = options;
+    this.client =
+      options.client === 'krbd'
+        ? new KernelRbdClient({ identity: this.identity, pool, timeoutMs })
+        : new RbdFuseLoopClient({ identity: this.identity, pool, mountDir: options.mountDir, timeoutMs });
   }
 
   async create(volume: string, sizeBytes: number): Promise<void> {
@@ -117,6 +120,12 @@ export class RbdBackend implements Backend {
     const image = checkVolumeName(volume);
     return this.withMappingLock(image, async () => {
       if (await this.client.isMapped(image)) return this.client.map(image);
+      if (this.client.clientAddress) {
+        const device = await this.client.map(image);
+        const client = await this.client.clientAddress(image);
+        if (client !== undefined) await this.rememberClient(image, client);
+        return device;
+      }
       // The client's instance address is random per process and Ceph tells it to nobody but the image's watchers:
       // the watcher that appears while this node maps the image is this node's own (docs/design/rbd-backend.md, a).
       const before = await rbdWatchers(this.identity, this.pool, image);

@@ -6,14 +6,16 @@
 // Needs root and Debian's ceph packages (scripts/setup.sh); skips with a message otherwise.
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { mkdirSync, readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { after, before, describe, it } from 'node:test';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { KernelRbdClient } from '../../src/backend/krbd.js';
 import { RbdBackend, type RbdBackendOptions } from '../../src/backend/rbd.js';
 import { rbdFusePids } from '../../src/sys/fuse.js';
 import { listLoopDevices } from '../../src/sys/loop.js';
 import { readMountInfo } from '../../src/sys/mounts.js';
-import { redactKeys } from '../../src/sys/rbd.js';
+import { isClientInstance, rbdLocks, rbdWatchers, redactKeys } from '../../src/sys/rbd.js';
 import { run } from '../../src/sys/run.js';
 import { BLOCK, block, readBlock, writeBlock } from '../fixtures/blocks.js';
 import { cephSkipReason, startCephCluster, type CephClient, type CephCluster } from '../ceph/cluster.js';
@@ -273,6 +275,43 @@ describe('RbdBackend on a one-host Ceph cluster', { skip }, () => {
     // And the volume maps again (after the killed daemon's lock, as above).
     assert.match(await patient.attach('vol-dead'), /^\/dev\/loop/);
     await a.release('vol-dead');
+  });
+
+  it("krbd: takes a lock over from a fenced holder as the node's own identity, never from a live one", async () => {
+    // The kernel client breaks a dead holder's lock itself only after blocklisting it, which a node may not do; so
+    // the client breaks it first (src/backend/krbd.ts). This kernel has no rbd module: a planted, empty
+    // /sys/bus/rbd lets the client go as far as `rbd device map`, which then fails here.
+    await a.create('vol-krbd', 8 * MiB);
+    const device = await a.attach('vol-krbd');
+    await writeBlock(device, 0, 'node-a holds the lock');
+    const identityA = { cephConf: nodeA.confPath, clientId: nodeA.id, keyring: nodeA.keyringPath };
+    const [lock, ...others] = await rbdLocks(identityA, ceph.pool, 'vol-krbd');
+    assert.deepEqual(others, []);
+    assert.match(lock?.id ?? '', /^auto [0-9]+$/, 'the exclusive lock, as `rbd lock ls` shows it');
+    assert.ok(lock && isClientInstance(lock.address));
+
+    const sysRoot = join(ceph.dir, 'krbd-sys');
+    mkdirSync(join(sysRoot, 'bus/rbd/devices'), { recursive: true });
+    const identityB = { cephConf: nodeB.confPath, clientId: nodeB.id, keyring: nodeB.keyringPath };
+    const krbdB = new KernelRbdClient({ identity: identityB, pool: ceph.pool, timeoutMs: 30_000, sysRoot });
+    await assert.rejects(krbdB.map('vol-krbd'), /device map --device-type krbd --options noshare \S+\/vol-krbd failed/);
+    assert.deepEqual(await rbdLocks(identityB, ceph.pool, 'vol-krbd'), [lock], 'a live holder keeps its lock');
+
+    await ceph.ceph(['osd', 'blocklist', 'add', lock.address, '600']);
+    try {
+      // The OSDs drop a blocklisted client's watch with the next OSD map (0.5 s here).
+      const deadline = Date.now() + 30_000;
+      while ((await rbdWatchers(identityB, ceph.pool, 'vol-krbd')).includes(lock.address)) {
+        assert.ok(Date.now() < deadline, "the fenced holder's watch is still there after 30 s");
+        await sleep(100);
+      }
+      await assert.rejects(krbdB.map('vol-krbd'), /map failed/);
+      assert.deepEqual(await rbdLocks(identityB, ceph.pool, 'vol-krbd'), [], "broken by node-b's identity, which cannot blocklist");
+      await a.cutOff('vol-krbd');
+      await a.release('vol-krbd');
+    } finally {
+      await ceph.ceph(['osd', 'blocklist', 'rm', lock.address]);
+    }
   });
 
   it('keeps keys out of messages: a malformed keyring fails the attach without echoing it', async () => {

@@ -211,6 +211,7 @@ describe('configuration', () => {
       clientId: 'latch-node-7',
       keyring: '/etc/ceph/ceph.client.latch-node-7.keyring',
       mountDir: '/var/lib/latch/rbd',
+      client: 'rbd-fuse',
     });
     const own = parseConfig({ backend: { type: 'rbd', pool: 'k8s', clientId: 'node-a', mountDir: '/run/latch/./rbd' } }, 'test');
     assert.deepEqual(own.backend.type === 'rbd' && [own.backend.pool, own.backend.keyring, own.backend.mountDir], [
@@ -236,6 +237,7 @@ describe('configuration', () => {
     [{ backend: { type: 'rbd', keyring: 'ceph.keyring' } }, /field "backend.keyring": must be an absolute path/],
     [{ backend: { type: 'rbd', pool: 'a b' } }, /field "backend.pool"/],
     [{ backend: { type: 'rbd', key: 'AQB...' } }, /unknown field\(s\) "key"/],
+    [{ backend: { type: 'rbd', client: 'nbd' } }, /field "backend.client"/],
     [{ backend: { type: 'loop', pool: 'latch' } }, /unknown field\(s\) "pool"/],
   ];
   for (const [raw, message] of bad) {
