@@ -4,12 +4,12 @@
 // one) whose printed fix is run and must clear them, and a cluster that does not answer.
 // The Ceph part needs root and Debian's ceph packages (scripts/setup.sh); it skips with a message otherwise.
 import assert from 'node:assert/strict';
-import { chmodSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it, test } from 'node:test';
 import { RbdBackend } from '../../src/backend/rbd.js';
-import { rbdMappingFindings, type RbdNodeState } from '../../src/cli/doctor/rbd.js';
+import { krbdMappingFindings, rbdMappingFindings, type RbdNodeState } from '../../src/cli/doctor/rbd.js';
 import type { DoctorReport, Finding } from '../../src/cli/doctor/report.js';
 import { runDoctor } from '../../src/cli/doctor/run.js';
 import { parseConfig } from '../../src/config.js';
@@ -154,6 +154,57 @@ describe('doctor: rbd mappings against the ledger (planted kernel states)', () =
   });
 });
 
+describe('doctor: krbd mappings against the ledger (planted /sys/bus/rbd listings)', () => {
+  const krbd = (image: string, id: number, mountPoints: string[] = []) => ({ image, device: `/dev/rbd${id}`, mountPoints });
+
+  test('held mappings: nothing to report; a hold without a mapping is a stale ticket', () => {
+    const holds = [held('vol-a', 'node-a', 'attached'), held('vol-b', 'node-a', 'attached'), held('vol-c', 'node-a', 'detaching')];
+    const findings = krbdMappingFindings([krbd('vol-a', 0, ['/kubelet/vol-a'])], 'node-a', holds);
+    assert.deepEqual(
+      findings.map((f) => [f.check, f.severity, f.fix]),
+      [['ledger', 'error', 'latch volume release vol-b --node node-a --node-is-down']],
+    );
+    assert.match(
+      findings[0]?.message ?? '',
+      /^stale ticket: volume vol-b is attached on node node-a .*but the kernel maps no image of it here$/,
+    );
+  });
+
+  test('a mapping the ledger does not explain: unmount first, then unmap', () => {
+    const findings = krbdMappingFindings([krbd('vol-a', 3, ['/mnt/x y'])], 'node-a', [held('vol-a', 'node-b', 'attached')]);
+    assert.deepEqual(
+      findings.map((f) => [f.check, f.severity, f.fix]),
+      [
+        ['mounts', 'error', "umount '/mnt/x y'"],
+        ['rbd-mappings', 'error', 'rbd device unmap /dev/rbd3'],
+      ],
+    );
+    assert.match(
+      findings[1]?.message ?? '',
+      /^stale rbd mapping of vol-a \(\/dev\/rbd3 \(mounted at \/mnt\/x y\)\): the ledger has no hold/,
+    );
+    assert.match(findings[1]?.note ?? '', /^after unmounting \/mnt\/x y/);
+  });
+
+  test('an unmounted second mapping of a held image is a warning, whichever comes first', () => {
+    const holds = [held('vol-a', 'node-a', 'attached'), held('vol-b', 'node-a', 'attached')];
+    const maps = [krbd('vol-a', 0, ['/kubelet/vol-a']), krbd('vol-a', 4), krbd('vol-b', 1), krbd('vol-b', 2, ['/kubelet/vol-b'])];
+    const findings = krbdMappingFindings(maps, 'node-a', holds);
+    assert.deepEqual(
+      findings.map((f) => [f.severity, f.fix]),
+      [
+        ['warning', 'rbd device unmap /dev/rbd4'],
+        ['warning', 'rbd device unmap /dev/rbd1'],
+      ],
+    );
+    assert.match(
+      findings[0]?.message ?? '',
+      /^\/dev\/rbd4 is a second mapping of rbd volume vol-a besides \/dev\/rbd0, left over from a crash/,
+    );
+    assert.match(findings[1]?.message ?? '', /^\/dev\/rbd1 is a second mapping of rbd volume vol-b besides \/dev\/rbd2/);
+  });
+});
+
 // ---------------------------------------------------------------------------------------------------------------
 
 const skip = cephSkipReason();
@@ -261,6 +312,35 @@ describe('doctor on a one-host Ceph cluster', { skip }, () => {
     assert.ok(device.startsWith('/dev/loop'));
     await s.backend.release('vol-healthy');
   });
+
+  it(
+    'with the kernel client on a kernel without the rbd module: one error, with the fix; rbd-fuse not needed',
+    { timeout: 120_000 },
+    async () => {
+      const s = await setup(node, { client: 'krbd' });
+      const tools = join(base, 'krbd-tools');
+      mkdirSync(tools, { recursive: true });
+      // Every tool of the host but rbd-fuse (/bin is /usr/bin on Debian 12).
+      const path = `${tools}:${process.env.PATH ?? ''}`.split(':').filter((d) => d !== '/usr/bin' && d !== '/bin');
+      for (const tool of readdirSync('/usr/bin')) if (tool !== 'rbd-fuse') symlinkSync(`/usr/bin/${tool}`, join(tools, tool));
+      const report = await runDoctor({ env: { ...s.env, PATH: path.join(':'), LATCH_TOOL_PATH: path.join(':') }, self: s.self });
+      const rbdProblems = problems(report).filter((f) => f.check === 'rbd-client' || f.check === 'tools' || f.check === 'ceph');
+      assert.deepEqual(
+        rbdProblems.map((f) => [f.check, f.severity, f.fix]),
+        [['rbd-client', 'error', 'modprobe rbd && echo rbd > /etc/modules-load.d/latch-rbd.conf']],
+        show(rbdProblems),
+      );
+      assert.match(rbdProblems[0]?.message ?? '', /^node client krbd: the kernel has no rbd module/);
+      assert.ok(
+        report.findings.some((f) => f.message === 'found the Ceph tools rbd, ceph, rados'),
+        'rbd-fuse is not looked for',
+      );
+      assert.match(
+        report.findings.map((f) => f.message).join('\n'),
+        /ledger and kernel agree on node node-a: 0 rbd mapping\(s\) of pool latch in \/sys\/bus\/rbd/,
+      );
+    },
+  );
 
   it('a keyring others can read is a warning with the fix, and the key is never in the report', { timeout: 60_000 }, async () => {
     const s = await setup(node);

@@ -9,6 +9,7 @@
 import { constants } from 'node:fs';
 import { access, readFile, realpath, stat } from 'node:fs/promises';
 import { basename, dirname } from 'node:path';
+import { KernelRbdClient } from '../../backend/krbd.js';
 import { RbdBackend } from '../../backend/rbd.js';
 import type { Config, RbdBackendConfig } from '../../config.js';
 import { errorMessage } from '../../errors.js';
@@ -55,7 +56,7 @@ export type RbdConfig = Config & { backend: RbdBackendConfig };
 /** Everything about this node's Ceph side that needs no ledger. */
 export async function checkRbd(config: RbdConfig, env: NodeJS.ProcessEnv, add: AddFinding): Promise<void> {
   const rbd = config.backend;
-  const tools = await checkCephTools(env, add);
+  const tools = await checkCephTools(rbd, env, add);
   const filesOk = await checkCephFiles(rbd, add);
   await checkNodeClient(config, add);
   if (!tools.has('rbd')) {
@@ -73,12 +74,13 @@ export async function checkRbd(config: RbdConfig, env: NodeJS.ProcessEnv, add: A
 // ---- tools -------------------------------------------------------------------------------------------------------
 
 const CEPH_TOOLS = [
-  { tool: 'rbd', deb: 'ceph-common', why: 'creates, resizes and removes the images', severity: 'error' as Severity },
+  { tool: 'rbd', deb: 'ceph-common', why: 'creates, resizes, removes and (krbd) maps the images', severity: 'error' as Severity },
   {
     tool: 'rbd-fuse',
     deb: 'rbd-fuse',
     why: "is this node's client for the images (rbd-fuse + a loop device)",
     severity: 'error' as Severity,
+    client: 'rbd-fuse',
   },
   { tool: 'ceph', deb: 'ceph-common', why: "checks the cluster (doctor) and runs the fencer's commands", severity: 'warning' as Severity },
   {
@@ -89,10 +91,11 @@ const CEPH_TOOLS = [
   },
 ];
 
-async function checkCephTools(env: NodeJS.ProcessEnv, add: AddFinding): Promise<Set<string>> {
+async function checkCephTools(rbd: RbdBackendConfig, env: NodeJS.ProcessEnv, add: AddFinding): Promise<Set<string>> {
   const searchPath = toolSearchPath(env);
   const found = new Set<string>();
   for (const spec of CEPH_TOOLS) {
+    if (spec.client !== undefined && spec.client !== rbd.client) continue;
     if (findTool(spec.tool, searchPath)) {
       found.add(spec.tool);
       continue;
@@ -255,6 +258,24 @@ async function checkNodeClient(config: RbdConfig, add: AddFinding): Promise<void
   const others =
     `kernel rbd: ${krbd ? 'available (/sys/bus/rbd)' : 'not available (no rbd module)'}, ` +
     `rbd-nbd: ${nbd ? 'available (nbd module)' : 'not available (no nbd module)'}`;
+  if (rbd.client === 'krbd') {
+    add(
+      krbd
+        ? {
+            check: 'rbd-client',
+            severity: 'ok',
+            message: `node client ${kind}: rbd device map, one client instance per volume (noshare); ${others}`,
+          }
+        : {
+            check: 'rbd-client',
+            severity: 'error',
+            message: `node client ${kind}: the kernel has no rbd module (/sys/bus/rbd is missing), so no volume can be mapped`,
+            fix: 'modprobe rbd && echo rbd > /etc/modules-load.d/latch-rbd.conf',
+            note: 'or set backend.client to "rbd-fuse" once no volume is mapped on this node',
+          },
+    );
+    return;
+  }
   if (!(await exists('/dev/fuse'))) {
     add({
       check: 'rbd-client',
@@ -269,8 +290,8 @@ async function checkNodeClient(config: RbdConfig, add: AddFinding): Promise<void
     check: 'rbd-client',
     severity: 'ok',
     message: `node client ${kind}: one rbd-fuse per volume under ${rbd.mountDir}, a loop device over its file; ${others}`,
-    ...((krbd || nbd) && {
-      note: 'latch does not use the kernel rbd or rbd-nbd client yet (designed, not implemented): rbd-fuse + loop serves this node',
+    ...(krbd && {
+      note: 'the kernel client serves I/O without FUSE (docs/performance.md, "rbd"): set backend.client to "krbd" once no volume is mapped on this node',
     }),
   });
 }
@@ -515,18 +536,103 @@ export async function checkRbdMappings(
   held: Inventory,
   add: AddFinding,
 ): Promise<{ problems: number; agreement: Finding }> {
-  const state = await readRbdNodeState(config.backend.mountDir);
-  const findings = rbdMappingFindings(state, held.node, held.volumes);
+  let findings: Finding[];
+  let mapped: number;
+  let where: string;
+  const rbd = config.backend;
+  if (rbd.client === 'krbd') {
+    // Only sysfs is read: the identity and deadline are never used.
+    const identity = { cephConf: rbd.cephConf, clientId: rbd.clientId, keyring: rbd.keyring };
+    const client = new KernelRbdClient({ identity, pool: rbd.pool, timeoutMs: RUN_DEADLINE_MS });
+    const table = await readMountInfo();
+    const mappings = client
+      .mapped()
+      .map((m) => ({ ...m, mountPoints: table.filter((t) => t.source === m.device).map((t) => t.mountPoint) }));
+    findings = krbdMappingFindings(mappings, held.node, held.volumes);
+    mapped = new Set(mappings.map((m) => m.image)).size;
+    where = `of pool ${rbd.pool} in /sys/bus/rbd`;
+  } else {
+    const state = await readRbdNodeState(rbd.mountDir);
+    findings = rbdMappingFindings(state, held.node, held.volumes);
+    mapped = new Set((state?.loops ?? []).map((l) => basename(dirname(l.backingFile)))).size;
+    where = `under ${rbd.mountDir}`;
+  }
   for (const f of findings) add(f);
-  const mapped = new Set((state?.loops ?? []).map((l) => basename(dirname(l.backingFile)))).size;
   return {
     problems: findings.filter((f) => f.severity !== 'ok').length,
     agreement: {
       check: 'ledger',
       severity: 'ok',
-      message: `ledger and kernel agree on node ${held.node}: ${mapped} rbd mapping(s) under ${config.backend.mountDir}, each held in the ledger`,
+      message: `ledger and kernel agree on node ${held.node}: ${mapped} rbd mapping(s) ${where}, each held in the ledger`,
     },
   };
+}
+
+/** A hold of `node` on a volume in use that has no mapping here. */
+function staleTickets(holds: VolumeDoc[], node: string, isMapped: (volume: string) => boolean, missing: string): Finding[] {
+  return holds.flatMap((doc) => {
+    const entry = doc.status.nodes[node];
+    if (!entry || !isInUse(entry.phase) || isMapped(doc.name)) return []; // detaching: the detaching check's to report
+    return [
+      {
+        check: 'ledger',
+        severity: entry.phase === 'attached' ? 'error' : 'warning',
+        message:
+          `stale ticket: volume ${doc.name} is ${entry.phase} on node ${node} in the ledger (${entry.device ? `device ${entry.device}, ` : ''}since ${entry.since}), ` +
+          `but ${missing}` +
+          (entry.phase === 'attaching' ? ' (if a waitforattach is running right now, run latch doctor again)' : ''),
+        fix: `latch volume release ${doc.name} --node ${node} --node-is-down`,
+        note: `safe: without a device nothing on ${node} can write to it; a pod that still wants it gets it back through kubelet's next waitforattach`,
+      } satisfies Finding,
+    ];
+  });
+}
+
+/** A mounted device of a volume the ledger does not know this node holds. */
+function unheldMount(device: string, image: string, target: string, node: string): Finding {
+  return {
+    check: 'mounts',
+    severity: 'error',
+    message: `${device} (rbd volume ${image}) is mounted at ${target}, but the ledger does not know that node ${node} holds ${image}`,
+    fix: `umount ${sh(target)}`,
+    note: `first make sure nothing uses it: findmnt -R ${sh(target)}`,
+  };
+}
+
+/**
+ * The findings for the kernel client's mappings (krbd) against this node's holds among `volumes` (pure, as
+ * rbdMappingFindings): a hold without a mapping is a stale ticket; a mapping of a volume this node does not hold is
+ * stale, and an unmounted second mapping of one image is left over from a crash (the next attach unmaps it too).
+ */
+export function krbdMappingFindings(
+  mappings: { image: string; device: string; mountPoints: string[] }[],
+  node: string,
+  volumes: VolumeDoc[],
+): Finding[] {
+  const holds = volumes.filter((doc) => nodeHoldsDevice(doc, node));
+  const held = new Set(holds.map((doc) => doc.name));
+  const findings = staleTickets(holds, node, (volume) => mappings.some((m) => m.image === volume), 'the kernel maps no image of it here');
+  for (const m of mappings) {
+    // The one the next attach keeps (the backend's keepOne): the mounted one, else the first.
+    const ofImage = mappings.filter((other) => other.image === m.image);
+    const kept = ofImage.find((other) => other.mountPoints.length > 0) ?? ofImage[0];
+    const duplicate = kept !== m && m.mountPoints.length === 0;
+    if (held.has(m.image) && !duplicate) continue;
+    if (!held.has(m.image)) for (const target of m.mountPoints) findings.push(unheldMount(m.device, m.image, target, node));
+    const mountedAt = m.mountPoints.length > 0 ? ` (mounted at ${m.mountPoints.join(', ')})` : '';
+    findings.push({
+      check: 'rbd-mappings',
+      severity: duplicate ? 'warning' : 'error',
+      message: duplicate
+        ? `${m.device} is a second mapping of rbd volume ${m.image} besides ${kept?.device}, left over from a crash`
+        : `stale rbd mapping of ${m.image} (${m.device}${mountedAt}): the ledger has no hold of node ${node} on volume ${m.image}`,
+      fix: `rbd device unmap ${m.device}`,
+      note:
+        (m.mountPoints.length > 0 ? `after unmounting ${m.mountPoints.join(', ')} (see the mounts finding); ` : '') +
+        'then run latch doctor again',
+    });
+  }
+  return findings;
 }
 
 interface Mapping {
@@ -564,22 +670,9 @@ export function rbdMappingFindings(state: RbdNodeState | undefined, node: string
   }
 
   const held = new Map(holds.map((doc) => [doc.name, doc]));
-  for (const doc of holds) {
-    const entry = doc.status.nodes[node];
-    if (!entry || !isInUse(entry.phase)) continue; // detaching: the detaching check's to report
-    const m = state && mappings.get(`${state.mountDir}/${doc.name}`);
-    if (m && m.loops.some((l) => basename(l.backingFile) === doc.name)) continue;
-    findings.push({
-      check: 'ledger',
-      severity: entry.phase === 'attached' ? 'error' : 'warning',
-      message:
-        `stale ticket: volume ${doc.name} is ${entry.phase} on node ${node} in the ledger (${entry.device ? `device ${entry.device}, ` : ''}since ${entry.since}), ` +
-        `but no loop device over its rbd-fuse file is set up here` +
-        (entry.phase === 'attaching' ? ' (if a waitforattach is running right now, run latch doctor again)' : ''),
-      fix: `latch volume release ${doc.name} --node ${node} --node-is-down`,
-      note: `safe: without a device nothing on ${node} can write to it; a pod that still wants it gets it back through kubelet's next waitforattach`,
-    });
-  }
+  const isMapped = (volume: string) =>
+    state?.loops.some((l) => dirname(l.backingFile) === `${state.mountDir}/${volume}` && basename(l.backingFile) === volume) ?? false;
+  findings.push(...staleTickets(holds, node, isMapped, 'no loop device over its rbd-fuse file is set up here'));
 
   for (const m of mappings.values()) {
     const isHeld = held.has(m.image);
@@ -600,17 +693,7 @@ export function rbdMappingFindings(state: RbdNodeState | undefined, node: string
     const why = [...(isHeld ? [] : [`the ledger has no hold of node ${node} on volume ${m.image}`]), ...dead];
     const clear = clearCommands(m, state?.fusectlMounted ?? false);
 
-    if (!isHeld) {
-      for (const { device, target } of mountedAt) {
-        findings.push({
-          check: 'mounts',
-          severity: 'error',
-          message: `${device} (rbd volume ${m.image}) is mounted at ${target}, but the ledger does not know that node ${node} holds ${m.image}`,
-          fix: `umount ${sh(target)}`,
-          note: `first make sure nothing uses it: findmnt -R ${sh(target)}`,
-        });
-      }
-    }
+    if (!isHeld) for (const { device, target } of mountedAt) findings.push(unheldMount(device, m.image, target, node));
     const inUse = mountedAt.length > 0;
     findings.push({
       check: 'rbd-mappings',
