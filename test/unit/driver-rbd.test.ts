@@ -66,6 +66,19 @@ describe('the driver with the rbd backend: the pod moves from node-a to node-b, 
         configs[node] = join(ceph.dir, node, 'config.json');
         writeFileSync(configs[node], JSON.stringify(config, null, 2));
       }
+      // node-k maps with the kernel client, which this machine does not have (as node-a's identity).
+      mountDirs['node-k'] = join(ceph.dir, 'mnt', 'node-k');
+      configs['node-k'] = join(ceph.dir, 'node-k', 'config.json');
+      const nodeA = JSON.parse(readFileSync(configs['node-a'] ?? '', 'utf8')) as { backend: Record<string, unknown> };
+      const nodeK = {
+        nodeName: 'node-k',
+        stateDir,
+        logFile: join(ceph.dir, 'node-k', 'latch.log'),
+        commandTimeout: 60,
+        backend: { ...nodeA.backend, mountDir: mountDirs['node-k'], client: 'krbd' },
+      };
+      mkdirSync(join(ceph.dir, 'node-k'), { recursive: true });
+      writeFileSync(configs['node-k'], JSON.stringify(nodeK, null, 2));
       // node-c runs in non-attach mode and has no key of its own: its volumes are mapped with a PV's secretRef.
       mkdirSync(join(ceph.dir, 'node-c'), { recursive: true });
       mountDirs['node-c'] = join(ceph.dir, 'mnt', 'node-c');
@@ -305,6 +318,22 @@ describe('the driver with the rbd backend: the pod moves from node-a to node-b, 
     assert.equal(unfence.exitCode, 0, unfence.stdout);
     assert.ok(!(await ceph.ceph(['osd', 'blocklist', 'ls', '--format', 'json'])).stdout.includes(recorded ?? '-'));
     assert.equal((await ledgerDoc(pv)).status.fences, undefined);
+  });
+
+  it('with the kernel client on a kernel without the rbd module: waitforattach fails and says so, starting nothing', async () => {
+    const pv = 'pv-rbd-krbd';
+    const options = JSON.stringify({ 'kubernetes.io/pvOrVolumeName': pv, 'kubernetes.io/readwrite': 'rw', size: '64Mi' });
+    await call('node-k', 'attach', options, 'node-k');
+    const answer = await reply('node-k', 'waitforattach', '', options);
+    assert.equal(answer.status, 'Failure');
+    assert.match(
+      answer.message ?? '',
+      /cannot map \S+\/pv-rbd-krbd with the kernel rbd client: this kernel has no rbd module .*modprobe rbd/,
+    );
+    const mountDir = mountDirs['node-k'] ?? '';
+    assert.deepEqual(await rbdFusePids(join(mountDir, pv)), [], 'no rbd-fuse started');
+    assert.equal((await listLoopDevices()).filter((l) => l.backingFile.startsWith(`${mountDir}/`)).length, 0);
+    await call('node-k', 'detach', pv, 'node-k');
   });
 
   it("non-attach mount with a PV's secretRef: mapped as the secret's identity, its key only ever in a 0600 keyring file", async () => {
