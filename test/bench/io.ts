@@ -5,7 +5,8 @@
 //   sets it up; the same jobs also run with its direct I/O switched the other way (`losetup --direct-io=on|off` on
 //   the live device), and the page cache that a volume's reads take is measured both ways (fincore on the image).
 // - rbd: the same through the rbd backend on a one-host Ceph cluster (test/ceph/cluster.ts), against `rbd bench` (the
-//   engine's own client) on another image of the cluster; and attach-to-mounted time next to a loop volume.
+//   engine's own client) on another image of the cluster; and attach-to-mounted time next to a loop volume. With the
+//   kernel client where the kernel has the rbd module, else with rbd-fuse + loop.
 //
 // Every fio job runs a few seconds, and the candidates alternate (disk, volume, disk, volume, ...) so that the
 // machine's drift hits them alike; each figure is the ratio of medians.
@@ -473,6 +474,8 @@ export async function rbdIo(): Promise<SectionResult> {
       clientId: client.id,
       keyring: client.keyringPath,
       mountDir: join(ceph.dir, 'mnt', 'bench'), // under the cluster's dir: its teardown sweeps any leftovers
+      // The kernel client where this kernel has it (a real node), else rbd-fuse + loop (this VM).
+      client: existsSync('/sys/bus/rbd') ? 'krbd' : 'rbd-fuse',
     });
     const loopConfig = writeConfig(dir);
 
