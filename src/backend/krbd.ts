@@ -156,6 +156,13 @@ export class KernelRbdClient implements NodeClient {
     return address !== undefined && isClientInstance(address) ? address : undefined;
   }
 
+  /** Every mapping of an image of the pool (not of a snapshot), lowest id first: what doctor holds against the ledger. */
+  mapped(): { image: string; device: string }[] {
+    return this.mappings()
+      .filter((m) => this.isOurs(m))
+      .map(({ image, device }) => ({ image, device }));
+  }
+
   /**
    * Breaks the locks of holders that are gone: a lock whose holder has no watch on the image (a fenced client, whose
    * watch the OSDs dropped, or a dead one whose watch timed out). The kernel would break such a lock itself on its
@@ -184,13 +191,6 @@ export class KernelRbdClient implements NodeClient {
       await this.unmapOne(dup).catch(() => undefined);
     }
     return keep.device;
-  }
-
-  /** Every mapping of an image of the pool (not of a snapshot), lowest id first: what doctor holds against the ledger. */
-  mapped(): { image: string; device: string }[] {
-    return this.mappings()
-      .filter((m) => this.isOurs(m))
-      .map(({ image, device }) => ({ image, device }));
   }
 
   /** The image's own mappings (not its snapshots'), lowest id first. */
