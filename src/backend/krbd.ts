@@ -21,7 +21,7 @@ import { LatchError } from '../errors.js';
 import { checkNoFilesystemLeft } from '../sys/blockdev.js';
 import { mountedSources } from '../sys/mounts.js';
 import { isClientInstance, rbdDeviceMap, rbdDeviceUnmap, rbdLockRemove, rbdLocks, rbdWatchers, type CephIdentity } from '../sys/rbd.js';
-import { run } from '../sys/run.js';
+import { CommandError, run } from '../sys/run.js';
 import type { NodeClient } from './node-client.js';
 
 export interface KernelRbdOptions {
@@ -76,7 +76,7 @@ export class KernelRbdClient implements NodeClient {
       // A map that overran its deadline may still finish in the kernel: nothing of it may be handed out half-made,
       // and nothing mounts a mapping made by this call yet.
       for (const m of this.mappingsOf(image)) await this.unmapOne(m).catch(() => undefined);
-      throw err;
+      throw explainMapFailure(err, this.spec(image));
     }
     const mapped = this.mappingsOf(image);
     if (mapped.length === 0) throw new LatchError(`rbd device map ${this.spec(image)} succeeded, but /sys/bus/rbd shows no mapping of it`);
@@ -239,4 +239,19 @@ export class KernelRbdClient implements NodeClient {
   private spec(image: string): string {
     return `${this.options.pool}/${image}`;
   }
+}
+
+/**
+ * A kernel older than the image's features (object-map, fast-diff, deep-flatten need Linux 5.3) refuses the map, and
+ * rbd says why and what to run above its last line, which is all a failed command's message keeps.
+ */
+function explainMapFailure(err: unknown, spec: string): unknown {
+  if (!(err instanceof CommandError)) return err;
+  const disable = /rbd feature disable [^"\n]+/.exec(err.stderrTail)?.[0];
+  if (disable === undefined) return err;
+  return new LatchError(
+    `this kernel cannot map ${spec}: it does not support some of the image's features; rbd suggests "${disable}" ` +
+      `(optional features; set rbd_default_features for the images still to come)`,
+    { cause: err },
+  );
 }

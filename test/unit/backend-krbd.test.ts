@@ -32,6 +32,10 @@ const read = (name, fallback) => { try { return fs.readFileSync(path.join(state,
 const [a, b] = args;
 if (a === 'device' && b === 'map') {
   if (fs.existsSync(path.join(state, 'map-fails'))) { process.stderr.write('rbd: map failed: (110) Connection timed out\\n'); process.exit(110); }
+  if (fs.existsSync(path.join(state, 'old-kernel'))) {
+    process.stderr.write('rbd: sysfs write failed\\nRBD image feature set mismatch. You can disable features unsupported by the kernel with "rbd feature disable latch/vol-a object-map fast-diff deep-flatten".\\nIn some cases useful info is found in syslog - try "dmesg | tail".\\nrbd: map failed: (6) No such device or address\\n');
+    process.exit(6);
+  }
   const [pool, name] = args[2].split('/');
   fs.mkdirSync(devices, { recursive: true });
   const taken = fs.readdirSync(devices).map(Number);
@@ -193,6 +197,14 @@ describe('KernelRbdClient on a fake /sys/bus/rbd', () => {
     writeFileSync(join(state, 'map-fails'), '');
     await assert.rejects(client.map('vol-a'), /Connection timed out/);
     assert.equal(await client.isMapped('vol-a'), false);
+  });
+
+  it('on a kernel older than the image: says which features and what rbd suggests, not only its last line', async () => {
+    writeFileSync(join(state, 'old-kernel'), '');
+    await assert.rejects(
+      client.map('vol-a'),
+      /^LatchError: this kernel cannot map latch\/vol-a: it does not support some of the image's features; rbd suggests "rbd feature disable latch\/vol-a object-map fast-diff deep-flatten"/,
+    );
   });
 
   it('unmaps every mapping of the image, and nothing of other images', async () => {
