@@ -22,7 +22,7 @@ import { checkNoFilesystemLeft } from '../sys/blockdev.js';
 import { mountedSources } from '../sys/mounts.js';
 import { isClientInstance, rbdDeviceMap, rbdDeviceUnmap, rbdLockRemove, rbdLocks, rbdWatchers, type CephIdentity } from '../sys/rbd.js';
 import { CommandError, run } from '../sys/run.js';
-import type { NodeClient } from './node-client.js';
+import { deviceToUse, keepOneDevice, type NodeClient } from './node-client.js';
 
 export interface KernelRbdOptions {
   identity: CephIdentity;
@@ -33,14 +33,11 @@ export interface KernelRbdOptions {
   sysRoot?: string;
 }
 
-/** One krbd mapping, from /sys/bus/rbd/devices/ID. */
-interface Mapping {
+/** A krbd mapping of an image of latch's pool (not of a snapshot), from /sys/bus/rbd/devices/ID. */
+export interface KrbdMapping {
   id: number;
   device: string;
-  pool: string;
-  namespace: string;
   image: string;
-  snapshot: string;
 }
 
 const KRBD_DEVICE = /^\/dev\/rbd([0-9]+)$/;
@@ -84,10 +81,7 @@ export class KernelRbdClient implements NodeClient {
   }
 
   async deviceOf(image: string): Promise<string | undefined> {
-    const mappings = this.mappingsOf(image);
-    if (mappings.length <= 1) return mappings[0]?.device;
-    const mounted = await mountedSources();
-    return (mappings.find((m) => mounted.has(m.device)) ?? mappings[0])?.device;
+    return (await deviceToUse(this.mappingsOf(image)))?.device;
   }
 
   async imageOf(device: string): Promise<string | undefined> {
@@ -99,8 +93,7 @@ export class KernelRbdClient implements NodeClient {
     }
     const match = KRBD_DEVICE.exec(real);
     if (!match) return undefined;
-    const mapping = this.readMapping(Number(match[1]));
-    return mapping && this.isOurs(mapping) ? mapping.image : undefined;
+    return readMapping(this.devicesDir, Number(match[1]), this.options.pool)?.image;
   }
 
   async isMapped(image: string): Promise<boolean> {
@@ -152,15 +145,8 @@ export class KernelRbdClient implements NodeClient {
   async clientAddress(image: string): Promise<string | undefined> {
     const [mapping] = this.mappingsOf(image);
     if (!mapping) return undefined;
-    const address = this.attribute(mapping.id, 'client_addr');
+    const address = attribute(this.devicesDir, mapping.id, 'client_addr');
     return address !== undefined && isClientInstance(address) ? address : undefined;
-  }
-
-  /** Every mapping of an image of the pool (not of a snapshot), lowest id first: what doctor holds against the ledger. */
-  mapped(): { image: string; device: string }[] {
-    return this.mappings()
-      .filter((m) => this.isOurs(m))
-      .map(({ image, device }) => ({ image, device }));
   }
 
   /**
@@ -177,67 +163,63 @@ export class KernelRbdClient implements NodeClient {
     for (const lock of locks) if (!watchers.has(lock.address)) await rbdLockRemove(identity, pool, image, lock);
   }
 
-  private async unmapOne(m: Mapping): Promise<void> {
+  private async unmapOne(m: KrbdMapping): Promise<void> {
     await rbdDeviceUnmap(this.options.identity, m.device, this.options.timeoutMs);
   }
 
-  /** The mapping every caller keeps (the mounted one, else the lowest-numbered); unmounted duplicates are unmapped. */
-  private async keepOne(mappings: Mapping[]): Promise<string> {
-    const mounted = await mountedSources();
-    const keep = mappings.find((m) => mounted.has(m.device)) ?? mappings[0];
-    if (!keep) throw new LatchError('no rbd device to keep');
-    for (const dup of mappings) {
-      if (dup === keep || mounted.has(dup.device)) continue;
-      await this.unmapOne(dup).catch(() => undefined);
-    }
-    return keep.device;
+  /** The mapping every caller keeps (deviceInUse); unmounted duplicates are unmapped. */
+  private keepOne(mappings: KrbdMapping[]): Promise<string> {
+    return keepOneDevice(mappings, (dup) => this.unmapOne(dup));
   }
 
   /** The image's own mappings (not its snapshots'), lowest id first. */
-  private mappingsOf(image: string): Mapping[] {
-    return this.mappings().filter((m) => m.image === image && this.isOurs(m));
-  }
-
-  private isOurs(m: Mapping): boolean {
-    return m.pool === this.options.pool && m.namespace === '' && m.snapshot === '-';
-  }
-
-  private mappings(): Mapping[] {
-    let ids: string[];
-    try {
-      ids = readdirSync(this.devicesDir);
-    } catch {
-      return []; // no rbd module: nothing mapped
-    }
-    return ids
-      .filter((id) => /^[0-9]+$/.test(id))
-      .map(Number)
-      .sort((a, b) => a - b)
-      .map((id) => this.readMapping(id))
-      .filter((m): m is Mapping => m !== undefined);
-  }
-
-  private readMapping(id: number): Mapping | undefined {
-    const [pool, image, snapshot] = ['pool', 'name', 'current_snap'].map((name) => this.attribute(id, name));
-    if (pool === undefined || image === undefined || snapshot === undefined) return undefined; // going away
-    // pool_ns exists since Linux 4.19; before it there were no namespaces.
-    return { id, device: `/dev/rbd${id}`, pool, namespace: this.attribute(id, 'pool_ns') ?? '', image, snapshot };
+  private mappingsOf(image: string): KrbdMapping[] {
+    return readMappings(this.devicesDir, this.options.pool).filter((m) => m.image === image);
   }
 
   private sizeOf(id: number): number {
-    return Number(this.attribute(id, 'size') ?? 0);
-  }
-
-  private attribute(id: number, name: string): string | undefined {
-    try {
-      return readFileSync(join(this.devicesDir, String(id), name), 'utf8').trim();
-    } catch {
-      return undefined;
-    }
+    return Number(attribute(this.devicesDir, id, 'size') ?? 0);
   }
 
   private spec(image: string): string {
     return `${this.options.pool}/${image}`;
+  }
+}
+
+/** The kernel's mappings of images of `pool` (what doctor holds against the ledger), lowest id first. */
+export function krbdMappings(pool: string, sysRoot = '/sys'): KrbdMapping[] {
+  return readMappings(join(sysRoot, 'bus/rbd/devices'), pool);
+}
+
+function readMappings(devicesDir: string, pool: string): KrbdMapping[] {
+  let ids: string[];
+  try {
+    ids = readdirSync(devicesDir);
+  } catch {
+    return []; // no rbd module: nothing mapped
+  }
+  return ids
+    .filter((id) => /^[0-9]+$/.test(id))
+    .map(Number)
+    .sort((a, b) => a - b)
+    .map((id) => readMapping(devicesDir, id, pool))
+    .filter((m): m is KrbdMapping => m !== undefined);
+}
+
+/** Mapping `id`, if it maps an image of `pool` itself: not a snapshot (current_snap '-'), not in a namespace. */
+function readMapping(devicesDir: string, id: number, pool: string): KrbdMapping | undefined {
+  const [mapped, image, snapshot] = ['pool', 'name', 'current_snap'].map((name) => attribute(devicesDir, id, name));
+  // pool_ns exists since Linux 4.19; before it there were no namespaces. A mapping going away reads as nothing.
+  const namespace = attribute(devicesDir, id, 'pool_ns') ?? '';
+  if (mapped !== pool || image === undefined || snapshot !== '-' || namespace !== '') return undefined;
+  return { id, device: `/dev/rbd${id}`, image };
+}
+
+function attribute(devicesDir: string, id: number, name: string): string | undefined {
+  try {
+    return readFileSync(join(devicesDir, String(id), name), 'utf8').trim();
+  } catch {
+    return undefined;
   }
 }
 

@@ -36,7 +36,7 @@ import {
 import { mountedSources } from '../sys/mounts.js';
 import type { CephIdentity } from '../sys/rbd.js';
 import { run } from '../sys/run.js';
-import type { NodeClient } from './node-client.js';
+import { deviceToUse, keepOneDevice, type NodeClient } from './node-client.js';
 
 export interface RbdFuseLoopOptions {
   identity: CephIdentity;
@@ -101,10 +101,7 @@ export class RbdFuseLoopClient implements NodeClient {
   async deviceOf(image: string): Promise<string | undefined> {
     const dir = await this.mountDir(false);
     if (dir === undefined) return undefined;
-    const devices = await this.devicesOf(join(dir, image, image));
-    if (devices.length <= 1) return devices[0]?.device;
-    const mounted = await mountedSources();
-    return (devices.find((d) => mounted.has(d.device)) ?? devices[0])?.device;
+    return (await deviceToUse(await this.devicesOf(join(dir, image, image))))?.device;
   }
 
   async imageOf(device: string): Promise<string | undefined> {
@@ -268,16 +265,9 @@ export class RbdFuseLoopClient implements NodeClient {
     if (left.length > 0) throw new LatchError(`releasing ${this.spec(image)} left ${left.join(' and ')} behind`);
   }
 
-  /** The device every caller keeps (the mounted one, else the lowest-numbered); unmounted duplicates are detached. */
-  private async keepOne(devices: LoopDevice[]): Promise<string> {
-    const mounted = await mountedSources();
-    const keep = devices.find((d) => mounted.has(d.device)) ?? devices[0];
-    if (!keep) throw new LatchError('no loop device to keep');
-    for (const dup of devices) {
-      if (dup === keep || mounted.has(dup.device)) continue;
-      await detachLoop(dup.device, dup.backingFile).catch(() => undefined);
-    }
-    return keep.device;
+  /** The device every caller keeps (deviceInUse); unmounted duplicates are detached. */
+  private keepOne(devices: LoopDevice[]): Promise<string> {
+    return keepOneDevice(devices, (dup) => detachLoop(dup.device, dup.backingFile));
   }
 
   /**

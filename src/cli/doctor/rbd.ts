@@ -9,7 +9,8 @@
 import { constants } from 'node:fs';
 import { access, readFile, realpath, stat } from 'node:fs/promises';
 import { basename, dirname } from 'node:path';
-import { KernelRbdClient } from '../../backend/krbd.js';
+import { krbdMappings } from '../../backend/krbd.js';
+import { deviceInUse } from '../../backend/node-client.js';
 import { RbdBackend } from '../../backend/rbd.js';
 import type { Config, RbdBackendConfig } from '../../config.js';
 import { errorMessage } from '../../errors.js';
@@ -541,13 +542,11 @@ export async function checkRbdMappings(
   let where: string;
   const rbd = config.backend;
   if (rbd.client === 'krbd') {
-    // Only sysfs is read: the identity and deadline are never used.
-    const identity = { cephConf: rbd.cephConf, clientId: rbd.clientId, keyring: rbd.keyring };
-    const client = new KernelRbdClient({ identity, pool: rbd.pool, timeoutMs: RUN_DEADLINE_MS });
     const table = await readMountInfo();
-    const mappings = client
-      .mapped()
-      .map((m) => ({ ...m, mountPoints: table.filter((t) => t.source === m.device).map((t) => t.mountPoint) }));
+    const mappings = krbdMappings(rbd.pool).map((m) => ({
+      ...m,
+      mountPoints: table.filter((t) => t.source === m.device).map((t) => t.mountPoint),
+    }));
     findings = krbdMappingFindings(mappings, held.node, held.volumes);
     mapped = new Set(mappings.map((m) => m.image)).size;
     where = `of pool ${rbd.pool} in /sys/bus/rbd`;
@@ -613,9 +612,11 @@ export function krbdMappingFindings(
   const held = new Set(holds.map((doc) => doc.name));
   const findings = staleTickets(holds, node, (volume) => mappings.some((m) => m.image === volume), 'the kernel maps no image of it here');
   for (const m of mappings) {
-    // The one the next attach keeps (the backend's keepOne): the mounted one, else the first.
-    const ofImage = mappings.filter((other) => other.image === m.image);
-    const kept = ofImage.find((other) => other.mountPoints.length > 0) ?? ofImage[0];
+    // The one the next attach keeps; the others, unmounted, are a crash's leftovers.
+    const kept = deviceInUse(
+      mappings.filter((other) => other.image === m.image),
+      new Set(mappings.filter((other) => other.mountPoints.length > 0).map((other) => other.device)),
+    );
     const duplicate = kept !== m && m.mountPoints.length === 0;
     if (held.has(m.image) && !duplicate) continue;
     if (!held.has(m.image)) for (const target of m.mountPoints) findings.push(unheldMount(m.device, m.image, target, node));
@@ -670,8 +671,7 @@ export function rbdMappingFindings(state: RbdNodeState | undefined, node: string
   }
 
   const held = new Map(holds.map((doc) => [doc.name, doc]));
-  const isMapped = (volume: string) =>
-    state?.loops.some((l) => dirname(l.backingFile) === `${state.mountDir}/${volume}` && basename(l.backingFile) === volume) ?? false;
+  const isMapped = (volume: string) => state?.loops.some((l) => l.backingFile === `${state.mountDir}/${volume}/${volume}`) ?? false;
   findings.push(...staleTickets(holds, node, isMapped, 'no loop device over its rbd-fuse file is set up here'));
 
   for (const m of mappings.values()) {
