@@ -193,7 +193,8 @@ export async function rbdLockRemove(identity: CephIdentity, pool: string, image:
 
 /**
  * `rbd device map -t krbd -o OPTIONS POOL/IMAGE`: the kernel maps the image and rbd waits for udev's /dev node. The
- * key goes from the keyring file to the kernel's keyring, never to argv.
+ * key goes from the keyring file to the kernel's keyring, never to argv. The device it prints is not taken: the
+ * caller finds the mapping in sysfs, as every later call does.
  */
 export async function rbdDeviceMap(
   identity: CephIdentity,
@@ -201,9 +202,8 @@ export async function rbdDeviceMap(
   image: string,
   options: string[],
   timeoutMs: number,
-): Promise<string> {
-  const args = ['device', 'map', '--device-type', 'krbd', '--options', options.join(','), imageSpec(pool, image)];
-  return (await rbd(identity, args, [], timeoutMs)).stdout.trim();
+): Promise<void> {
+  await rbd(identity, ['device', 'map', '--device-type', 'krbd', '--options', options.join(','), imageSpec(pool, image)], [], timeoutMs);
 }
 
 /** `rbd device unmap -t krbd DEVICE`: removes the mapping through /sys/bus/rbd/remove; fails while the device is open. */
