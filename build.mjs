@@ -13,6 +13,10 @@
 // as it is on any glibc host. `latch install` rewrites both slots in the copy it installs, to the absolute path of
 // the runtime it installs beside the driver (src/host/runtime.ts); the driver then needs nothing outside the plugin
 // dir, not even /proc (an $ORIGIN RPATH would need /proc/self/exe).
+//
+// The runtime also holds the spawn helper (src/native/spawn.c, compiled here with the host's C compiler), which a
+// driver call starts its children with (src/sys/run.ts). The build's RPATH names the build's runtime directory after
+// the host's library directory, so that bin/latch-sea finds the helper where it is built.
 import { build } from 'esbuild';
 import { spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
@@ -29,7 +33,7 @@ import {
   writeFileSync,
 } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { basename, dirname, join } from 'node:path';
+import { basename, dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const pkg = JSON.parse(readFileSync(new URL('./package.json', import.meta.url), 'utf8'));
@@ -207,6 +211,8 @@ chmodSync('bin/latch', 0o755);
 
 /** Bytes of the interpreter and RPATH slots (with their NUL); the longest path `latch install` can write there. */
 const RUNTIME_SLOT = 1024;
+/** The file name src/sys/run.ts loads the spawn helper by, from the runtime directory. */
+const SPAWN_HELPER = 'latch-spawn.node';
 
 if (process.argv.includes('--sea')) await buildSea('bin/latch-sea');
 
@@ -285,6 +291,7 @@ async function buildSea(outfile) {
     // patchelf after postject: it rewrites the headers and keeps the injected note (bin/latch-sea's own tests run it).
     const runtime = join(work, 'runtime');
     const { loader, libraries } = collectRuntime(runtime);
+    buildSpawnHelper(join(runtime, SPAWN_HELPER));
     const padded = (path) => `${'/'.repeat(RUNTIME_SLOT - 1 - path.length)}${path}`;
     // --page-size 2 MiB: patchelf shifts the file's contents by a page to make room for the slots, and a shift of
     // 4 KiB would put node's code segment off the 2 MiB alignment it has between file and memory in the node it is a
@@ -297,7 +304,9 @@ async function buildSea(outfile) {
       '--set-interpreter',
       padded(loader),
       '--set-rpath',
-      padded(libraries),
+      // The host's libraries, then this build's runtime directory, for the spawn helper only: src/sys/run.ts loads it
+      // by name, which the loader looks up on the RPATH (an installed driver's names its installed runtime alone).
+      padded(`${libraries}:${resolve(`${outfile}.runtime`)}`),
       '--force-rpath',
       exe,
     ]);
@@ -332,6 +341,34 @@ function collectRuntime(dir) {
   for (const path of [loader, ...libraries]) copyFileSync(path, join(dir, basename(path)));
   const libc = libraries.find((p) => basename(p).startsWith('libc.so')) ?? libraries[0];
   return { loader, libraries: dirname(libc) };
+}
+
+/**
+ * Compiles the spawn helper (src/native/spawn.c, a Node-API addon: run.ts starts children through it) to `output`.
+ * Node-API's headers come from the node-api-headers package, so the build needs a C compiler and nothing of Node's.
+ */
+function buildSpawnHelper(output) {
+  const compiler = process.env.CC || 'cc';
+  const found = spawnSync(compiler, ['--version'], { encoding: 'utf8' });
+  if (found.status !== 0)
+    throw new Error(
+      `a C compiler (${compiler}) is needed to build bin/latch-sea (Debian: apt-get install gcc libc6-dev; scripts/setup.sh does it)`,
+    );
+  const headers = join(dirname(fileURLToPath(import.meta.resolve('node-api-headers/package.json'))), 'include');
+  quietly(compiler, [
+    '-O2',
+    '-Wall',
+    '-Wextra',
+    '-Werror',
+    '-shared',
+    '-fPIC',
+    '-DNAPI_VERSION=8',
+    '-I',
+    headers,
+    '-o',
+    output,
+    'src/native/spawn.c',
+  ]);
 }
 
 function patchelf() {

@@ -6,13 +6,14 @@ cd "$(dirname "$0")/.."
 
 # command -> Debian package that provides it: every tool latch runs (src/filesystems.ts and doctor's list; a unit
 # test, test/unit/filesystems.test.ts, checks this table against them), then what the tests and `npm run bench`
-# use (fio: volume I/O); last, the rbd backend's node side: rbd and rbd-fuse, and the one-host Ceph cluster of its
+# use (fio: volume I/O); the self-contained build's (patchelf, and a C compiler for its spawn helper,
+# src/native/spawn.c); last, the rbd backend's node side: rbd and rbd-fuse, and the one-host Ceph cluster of its
 # tests: test/ceph/cluster.ts.
 declare -A PACKAGES=(
   [losetup]=mount [mount]=mount [umount]=mount [findmnt]=util-linux [blkid]=util-linux [setpriv]=util-linux
   [mkfs.ext4]=e2fsprogs [mkfs.ext3]=e2fsprogs [resize2fs]=e2fsprogs [mkfs.xfs]=xfsprogs [xfs_growfs]=xfsprogs [xfs_io]=xfsprogs
   [mkfs.btrfs]=btrfs-progs [btrfs]=btrfs-progs
-  [jq]=jq [inotifywait]=inotify-tools [etcd]=etcd-server [patchelf]=patchelf [fio]=fio
+  [jq]=jq [inotifywait]=inotify-tools [etcd]=etcd-server [patchelf]=patchelf [cc]=gcc [fio]=fio
   [rbd]=ceph-common [ceph]=ceph-common [ceph-authtool]=ceph-common [monmaptool]=ceph-mon [rbd-fuse]=rbd-fuse
   [ceph-mon]=ceph-mon [ceph-mgr]=ceph-mgr [ceph-osd]=ceph-osd
 )
@@ -20,6 +21,8 @@ missing=()
 for cmd in "${!PACKAGES[@]}"; do
   PATH="$PATH:/usr/sbin:/sbin" command -v "$cmd" >/dev/null 2>&1 || missing+=("${PACKAGES[$cmd]}")
 done
+# The C library's headers, for the compiler above (gcc only recommends them).
+[ -e /usr/include/stdio.h ] || missing+=(libc6-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
   if [ "$(id -u)" -ne 0 ]; then

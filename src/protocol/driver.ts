@@ -3,13 +3,13 @@
 // a Node warning, a child's output) is captured and goes to the log file instead.
 import { writeSync } from 'node:fs';
 import { Writable } from 'node:stream';
-import { loadDriverConfig, type Config } from '../config.js';
+import { isSingleExecutable, loadDriverConfig, type Config } from '../config.js';
 import { encodeReply, exitCodeOf, failure, notSupported, type Reply } from '../contract/reply.js';
 import { createContext } from '../context.js';
 import { LatchError, NotSupportedError, errorMessage } from '../errors.js';
 import { redactArgs, writeLog, type CallLog } from '../log.js';
 import type { ArgKinds, ArgValues, OpDefinition } from '../ops/op.js';
-import { killAllChildren, setDefaultCommandTimeout } from '../sys/run.js';
+import { killAllChildren, setDefaultCommandTimeout, spawnHelperUnavailable } from '../sys/run.js';
 import { usageOf, type OpTable } from './ops.js';
 
 // kubelet kills waitforattach at 10 minutes and waits forever on the others: answer before either happens.
@@ -59,6 +59,7 @@ export async function runDriverCall(op: string, argv: string[], ops: OpTable, st
           ...(error instanceof Error && !(error instanceof LatchError) && { stack: error.stack }),
           ...(stray.length > 0 && { strayOutput: stray.join('').slice(0, 4000) }),
           ...(startup.codeCacheRejected && { codeCacheRejected: true }),
+          ...withoutSpawnHelper(),
         },
         op !== 'init',
       );
@@ -84,6 +85,15 @@ export async function runDriverCall(op: string, argv: string[], ops: OpTable, st
   } catch (err) {
     finish(toReply(op, err), err);
   }
+}
+
+/**
+ * For the log line of a self-contained build's call that started children without its spawn helper (src/sys/run.ts):
+ * the runtime beside the driver lacks it, or the loader refused it. Plain node never has it.
+ */
+function withoutSpawnHelper(): { spawnHelperUnavailable?: string } {
+  const why = spawnHelperUnavailable();
+  return why !== undefined && isSingleExecutable() ? { spawnHelperUnavailable: why } : {};
 }
 
 /**

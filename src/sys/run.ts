@@ -2,7 +2,19 @@
 // group, captured stdout/stderr (the driver's stdout carries only its JSON reply) and a deadline after which the
 // whole group is killed: kubelet gives most FlexVolume calls no timeout, so a hung mkfs would hang a volume forever.
 import { spawn } from 'node:child_process';
-import { accessSync, closeSync, constants, existsSync, fstatSync, openSync, readdirSync, readFileSync, readSync, statSync } from 'node:fs';
+import {
+  accessSync,
+  closeSync,
+  constants,
+  existsSync,
+  fstatSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  readSync,
+  statSync,
+  writeSync,
+} from 'node:fs';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { LatchError, errorMessage } from '../errors.js';
@@ -130,13 +142,7 @@ export async function run(command: string, args: string[], options: RunOptions =
       durationMs: 0,
     });
   }
-  // A child must not outlive the driver: kubelet SIGKILLs a driver call without telling it, and an orphaned
-  // `losetup -d /dev/loop3` that runs later detaches whichever volume has loop3 by then. PR_SET_PDEATHSIG (through
-  // util-linux's setpriv, which execs the command with it set) makes the kernel kill the child with us.
-  const setpriv = setprivPath();
-  const [file, argv] = setpriv ? [setpriv, ['--pdeathsig', 'SIGKILL', '--', executable, ...args]] : [executable, args];
-
-  const child = spawnCollecting(file, argv, {
+  const child = spawnCollecting(executable, args, {
     input: options.input,
     env: { ...process.env, LC_ALL: 'C', PATH: path },
   });
@@ -236,22 +242,44 @@ interface Collected extends Output {
   errorCode: string | undefined;
 }
 
+/** A started child: its pid (= its process group's id; undefined when it could not be started) and its outcome. */
+interface Started {
+  pid: number | undefined;
+  done: Promise<Collected>;
+}
+
 /**
- * Starts `file` in its own process group (detached, so a deadline can kill grandchildren too) with stdin from
- * `input` or /dev/null, and collects its stdout and stderr once it has exited and closed them. node:child_process
- * rather than execa: every driver call that runs a tool paid for evaluating execa and for its per-child machinery
- * (measured: 10-25 ms of a call's CPU, more than the tool itself), and this is all of it that latch needs.
+ * Starts `executable` in a new session (so a deadline can kill grandchildren too, through its process group) with
+ * stdin from `input` or /dev/null, and collects its stdout and stderr once it has exited.
+ *
+ * A child must not outlive the driver: kubelet SIGKILLs a driver call without telling it, and an orphaned
+ * `losetup -d /dev/loop3` that runs later detaches whichever volume has loop3 by then. So the kernel kills every child
+ * with us (PR_SET_PDEATHSIG): set by the spawn helper where it is there, else by util-linux's setpriv, which execs the
+ * command with it set.
  *
  * The output goes to two files without a name (outputFiles), read once the child is gone, rather than to pipes: a pipe
  * is a libuv handle and a stream to read it through, which measured 4 ms more per child (a first spawn 10.4 ms
  * against 6.5, its exit 3.5 against 1.5), five times in a pod's lifecycle. Where such a file cannot be made, pipes.
  */
-function spawnCollecting(
+function spawnCollecting(executable: string, args: string[], options: { input: string | undefined; env: NodeJS.ProcessEnv }): Started {
+  const files = outputFiles();
+  const helper = files && spawnHelper();
+  if (files && helper) return spawnThroughHelper(helper, executable, args, files, options);
+  const setpriv = setprivPath();
+  const [file, argv] = setpriv ? [setpriv, ['--pdeathsig', 'SIGKILL', '--', executable, ...args]] : [executable, args];
+  return spawnThroughNode(file, argv, files, options);
+}
+
+/**
+ * node:child_process (rather than execa: every driver call that runs a tool paid for evaluating execa and for its
+ * per-child machinery, measured 10-25 ms of a call's CPU, more than the tool itself).
+ */
+function spawnThroughNode(
   file: string,
   argv: string[],
+  files: { out: number; err: number } | undefined,
   options: { input: string | undefined; env: NodeJS.ProcessEnv },
-): { pid: number | undefined; done: Promise<Collected> } {
-  const files = outputFiles();
+): Started {
   let child;
   try {
     child = spawn(file, argv, {
@@ -300,6 +328,129 @@ function spawnCollecting(
     child.stdin.end(options.input);
   }
   return { pid: child.pid, done };
+}
+
+/** The spawn helper (src/native/spawn.c): what run() starts children with, where it loads. */
+interface SpawnHelper {
+  /** Starts `file` (argv[0] included in `argv`, env as NAME=value) on the three descriptors; -1 for stdin: /dev/null. */
+  spawn(file: string, argv: string[], env: string[], fds: [number, number, number]): number;
+  /** undefined while the child runs; else its exit code (-1 when a signal killed it) and that signal's name (or ''). */
+  reap(pid: number): [number, string] | undefined;
+}
+
+/**
+ * The file name the helper is loaded by. By name, not by path: the loader looks it up on the executable's RPATH, which
+ * names the self-contained build's runtime directory, where the build puts it and from where `latch install` installs
+ * it beside the driver. Plain node has no RPATH, and so does without.
+ */
+const SPAWN_HELPER = 'latch-spawn.node';
+
+/** undefined: not looked for yet; null: not there (or not loadable), children go through node:child_process. */
+let helper: SpawnHelper | null | undefined;
+/** Why the helper did not load, when it was looked for and did not. */
+let helperError: string | undefined;
+
+function spawnHelper(): SpawnHelper | undefined {
+  if (helper === undefined) {
+    try {
+      helper = loadHelper(SPAWN_HELPER);
+    } catch (err) {
+      helper = null;
+      helperError = errorMessage(err);
+    }
+  }
+  return helper ?? undefined;
+}
+
+/**
+ * Why this process starts its children without the spawn helper (the loader's message), once it has looked for it;
+ * undefined when it has not or the helper loaded. For the call's log line: a self-contained build without it works,
+ * at 10-15 ms more a child.
+ */
+export function spawnHelperUnavailable(): string | undefined {
+  return helper === null ? helperError : undefined;
+}
+
+function loadHelper(file: string): SpawnHelper {
+  const module = { exports: {} as SpawnHelper };
+  process.dlopen(module, file);
+  return module.exports;
+}
+
+/**
+ * For tests: start children through the helper at `path` (it must load), or through node:child_process and setpriv
+ * (false), or as a driver does (undefined: looked up by name on first use).
+ */
+export function useSpawnHelper(path: string | false | undefined): void {
+  helper = path === false ? null : path === undefined ? undefined : loadHelper(path);
+  helperError = path === false ? 'not used (a test)' : undefined;
+}
+
+/**
+ * vfork and execve through the helper. Its children are not libuv's, so they are reaped here, when SIGCHLD says that
+ * one has exited; the listener is there only while a child of the helper's runs (Node's signal listeners do not keep
+ * the process alive).
+ */
+function spawnThroughHelper(
+  spawner: SpawnHelper,
+  executable: string,
+  args: string[],
+  files: { out: number; err: number },
+  options: { input: string | undefined; env: NodeJS.ProcessEnv },
+): Started {
+  let stdin = -1;
+  let pid: number;
+  try {
+    if (options.input !== undefined) {
+      stdin = openSync(OUTPUT_DIR, constants.O_RDWR | O_TMPFILE, 0o600);
+      // At position 0, which leaves the file's offset where the child starts reading: at its start.
+      writeSync(stdin, options.input, 0);
+    }
+    const env = Object.entries(options.env).flatMap(([name, value]) => (value === undefined ? [] : [`${name}=${value}`]));
+    if (!exited.size) process.on('SIGCHLD', reapExited);
+    pid = spawner.spawn(executable, [executable, ...args], env, [stdin, files.out, files.err]);
+  } catch (error) {
+    if (!exited.size) process.off('SIGCHLD', reapExited);
+    closeFiles(files);
+    const errorCode = (error as NodeJS.ErrnoException).code ?? errorMessage(error);
+    return {
+      pid: undefined,
+      done: Promise.resolve({ stdout: '', stderr: '', isMaxBuffer: false, exitCode: undefined, signal: undefined, errorCode }),
+    };
+  } finally {
+    if (stdin >= 0) closeSync(stdin);
+  }
+  const done = new Promise<Collected>((resolve) => {
+    exited.set(pid, (status) => {
+      const [code, signal] = status ?? [-1, ''];
+      resolve({
+        ...readFiles(files),
+        exitCode: code >= 0 ? code : undefined,
+        signal: signal ? (signal as NodeJS.Signals) : undefined,
+        errorCode: status ? undefined : 'ECHILD',
+      });
+    });
+  });
+  reapExited(); // one that exited already
+  return { pid, done };
+}
+
+/** The helper's running children, each with what to do when it has exited (undefined: it could not be waited for). */
+const exited = new Map<number, (status: [number, string] | undefined) => void>();
+
+function reapExited(): void {
+  for (const [pid, settle] of exited) {
+    let status: [number, string] | undefined;
+    try {
+      status = helper?.reap(pid);
+      if (status === undefined) continue;
+    } catch {
+      // ECHILD: not ours to wait for any more. Nothing else can happen to a pid of our own.
+    }
+    exited.delete(pid);
+    settle(status);
+  }
+  if (!exited.size) process.off('SIGCHLD', reapExited);
 }
 
 /** Where a child's output files are made: a tmpfs that Linux hosts mount, so nothing of it is ever written to a disk. */
