@@ -14,9 +14,9 @@
 // the runtime it installs beside the driver (src/host/runtime.ts); the driver then needs nothing outside the plugin
 // dir, not even /proc (an $ORIGIN RPATH would need /proc/self/exe).
 //
-// The runtime also holds the spawn helper (src/native/spawn.c, compiled here with the host's C compiler), which a
-// driver call starts its children with (src/sys/run.ts). The build's RPATH names the build's runtime directory after
-// the host's library directory, so that bin/latch-sea finds the helper where it is built.
+// The runtime also holds the native helper (src/native/helper.c, compiled here with the host's C compiler), which a
+// driver call starts its children and takes its locks with (src/sys/native.ts). The build's RPATH names the build's
+// runtime directory after the host's library directory, so that bin/latch-sea finds the helper where it is built.
 import { build } from 'esbuild';
 import { spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
@@ -211,8 +211,8 @@ chmodSync('bin/latch', 0o755);
 
 /** Bytes of the interpreter and RPATH slots (with their NUL); the longest path `latch install` can write there. */
 const RUNTIME_SLOT = 1024;
-/** The file name src/sys/run.ts loads the spawn helper by, from the runtime directory. */
-const SPAWN_HELPER = 'latch-spawn.node';
+/** The file name src/sys/native.ts loads the native helper by, from the runtime directory. */
+const NATIVE_HELPER = 'latch-helper.node';
 
 if (process.argv.includes('--sea')) await buildSea('bin/latch-sea');
 
@@ -291,7 +291,7 @@ async function buildSea(outfile) {
     // patchelf after postject: it rewrites the headers and keeps the injected note (bin/latch-sea's own tests run it).
     const runtime = join(work, 'runtime');
     const { loader, libraries } = collectRuntime(runtime);
-    buildSpawnHelper(join(runtime, SPAWN_HELPER));
+    buildNativeHelper(join(runtime, NATIVE_HELPER));
     const padded = (path) => `${'/'.repeat(RUNTIME_SLOT - 1 - path.length)}${path}`;
     // --page-size 2 MiB: patchelf shifts the file's contents by a page to make room for the slots, and a shift of
     // 4 KiB would put node's code segment off the 2 MiB alignment it has between file and memory in the node it is a
@@ -304,7 +304,7 @@ async function buildSea(outfile) {
       '--set-interpreter',
       padded(loader),
       '--set-rpath',
-      // The host's libraries, then this build's runtime directory, for the spawn helper only: src/sys/run.ts loads it
+      // The host's libraries, then this build's runtime directory, for the native helper only: src/sys/native.ts loads it
       // by name, which the loader looks up on the RPATH (an installed driver's names its installed runtime alone).
       padded(`${libraries}:${resolve(`${outfile}.runtime`)}`),
       '--force-rpath',
@@ -344,10 +344,10 @@ function collectRuntime(dir) {
 }
 
 /**
- * Compiles the spawn helper (src/native/spawn.c, a Node-API addon: run.ts starts children through it) to `output`.
- * Node-API's headers come from the node-api-headers package, so the build needs a C compiler and nothing of Node's.
+ * Compiles the native helper (src/native/helper.c, a Node-API addon: src/sys/native.ts) to `output`. Node-API's headers
+ * come from the node-api-headers package, so the build needs a C compiler and nothing of Node's.
  */
-function buildSpawnHelper(output) {
+function buildNativeHelper(output) {
   const compiler = process.env.CC || 'cc';
   const found = spawnSync(compiler, ['--version'], { encoding: 'utf8' });
   if (found.status !== 0)
@@ -367,7 +367,7 @@ function buildSpawnHelper(output) {
     headers,
     '-o',
     output,
-    'src/native/spawn.c',
+    'src/native/helper.c',
   ]);
 }
 

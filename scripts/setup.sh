@@ -6,8 +6,8 @@ cd "$(dirname "$0")/.."
 
 # command -> Debian package that provides it: every tool latch runs (src/filesystems.ts and doctor's list; a unit
 # test, test/unit/filesystems.test.ts, checks this table against them), then what the tests and `npm run bench`
-# use (fio: volume I/O); the self-contained build's (patchelf, and a C compiler for its spawn helper,
-# src/native/spawn.c); last, the rbd backend's node side: rbd and rbd-fuse, and the one-host Ceph cluster of its
+# use (fio: volume I/O); the self-contained build's (patchelf, and a C compiler for its native helper,
+# src/native/helper.c); last, the rbd backend's node side: rbd and rbd-fuse, and the one-host Ceph cluster of its
 # tests: test/ceph/cluster.ts.
 declare -A PACKAGES=(
   [losetup]=mount [mount]=mount [umount]=mount [findmnt]=util-linux [blkid]=util-linux [setpriv]=util-linux

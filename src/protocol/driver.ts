@@ -9,7 +9,8 @@ import { createContext } from '../context.js';
 import { LatchError, NotSupportedError, errorMessage } from '../errors.js';
 import { redactArgs, writeLog, type CallLog } from '../log.js';
 import type { ArgKinds, ArgValues, OpDefinition } from '../ops/op.js';
-import { killAllChildren, setDefaultCommandTimeout, spawnHelperUnavailable } from '../sys/run.js';
+import { nativeHelperUnavailable } from '../sys/native.js';
+import { killAllChildren, setDefaultCommandTimeout } from '../sys/run.js';
 import { usageOf, type OpTable } from './ops.js';
 
 // kubelet kills waitforattach at 10 minutes and waits forever on the others: answer before either happens.
@@ -59,7 +60,7 @@ export async function runDriverCall(op: string, argv: string[], ops: OpTable, st
           ...(error instanceof Error && !(error instanceof LatchError) && { stack: error.stack }),
           ...(stray.length > 0 && { strayOutput: stray.join('').slice(0, 4000) }),
           ...(startup.codeCacheRejected && { codeCacheRejected: true }),
-          ...withoutSpawnHelper(),
+          ...withoutNativeHelper(),
         },
         op !== 'init',
       );
@@ -88,12 +89,12 @@ export async function runDriverCall(op: string, argv: string[], ops: OpTable, st
 }
 
 /**
- * For the log line of a self-contained build's call that started children without its spawn helper (src/sys/run.ts):
- * the runtime beside the driver lacks it, or the loader refused it. Plain node never has it.
+ * For the log line of a self-contained build's call that did without its native helper (src/sys/native.ts), because
+ * the runtime beside the driver lacks it or the loader refused it. Plain node never has it.
  */
-function withoutSpawnHelper(): { spawnHelperUnavailable?: string } {
-  const why = spawnHelperUnavailable();
-  return why !== undefined && isSingleExecutable() ? { spawnHelperUnavailable: why } : {};
+function withoutNativeHelper(): { nativeHelperUnavailable?: string } {
+  const why = nativeHelperUnavailable();
+  return why !== undefined && isSingleExecutable() ? { nativeHelperUnavailable: why } : {};
 }
 
 /**

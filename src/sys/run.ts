@@ -18,6 +18,7 @@ import {
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { LatchError, errorMessage } from '../errors.js';
+import { nativeHelper, type NativeHelper } from './native.js';
 
 export interface RunOptions {
   /** Deadline for the child; default: setDefaultCommandTimeout(), initially 120 s. */
@@ -254,7 +255,7 @@ interface Started {
  *
  * A child must not outlive the driver: kubelet SIGKILLs a driver call without telling it, and an orphaned
  * `losetup -d /dev/loop3` that runs later detaches whichever volume has loop3 by then. So the kernel kills every child
- * with us (PR_SET_PDEATHSIG): set by the spawn helper where it is there, else by util-linux's setpriv, which execs the
+ * with us (PR_SET_PDEATHSIG): set by the native helper where it loads, else by util-linux's setpriv, which execs the
  * command with it set.
  *
  * The output goes to two files without a name (outputFiles), read once the child is gone, rather than to pipes: a pipe
@@ -263,7 +264,7 @@ interface Started {
  */
 function spawnCollecting(executable: string, args: string[], options: { input: string | undefined; env: NodeJS.ProcessEnv }): Started {
   const files = outputFiles();
-  const helper = files && spawnHelper();
+  const helper = files && nativeHelper();
   if (files && helper) return spawnThroughHelper(helper, executable, args, files, options);
   const setpriv = setprivPath();
   const [file, argv] = setpriv ? [setpriv, ['--pdeathsig', 'SIGKILL', '--', executable, ...args]] : [executable, args];
@@ -330,69 +331,13 @@ function spawnThroughNode(
   return { pid: child.pid, done };
 }
 
-/** The spawn helper (src/native/spawn.c): what run() starts children with, where it loads. */
-interface SpawnHelper {
-  /** Starts `file` (argv[0] included in `argv`, env as NAME=value) on the three descriptors; -1 for stdin: /dev/null. */
-  spawn(file: string, argv: string[], env: string[], fds: [number, number, number]): number;
-  /** undefined while the child runs; else its exit code (-1 when a signal killed it) and that signal's name (or ''). */
-  reap(pid: number): [number, string] | undefined;
-}
-
-/**
- * The file name the helper is loaded by. By name, not by path: the loader looks it up on the executable's RPATH, which
- * names the self-contained build's runtime directory, where the build puts it and from where `latch install` installs
- * it beside the driver. Plain node has no RPATH, and so does without.
- */
-const SPAWN_HELPER = 'latch-spawn.node';
-
-/** undefined: not looked for yet; null: not there (or not loadable), children go through node:child_process. */
-let helper: SpawnHelper | null | undefined;
-/** Why the helper did not load, when it was looked for and did not. */
-let helperError: string | undefined;
-
-function spawnHelper(): SpawnHelper | undefined {
-  if (helper === undefined) {
-    try {
-      helper = loadHelper(SPAWN_HELPER);
-    } catch (err) {
-      helper = null;
-      helperError = errorMessage(err);
-    }
-  }
-  return helper ?? undefined;
-}
-
-/**
- * Why this process starts its children without the spawn helper (the loader's message), once it has looked for it;
- * undefined when it has not or the helper loaded. For the call's log line: a self-contained build without it works,
- * at 10-15 ms more a child.
- */
-export function spawnHelperUnavailable(): string | undefined {
-  return helper === null ? helperError : undefined;
-}
-
-function loadHelper(file: string): SpawnHelper {
-  const module = { exports: {} as SpawnHelper };
-  process.dlopen(module, file);
-  return module.exports;
-}
-
-/**
- * For tests: start children through the helper at `path` (it must load), or through node:child_process and setpriv
- * (false), or as a driver does (undefined: looked up by name on first use).
- */
-export function useSpawnHelper(path: string | false | undefined): void {
-  helper = path === false ? null : path === undefined ? undefined : loadHelper(path);
-  helperError = path === false ? 'not used (a test)' : undefined;
-}
-
 /**
  * vfork and execve through the helper. Its children are not libuv's, so they are reaped here, when SIGCHLD says that
  * one has exited; the listener is there only while a child of the helper's runs (Node's signal listeners do not keep
  * the process alive).
  */
 function spawnThroughHelper(
-  spawner: SpawnHelper,
+  helper: NativeHelper,
   executable: string,
   args: string[],
   files: { out: number; err: number },
@@ -408,7 +353,7 @@ function spawnThroughHelper(
     }
     const env = Object.entries(options.env).flatMap(([name, value]) => (value === undefined ? [] : [`${name}=${value}`]));
     if (!exited.size) process.on('SIGCHLD', reapExited);
-    pid = spawner.spawn(executable, [executable, ...args], env, [stdin, files.out, files.err]);
+    pid = helper.spawn(executable, [executable, ...args], env, [stdin, files.out, files.err]);
   } catch (error) {
     if (!exited.size) process.off('SIGCHLD', reapExited);
     closeFiles(files);
@@ -442,7 +387,7 @@ function reapExited(): void {
   for (const [pid, settle] of exited) {
     let status: [number, string] | undefined;
     try {
-      status = helper?.reap(pid);
+      status = nativeHelper()?.reap(pid);
       if (status === undefined) continue;
     } catch {
       // ECHILD: not ours to wait for any more. Nothing else can happen to a pid of our own.

@@ -426,7 +426,7 @@ mountdevice_killed() {
   node_call_success a detach "$pv" node-a
 }
 
-@test "self-contained build: a pod's lifecycle starts its children through the spawn helper of its runtime" {
+@test "self-contained build: a pod's lifecycle starts its children and takes its locks through the native helper of its runtime" {
   local sea="$LATCH_REPO_ROOT/bin/latch-sea" pv
   if [[ ! -x $sea ]]; then
     [[ ${LATCH_REQUIRE_SEA:-} == 1 ]] && fail "$sea is missing: run 'npm run build:sea'"
@@ -439,9 +439,10 @@ mountdevice_killed() {
   assert_mounted "$volume_path" "$volume_device" ext4 rw
   volume_stop a "$pv"
   assert_loop_count "$pv" 0
-  # Each of the calls that ran a tool (losetup, mkfs.ext4, mount, umount) logs why when it went without the helper.
+  # Each of the calls that ran a tool (losetup, mkfs.ext4, mount, umount) or took the volume's lock logs why when it
+  # went without the helper.
   run jq -c -s '[.[] | select(.op == "waitforattach" or .op == "mountdevice" or .op == "unmountdevice")]
-    | {calls: length, without: [.[] | select(has("spawnHelperUnavailable")) | .spawnHelperUnavailable]}' "$LATCH_TMP/log/latch.log"
+    | {calls: length, without: [.[] | select(has("nativeHelperUnavailable")) | .nativeHelperUnavailable]}' "$LATCH_TMP/log/latch.log"
   assert_success
   assert_output '{"calls":3,"without":[]}'
 }

@@ -67,8 +67,8 @@ describe('install with the runtime beside the driver', { skip, timeout: 300_000 
     assert.equal(first.action, 'installed');
     assert.equal(await named(plugins), first.runtime);
     assert.equal(readFileSync(join(first.runtime ?? '', 'libdl.so.2')).at(-1), 'a'.charCodeAt(0));
-    // The spawn helper comes with the runtime, where the driver's RPATH names it (src/sys/run.ts loads it by name).
-    assert.ok(existsSync(join(first.runtime ?? '', 'latch-spawn.node')), 'the installed runtime has the spawn helper');
+    // The native helper comes with the runtime, where the driver's RPATH names it (src/sys/native.ts loads it by name).
+    assert.ok(existsSync(join(first.runtime ?? '', 'latch-helper.node')), 'the installed runtime has the native helper');
     // The installed driver runs with it (and says so: version is printed by the SEA's own main).
     assert.equal(spawnSync(join(plugins, 'latch~loop/loop'), ['version'], { encoding: 'utf8' }).stdout.trim().length > 0, true);
 

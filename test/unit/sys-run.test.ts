@@ -6,19 +6,20 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { LatchError } from '../../src/errors.js';
-import { CommandError, killAllChildren, run, runningChildren, useSpawnHelper } from '../../src/sys/run.js';
+import { useNativeHelper } from '../../src/sys/native.js';
+import { CommandError, killAllChildren, run, runningChildren } from '../../src/sys/run.js';
 
 const REPO = resolve(__dirname, '../..');
-/** The spawn helper as the self-contained build compiles it into its runtime (build.mjs). */
-const HELPER = join(REPO, 'bin/latch-sea.runtime/latch-spawn.node');
+/** The native helper as the self-contained build compiles it into its runtime (build.mjs). */
+const HELPER = join(REPO, 'bin/latch-sea.runtime/latch-helper.node');
 const helperMissing = existsSync(HELPER)
   ? false
   : `${HELPER} is not built (npm run build:sea); the children go through node:child_process in every test here`;
 if (helperMissing && process.env.LATCH_REQUIRE_SEA === '1') throw new Error(helperMissing);
 
-/** Both ways run() starts children: through the spawn helper (a driver's), and through node:child_process and setpriv. */
+/** Both ways run() starts children: through the native helper (a driver's), and through node:child_process and setpriv. */
 const WAYS = [
-  { name: 'the spawn helper', helper: HELPER, skip: helperMissing },
+  { name: 'the native helper', helper: HELPER, skip: helperMissing },
   { name: 'node:child_process and setpriv', helper: false as const, skip: false },
 ];
 
@@ -70,8 +71,8 @@ after(() => {
 
 for (const way of WAYS)
   describe(`run, through ${way.name}`, { skip: way.skip }, () => {
-    before(() => useSpawnHelper(way.helper));
-    after(() => useSpawnHelper(undefined));
+    before(() => useNativeHelper(way.helper));
+    after(() => useNativeHelper(undefined));
 
     it('captures stdout and stderr separately', async () => {
       const result = await run('sh', ['-c', 'echo out; echo err >&2']);
@@ -87,8 +88,9 @@ for (const way of WAYS)
         const script = join(dir, 'child.ts');
         writeFileSync(
           script,
-          `import { run, useSpawnHelper } from ${JSON.stringify(join(REPO, 'src/sys/run'))};\n` +
-            `useSpawnHelper(${JSON.stringify(way.helper)});\n` +
+          `import { run } from ${JSON.stringify(join(REPO, 'src/sys/run'))};\n` +
+            `import { useNativeHelper } from ${JSON.stringify(join(REPO, 'src/sys/native'))};\n` +
+            `useNativeHelper(${JSON.stringify(way.helper)});\n` +
             `(async () => {\n` +
             `  await run('sh', ['-c', 'echo LOUD-OUT; echo LOUD-ERR >&2; exit 0']);\n` +
             `  await run('sh', ['-c', 'echo LOUD-FAIL; echo LOUD-FAIL-ERR >&2; exit 4']).catch(() => undefined);\n` +

@@ -25,7 +25,9 @@ const BASE_TOOLS: ToolSpec[] = [
     tool: 'setpriv',
     deb: 'util-linux',
     rpm: 'util-linux',
-    why: "makes every child die with a killed driver call (without it an orphaned losetup -d could hit another volume's device)",
+    why:
+      'makes every child die with a killed driver call where the driver runs under plain node (the self-contained ' +
+      "build's native helper does that itself); without it an orphaned losetup -d could hit another volume's device",
     severity: 'warning',
   },
 ];

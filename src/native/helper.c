@@ -1,15 +1,20 @@
-// latch's spawn helper: starts a child with vfork(2) and execve(2), and reaps it, for src/sys/run.ts.
+// latch's native helper, for what Node does not do, or does at a cost every driver call pays: starting a child
+// (spawn, reap; for src/sys/run.ts) and holding a host-wide lock (holdName; for src/sys/lock.ts).
 //
-// Why: Node starts a child with fork(2) (libuv), which copies the page tables of V8's address space and then has the
-// parent fault on its own writes, 6-8 ms a child; and a child cannot be given PR_SET_PDEATHSIG through node:child_process,
-// so every child went through util-linux's setpriv, one more exec (3 ms). A pod's lifecycle runs four tools, in three
-// driver calls that each paid for loading node:child_process as well. vfork shares the parent's memory until the
-// child execs, as glibc's posix_spawn does, and the child sets its death signal itself.
+// Starting a child: Node starts one with fork(2) (libuv), which copies the page tables of V8's address space and then
+// has the parent fault on its own writes, 6-8 ms a child; and a child cannot be given PR_SET_PDEATHSIG through
+// node:child_process, so every child went through util-linux's setpriv, one more exec (3 ms). A pod's lifecycle runs
+// four tools, in three driver calls that each paid for loading node:child_process as well. vfork shares the parent's
+// memory until the child execs, as glibc's posix_spawn does, and the child sets its death signal itself.
 //
 // What the child gets is what run() asked of node:child_process and setpriv: a new session (so a deadline can kill
 // its whole process group), SIGKILL when the thread that started it dies, stdin/stdout/stderr from the three
 // descriptors given (stdin /dev/null when -1), every signal at its default disposition and none blocked, and the
 // environment given. Every other descriptor of the driver's is close-on-exec (Node opens them so).
+//
+// Holding a lock: a host-wide lock is an abstract unix socket name that one process has bound (src/sys/lock.ts).
+// Binding one through node:net loads it and its cluster support and turns the event loop, about 10 ms of a call that
+// takes a volume's lock; here it is two system calls.
 //
 // Built by build.mjs into the self-contained build's runtime directory, which its RPATH names; it uses only Node-API
 // (ABI-stable), so one build serves every Node that can run latch.
@@ -23,6 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -233,11 +240,56 @@ static napi_value Reap(napi_env env, napi_callback_info info) {
   return result;
 }
 
+/**
+ * holdName(name) -> a descriptor, or -1 when another process holds the name. Binds a unix socket to the abstract
+ * name "\0" + name, which the kernel frees when the descriptor is closed or the process ends, however it ends. The
+ * name is the same address Node 20's node:net binds for the path "\0" + name, so both exclude each other.
+ */
+static napi_value HoldName(napi_env env, napi_callback_info info) {
+  size_t argc = 1;
+  napi_value arg;
+  struct sockaddr_un address;
+  memset(&address, 0, sizeof address);
+  address.sun_family = AF_UNIX;
+  size_t length;
+  // sun_path[0] stays NUL (the abstract namespace); the name follows, without a NUL of its own.
+  if (napi_get_cb_info(env, info, &argc, &arg, NULL, NULL) != napi_ok || argc != 1 ||
+      napi_get_value_string_utf8(env, arg, NULL, 0, &length) != napi_ok || length == 0 ||
+      length >= sizeof address.sun_path - 1) {
+    napi_throw_type_error(env, NULL, "holdName(name): a name of 1 to 106 bytes");
+    return NULL;
+  }
+  char name[sizeof address.sun_path];
+  napi_get_value_string_utf8(env, arg, name, sizeof name, &length);
+  memcpy(address.sun_path + 1, name, length);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    throwErrno(env, "socket", errno);
+    return NULL;
+  }
+  // The whole structure, the name padded with NULs, as Node 20's node:net (libuv) binds an abstract name: an address
+  // of any other length is another name to the kernel.
+  if (bind(fd, (struct sockaddr *)&address, sizeof address) != 0) {
+    int err = errno;
+    close(fd);
+    if (err != EADDRINUSE) {
+      throwErrno(env, "bind", err);
+      return NULL;
+    }
+    fd = -1;
+  }
+  napi_value result;
+  napi_create_int32(env, fd, &result);
+  return result;
+}
+
 NAPI_MODULE_INIT() {
   napi_value function;
   napi_create_function(env, "spawn", NAPI_AUTO_LENGTH, Spawn, NULL, &function);
   napi_set_named_property(env, exports, "spawn", function);
   napi_create_function(env, "reap", NAPI_AUTO_LENGTH, Reap, NULL, &function);
   napi_set_named_property(env, exports, "reap", function);
+  napi_create_function(env, "holdName", NAPI_AUTO_LENGTH, HoldName, NULL, &function);
+  napi_set_named_property(env, exports, "holdName", function);
   return exports;
 }
