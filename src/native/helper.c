@@ -110,8 +110,8 @@ static void child(const char *file, char *const argv[], char *const envp[], int 
     fds[0] = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (fds[0] < 0) goto fail;
   }
-  // Move every source above 2 first, so that no dup2 below overwrites a source that another still needs (the driver
-  // may have been started with stdin closed, and then its own files can be 0, 1 or 2).
+  // Move every source above 2 first, so that no dup2 below overwrites a source that another still needs (a source
+  // can be 0, 1 or 2 in a process that closed its own; node reopens them at start, but this costs nothing).
   for (int i = 0; i < 3; i++) {
     if (fds[i] < 3) {
       fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 3);

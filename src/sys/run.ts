@@ -366,28 +366,34 @@ function spawnThroughHelper(
     if (stdin >= 0) closeSync(stdin);
   }
   const done = new Promise<Collected>((resolve) => {
-    exited.set(pid, (status) => {
-      const [code, signal] = status ?? [-1, ''];
-      resolve({
-        ...readFiles(files),
-        exitCode: code >= 0 ? code : undefined,
-        signal: signal ? (signal as NodeJS.Signals) : undefined,
-        errorCode: status ? undefined : 'ECHILD',
-      });
+    exited.set(pid, {
+      helper,
+      settle: (status) => {
+        const [code, signal] = status ?? [-1, ''];
+        resolve({
+          ...readFiles(files),
+          exitCode: code >= 0 ? code : undefined,
+          signal: signal ? (signal as NodeJS.Signals) : undefined,
+          errorCode: status ? undefined : 'ECHILD',
+        });
+      },
     });
   });
   reapExited(); // one that exited already
   return { pid, done };
 }
 
-/** The helper's running children, each with what to do when it has exited (undefined: it could not be waited for). */
-const exited = new Map<number, (status: [number, string] | undefined) => void>();
+/**
+ * The helper's running children: the helper that started each (which reaps it) and what to do when it has exited
+ * (with undefined when it could not be waited for).
+ */
+const exited = new Map<number, { helper: NativeHelper; settle: (status: [number, string] | undefined) => void }>();
 
 function reapExited(): void {
-  for (const [pid, settle] of exited) {
+  for (const [pid, { helper, settle }] of exited) {
     let status: [number, string] | undefined;
     try {
-      status = nativeHelper()?.reap(pid);
+      status = helper.reap(pid);
       if (status === undefined) continue;
     } catch {
       // ECHILD: not ours to wait for any more. Nothing else can happen to a pid of our own.
