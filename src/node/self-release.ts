@@ -11,8 +11,7 @@
 // Where it runs: in the failing call itself (setUpDevice), in the next node call (a marker file per volume that a
 // waitforattach or mount writes before it claims the grant and removes once the device is recorded: a call that dies
 // in between leaves it behind), and in `latch agent` for every hold of this node.
-import { readdirSync } from 'node:fs';
-import { mkdir, open, unlink } from 'node:fs/promises';
+import { closeSync, mkdirSync, openSync, readdirSync, unlinkSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Config } from '../config.js';
 import type { Context } from '../context.js';
@@ -94,18 +93,28 @@ function markerDir(config: Pick<Config, 'stateDir' | 'nodeName'>): string {
 export async function markHoldToCheck(config: Pick<Config, 'stateDir' | 'nodeName'>, name: string): Promise<void> {
   const dir = markerDir(config);
   const file = join(dir, checkVolumeName(name));
-  // The directory is made on its first use only: one open where a mkdir -p and a write took five round trips.
-  const handle = await open(file, 'w', 0o600).catch(async (err: NodeJS.ErrnoException) => {
-    if (err.code !== 'ENOENT') throw err;
-    await mkdir(dir, { recursive: true, mode: 0o700 });
-    return open(file, 'w', 0o600);
-  });
-  await handle.close();
+  // Inline, as the file store writes the ledger in the same state directory: the call's first asynchronous file call
+  // (loading fs/promises, starting the thread pool) comes later or not at all. The directory is made on its first
+  // use only.
+  let fd: number;
+  try {
+    fd = openSync(file, 'w', 0o600);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+    mkdirSync(dir, { recursive: true, mode: 0o700 });
+    fd = openSync(file, 'w', 0o600);
+  }
+  closeSync(fd);
 }
 
 /** The hold is settled (the device is recorded, or the hold is gone): nothing for the next call to check. */
 export async function clearHoldToCheck(config: Pick<Config, 'stateDir' | 'nodeName'>, name: string): Promise<void> {
-  await unlink(join(markerDir(config), checkVolumeName(name))).catch(() => undefined);
+  const file = join(markerDir(config), checkVolumeName(name));
+  try {
+    unlinkSync(file);
+  } catch {
+    // Already gone.
+  }
 }
 
 /**
