@@ -150,7 +150,12 @@ export class LoopBackend implements Backend, SnapshotBackend {
     const existing = await this.liveDevices(volume);
     const [only, ...others] = existing;
     if (only && others.length === 0) return only.device;
-    if (existing.length === 0) await this.setUp(volume, path);
+    if (existing.length === 0) {
+      // A create killed between its temp file and the temp's removal (a SIGKILLed waitforattach) left that file; the
+      // volume's next set-up, which the repeated call always reaches, removes it.
+      await removeDeadTemps(this.poolDir, `.${imageFileName(volume)}.`);
+      await this.setUp(volume, path);
+    }
     // Several callers may have raced past the check above (or a killed call left a second device). Every caller
     // keeps the same device (the mounted one, else the lowest-numbered) and detaches the others that are not
     // mounted, so they all converge on one.
@@ -495,8 +500,11 @@ async function writeFileSynced(path: string, text: string): Promise<void> {
   }
 }
 
-/** Removes temp files of snapshot copies whose process is gone (`.<name>.img.<pid>.<random>.tmp`). */
-async function removeDeadTemps(dir: string): Promise<void> {
+/**
+ * Removes the temp files (`.<name>.img.<pid>.<random>.tmp`: images and snapshot copies being made) whose process is
+ * gone, in `dir`; only those whose name starts with `prefix` when it is given.
+ */
+async function removeDeadTemps(dir: string, prefix = ''): Promise<void> {
   let files: string[];
   try {
     files = await readdir(dir);
@@ -504,6 +512,7 @@ async function removeDeadTemps(dir: string): Promise<void> {
     return;
   }
   for (const file of files) {
+    if (!file.startsWith(prefix)) continue;
     const pid = /^\..*\.(\d+)\.[0-9a-f]+\.tmp$/.exec(file)?.[1];
     if (pid === undefined || processExists(Number(pid))) continue;
     await unlink(join(dir, file)).catch(() => undefined);

@@ -1,9 +1,10 @@
 import assert from 'node:assert/strict';
-import { execFile, execFileSync } from 'node:child_process';
+import { execFile, execFileSync, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import {
   chmodSync,
   closeSync,
+  existsSync,
   mkdirSync,
   mkdtempSync,
   openSync,
@@ -123,6 +124,25 @@ describe('LoopBackend', { skip: notRoot }, () => {
     assert.deepEqual(new Set(all), new Set([first]));
     const image = join(pool, 'vol-a.img');
     assert.equal((await listLoopDevices()).filter((d) => d.backingFile === image).length, 1);
+  });
+
+  it("a device's set-up removes the temp files that killed creates of the volume left, and nothing else", async () => {
+    await backend.create('vol-temps', 64 * MiB);
+    // What a create killed between its temp file and the temp's removal leaves (src/backend/loop.ts, create).
+    const dead = spawnSync('true').pid ?? 1_999_999; // a pid that has exited
+    const left = join(pool, `.vol-temps.img.${dead}.0a1b2c3d.tmp`);
+    const live = join(pool, `.vol-temps.img.${process.pid}.0a1b2c3d.tmp`); // a create still running
+    const other = join(pool, `.vol-other.img.${dead}.0a1b2c3d.tmp`); // another volume's
+    for (const file of [left, live, other]) writeFileSync(file, '');
+    try {
+      await backend.attach('vol-temps');
+      assert.equal(existsSync(left), false, "the dead writer's temp file is gone");
+      assert.equal(existsSync(live), true, "a live writer's stays");
+      assert.equal(existsSync(other), true, "another volume's stays");
+    } finally {
+      for (const file of [live, other]) rmSync(file, { force: true });
+      await backend.release('vol-temps');
+    }
   });
 
   it('concurrent attaches from several processes converge on exactly one device', async () => {
