@@ -347,7 +347,7 @@ function spawnThroughHelper(
   let pid: number;
   try {
     if (options.input !== undefined) {
-      stdin = openSync(OUTPUT_DIR, constants.O_RDWR | O_TMPFILE, 0o600);
+      stdin = unnamedFile();
       // At position 0, which leaves the file's offset where the child starts reading: at its start.
       writeSync(stdin, options.input, 0);
     }
@@ -417,7 +417,7 @@ const O_TMPFILE = 0o20000000 | constants.O_DIRECTORY;
 function outputFiles(): { out: number; err: number } | undefined {
   const make = (): number | undefined => {
     try {
-      return openSync(OUTPUT_DIR, constants.O_RDWR | O_TMPFILE, 0o600);
+      return unnamedFile();
     } catch {
       return undefined;
     }
@@ -430,6 +430,11 @@ function outputFiles(): { out: number; err: number } | undefined {
     return undefined;
   }
   return { out, err };
+}
+
+/** A file in OUTPUT_DIR without a name, readable and writable by root only; throws where it cannot be made. */
+function unnamedFile(): number {
+  return openSync(OUTPUT_DIR, constants.O_RDWR | O_TMPFILE, 0o600);
 }
 
 /**

@@ -1,21 +1,21 @@
 // Host-wide locks (src/sys/lock.ts), taken through the native helper (a driver's way) and through node:net: each way
 // excludes a second holder, processes of the other way too (the same abstract name), and frees the name after.
 import assert from 'node:assert/strict';
-import { existsSync } from 'node:fs';
 import { createServer } from 'node:net';
-import { join, resolve } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { useNativeHelper } from '../../src/sys/native.js';
 import { withHostLock } from '../../src/sys/lock.js';
 import { sha256Hex } from '../../src/hash.js';
+import { helperWays } from '../fixtures/native-helper.js';
 
-const HELPER = join(resolve(__dirname, '../..'), 'bin/latch-sea.runtime/latch-helper.node');
-const helperMissing = existsSync(HELPER) ? false : `${HELPER} is not built (npm run build:sea)`;
-if (helperMissing && process.env.LATCH_REQUIRE_SEA === '1') throw new Error(helperMissing);
+/** The abstract address of the lock named by `parts`, as node:net writes it (lock.ts hashes the parts into it). */
+function lockAddress(parts: string[]): string {
+  return `\0latch-volume-${sha256Hex(parts.join('\0')).slice(0, 40)}`;
+}
 
 /** What node:net makes of the lock's name: whether a server can listen on it now (and lets it go at once). */
 async function netCanTake(parts: string[]): Promise<boolean> {
-  const address = `\0latch-volume-${sha256Hex(parts.join('\0')).slice(0, 40)}`;
+  const address = lockAddress(parts);
   const server = createServer();
   return new Promise((resolvePromise, reject) => {
     server.once('error', (err: NodeJS.ErrnoException) => (err.code === 'EADDRINUSE' ? resolvePromise(false) : reject(err)));
@@ -25,10 +25,7 @@ async function netCanTake(parts: string[]): Promise<boolean> {
 
 const busy = () => 'busy';
 
-for (const way of [
-  { name: 'the native helper', helper: HELPER, skip: helperMissing },
-  { name: 'node:net', helper: false as const, skip: false },
-]) {
+for (const way of helperWays('node:net')) {
   describe(`host locks, through ${way.name}`, { skip: way.skip }, () => {
     before(() => useNativeHelper(way.helper));
     after(() => useNativeHelper(undefined));
@@ -52,7 +49,7 @@ for (const way of [
 
     it('a name node:net holds (a process of the other kind) is not taken until it is let go', async () => {
       const parts = ['lock-test-other', String(process.pid), way.name];
-      const address = `\0latch-volume-${sha256Hex(parts.join('\0')).slice(0, 40)}`;
+      const address = lockAddress(parts);
       const holder = createServer();
       await new Promise<void>((done) => holder.listen({ path: address }, done));
       setTimeout(() => holder.close(), 300);

@@ -1,27 +1,18 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { chmodSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { LatchError } from '../../src/errors.js';
 import { useNativeHelper } from '../../src/sys/native.js';
 import { CommandError, killAllChildren, run, runningChildren } from '../../src/sys/run.js';
+import { helperWays } from '../fixtures/native-helper.js';
 
 const REPO = resolve(__dirname, '../..');
-/** The native helper as the self-contained build compiles it into its runtime (build.mjs). */
-const HELPER = join(REPO, 'bin/latch-sea.runtime/latch-helper.node');
-const helperMissing = existsSync(HELPER)
-  ? false
-  : `${HELPER} is not built (npm run build:sea); the children go through node:child_process in every test here`;
-if (helperMissing && process.env.LATCH_REQUIRE_SEA === '1') throw new Error(helperMissing);
-
 /** Both ways run() starts children: through the native helper (a driver's), and through node:child_process and setpriv. */
-const WAYS = [
-  { name: 'the native helper', helper: HELPER, skip: helperMissing },
-  { name: 'node:child_process and setpriv', helper: false as const, skip: false },
-];
+const WAYS = helperWays('node:child_process and setpriv');
 
 /** A unique sleep duration, so the processes a test starts can be found in /proc and nothing else is. */
 function uniqueSleep(): string {
