@@ -22,7 +22,8 @@ import { checkNoFilesystemLeft } from '../sys/blockdev.js';
 import { mountedSources } from '../sys/mounts.js';
 import { isClientInstance, rbdDeviceMap, rbdDeviceUnmap, rbdLockRemove, rbdLocks, rbdWatchers, type CephIdentity } from '../sys/rbd.js';
 import { CommandError, run } from '../sys/run.js';
-import { deviceToUse, keepOneDevice, type NodeClient } from './node-client.js';
+import { deviceToUse, keepOneDevice } from './devices.js';
+import type { NodeClient } from './node-client.js';
 
 export interface KernelRbdOptions {
   identity: CephIdentity;

@@ -10,9 +10,9 @@ import { tempName } from '../hash.js';
 import { checkVolumeName } from '../names.js';
 import { formatSize } from '../size.js';
 import { blockDeviceSize } from '../sys/blockdev.js';
-import { mountedSources } from '../sys/mounts.js';
 import { CommandError } from '../sys/run.js';
 import { detachLoop, listLoopDevices, loopDeviceInfo, loopNumber, refreshLoopCapacity, setupLoop, type LoopDevice } from '../sys/loop.js';
+import { deviceToUse, keepOneDevice } from './devices.js';
 import type { Backend, ReadableImage, SnapshotBackend, SnapshotInfo } from './types.js';
 import { syncDir } from '../sys/files.js';
 import { processExists } from '../sys/processes.js';
@@ -157,18 +157,11 @@ export class LoopBackend implements Backend, SnapshotBackend {
       await this.setUp(volume, path);
     }
     // Several callers may have raced past the check above (or a killed call left a second device). Every caller
-    // keeps the same device (the mounted one, else the lowest-numbered) and detaches the others that are not
-    // mounted, so they all converge on one.
+    // keeps the same device (deviceInUse) and detaches the others that are not mounted, so they all converge on one.
     const devices = await this.liveDevices(volume);
-    const mounted = await mountedSources();
-    const keep = devices.find((d) => mounted.has(d.device)) ?? devices[0];
-    if (!keep) throw new LatchError(`losetup set up ${path}, but no loop device backed by it is visible in /sys`);
-    for (const dup of devices) {
-      if (dup === keep || mounted.has(dup.device)) continue;
-      // Best effort: a device still open (udev probing it) is left with autoclear and goes away on its last close.
-      await detachLoop(dup.device, dup.backingFile).catch(() => undefined);
-    }
-    return keep.device;
+    if (devices.length === 0) throw new LatchError(`losetup set up ${path}, but no loop device backed by it is visible in /sys`);
+    // Best effort: a device still open (udev probing it) is left with autoclear and goes away on its last close.
+    return keepOneDevice(devices, (dup) => detachLoop(dup.device, dup.backingFile));
   }
 
   async hasMapping(volume: string): Promise<boolean> {
@@ -197,10 +190,7 @@ export class LoopBackend implements Backend, SnapshotBackend {
 
   async findDevice(volume: string): Promise<string | undefined> {
     checkVolumeName(volume);
-    const devices = await this.liveDevices(volume);
-    if (devices.length <= 1) return devices[0]?.device;
-    const mounted = await mountedSources();
-    return (devices.find((d) => mounted.has(d.device)) ?? devices[0])?.device;
+    return (await deviceToUse(await this.liveDevices(volume)))?.device;
   }
 
   /**

@@ -13,9 +13,6 @@
 //    /sys/block/nbdN/pid names it, and its /proc/PID/cmdline says pool, namespace, image and snapshot (what
 //    `rbd-nbd list-mapped` reads). Its address comes from the image's watchers and lock, as for rbd-fuse.
 
-import { LatchError } from '../errors.js';
-import { mountedSources } from '../sys/mounts.js';
-
 /** One way of making an RBD image a block device on this node. Every method reads its state from the kernel. */
 export interface NodeClient {
   /** Which client this is, for messages and doctor. */
@@ -39,26 +36,4 @@ export interface NodeClient {
    * takes the watcher that appeared while it mapped the image.
    */
   clientAddress?(image: string): Promise<string | undefined>;
-}
-
-/**
- * Of one image's devices (lowest first; more than one only after a crash between two maps), the one every caller
- * uses: the mounted one, else the first. Doctor tells the others apart by the same rule.
- */
-export function deviceInUse<T extends { device: string }>(devices: readonly T[], mounted: ReadonlySet<string>): T | undefined {
-  return devices.find((d) => mounted.has(d.device)) ?? devices[0];
-}
-
-/** deviceInUse, reading the mount table only when there is a choice. */
-export async function deviceToUse<T extends { device: string }>(devices: readonly T[]): Promise<T | undefined> {
-  return devices.length <= 1 ? devices[0] : deviceInUse(devices, await mountedSources());
-}
-
-/** Keeps the device in use and frees (with `free`) the other ones nothing mounts; returns the kept device's path. */
-export async function keepOneDevice<T extends { device: string }>(devices: readonly T[], free: (dup: T) => Promise<void>): Promise<string> {
-  const mounted = await mountedSources();
-  const keep = deviceInUse(devices, mounted);
-  if (!keep) throw new LatchError('no device to keep');
-  for (const dup of devices) if (dup !== keep && !mounted.has(dup.device)) await free(dup).catch(() => undefined);
-  return keep.device;
 }

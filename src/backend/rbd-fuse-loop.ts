@@ -36,7 +36,8 @@ import {
 import { mountedSources } from '../sys/mounts.js';
 import type { CephIdentity } from '../sys/rbd.js';
 import { run } from '../sys/run.js';
-import { deviceToUse, keepOneDevice, type NodeClient } from './node-client.js';
+import { deviceToUse, keepOneDevice } from './devices.js';
+import type { NodeClient } from './node-client.js';
 
 export interface RbdFuseLoopOptions {
   identity: CephIdentity;

@@ -10,7 +10,7 @@ import { constants } from 'node:fs';
 import { access, readFile, realpath, stat } from 'node:fs/promises';
 import { basename, dirname } from 'node:path';
 import { krbdMappings } from '../../backend/krbd.js';
-import { deviceInUse } from '../../backend/node-client.js';
+import { deviceInUse } from '../../backend/devices.js';
 import { RbdBackend } from '../../backend/rbd.js';
 import type { Config, RbdBackendConfig } from '../../config.js';
 import { errorMessage } from '../../errors.js';
