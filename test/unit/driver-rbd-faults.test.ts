@@ -43,6 +43,25 @@ interface CallResult {
   durationMs: number;
 }
 
+/** A driver call under way. */
+interface Started {
+  pid: number;
+  /** When it started, in clock ticks since boot (/proc/PID/stat's field 22). */
+  startTicks: number;
+  done: Promise<CallResult>;
+}
+
+/** A process's start time in clock ticks since boot, or undefined once it is gone. */
+function startTicks(pid: number): number | undefined {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    // pid (comm) state ...: comm may hold spaces and parentheses, so count the fields after the last ')'.
+    return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]);
+  } catch {
+    return undefined;
+  }
+}
+
 describe('the driver with the rbd backend under faults', { skip }, () => {
   let ceph: CephCluster;
   const configs = {} as Record<Node, string>;
@@ -92,7 +111,7 @@ describe('the driver with the rbd backend under faults', { skip }, () => {
    * it must come within CALL_BOUND_MS (the test kills the call a little later, so that a hang fails the test rather
    * than stalling it).
    */
-  function start(node: Node, args: string[]): { pid: number; done: Promise<CallResult> } {
+  function start(node: Node, args: string[]): Started {
     const started = performance.now();
     const child = spawn(LATCH, args, { env: { ...process.env, LATCH_CONFIG: configs[node] }, stdio: ['ignore', 'pipe', 'pipe'] });
     let stdout = '';
@@ -102,6 +121,9 @@ describe('the driver with the rbd backend under faults', { skip }, () => {
     const killer = setTimeout(() => child.kill('SIGKILL'), CALL_BOUND_MS + 30_000);
     const pid = child.pid;
     assert.ok(pid !== undefined, 'bin/latch started');
+    // Read now: the forked child exists (its start time is set at fork) until the test has waited for it.
+    const ticks = startTicks(pid);
+    assert.ok(ticks !== undefined, 'the start time of the call');
     const done = new Promise<CallResult>((resolveDone, reject) => {
       child.once('error', reject);
       child.once('close', (code, signal) => {
@@ -123,7 +145,7 @@ describe('the driver with the rbd backend under faults', { skip }, () => {
         }
       });
     });
-    return { pid, done };
+    return { pid, startTicks: ticks, done };
   }
 
   /** The duration the call with `pid` logged for itself. */
@@ -271,23 +293,42 @@ describe('the driver with the rbd backend under faults', { skip }, () => {
     return ((JSON.parse(stdout) as { watchers?: { address: string }[] }).watchers ?? []).map((w) => w.address);
   }
 
-  /** Polls the kernel's tables every few ms until `ready` says so; for catching a call at one step. */
-  async function whenSeen(what: string, ready: () => Promise<boolean> | boolean, timeoutMs = 30_000): Promise<void> {
+  /**
+   * Polls every few ms until `ready` says so; for catching a call at one step. With `during`, fails at once, with its
+   * reply, if that call ended without the step being seen.
+   */
+  async function whenSeen(
+    what: string,
+    ready: () => Promise<boolean> | boolean,
+    { during, timeoutMs = 30_000 }: { during?: Started; timeoutMs?: number } = {},
+  ): Promise<void> {
+    let ended: string | undefined;
+    during?.done.then(
+      ({ reply }) => (ended = JSON.stringify(reply)),
+      (err: unknown) => (ended = String(err)),
+    );
     const deadline = Date.now() + timeoutMs;
-    while (!(await ready())) {
+    for (;;) {
+      const endedBefore = ended;
+      if (await ready()) return;
+      if (endedBefore !== undefined) assert.fail(`never saw ${what}: the call ended first: ${endedBefore}`);
       if (Date.now() > deadline) assert.fail(`never saw ${what}`);
       await sleep(5);
     }
   }
 
-  /** Processes running `name` with an argument containing `argIncludes`; only those after `sincePid`, to poll fast. */
-  function processesNamed(name: string, argIncludes: string, sincePid = 0): number[] {
+  /**
+   * Processes running `name` with an argument containing `argIncludes` that started no earlier than `call`. By start
+   * time, not by pid: pids wrap around (at 32768 here), and once a CI run's rbd-fuse got a pid below its call's.
+   */
+  function processesNamed(name: string, argIncludes: string, call: Started): number[] {
     const pids: number[] = [];
     for (const entry of readdirSync('/proc')) {
-      if (!/^[0-9]+$/.test(entry) || Number(entry) <= sincePid) continue;
+      if (!/^[0-9]+$/.test(entry)) continue;
       try {
         const argv = readFileSync(`/proc/${entry}/cmdline`, 'utf8').split('\0');
-        if (argv.some((a) => basename(a) === name) && argv.some((a) => a.includes(argIncludes))) pids.push(Number(entry));
+        if (!argv.some((a) => basename(a) === name) || !argv.some((a) => a.includes(argIncludes))) continue;
+        if ((startTicks(Number(entry)) ?? -1) >= call.startTicks) pids.push(Number(entry));
       } catch {
         // gone
       }
@@ -308,7 +349,9 @@ describe('the driver with the rbd backend under faults', { skip }, () => {
 
     await ok('node-a', ['attach', volumeOptions(pv), 'node-a']);
     const attaching = start('node-a', ['waitforattach', '', volumeOptions(pv)]);
-    await whenSeen('rbd-fuse starting', () => processesNamed('rbd-fuse', join(mountDirs['node-a'], pv), attaching.pid).length > 0);
+    await whenSeen('rbd-fuse starting', () => processesNamed('rbd-fuse', join(mountDirs['node-a'], pv), attaching).length > 0, {
+      during: attaching,
+    });
     ceph.pause('osd');
     let result: CallResult;
     try {
@@ -433,7 +476,9 @@ describe('the driver with the rbd backend under faults', { skip }, () => {
 
     // Killed while the call talks to it, started again 3 s later: the call ends in time either way.
     const attaching = start('node-b', ['waitforattach', '', volumeOptions(pv)]);
-    await whenSeen('rbd running for the call', () => processesNamed('rbd', `${ceph.pool}/${pv}`, attaching.pid).length > 0);
+    await whenSeen('rbd running for the call', () => processesNamed('rbd', `${ceph.pool}/${pv}`, attaching).length > 0, {
+      during: attaching,
+    });
     await ceph.kill('mon', 'SIGKILL');
     await sleep(3_000);
     await ceph.start('mon');
@@ -453,16 +498,16 @@ describe('the driver with the rbd backend under faults', { skip }, () => {
   it('waitforattach SIGKILLed while rbd-fuse starts or the loop device is set up: the repeat reuses one mapping', async (t) => {
     const pv = 'pv-sigkill';
     const mountPoint = join(mountDirs['node-a'], pv);
-    const steps: [string, (callPid: number) => Promise<boolean> | boolean][] = [
-      ['rbd-fuse started', (callPid) => processesNamed('rbd-fuse', mountPoint, callPid).length > 0],
+    const steps: [string, (call: Started) => Promise<boolean> | boolean][] = [
+      ['rbd-fuse started', (call) => processesNamed('rbd-fuse', mountPoint, call).length > 0],
       ['FUSE mounted', async () => (await readMountInfo()).some((m) => m.mountPoint === mountPoint)],
-      ['losetup started', (callPid) => processesNamed('losetup', mountPoint, callPid).length > 0],
+      ['losetup started', (call) => processesNamed('losetup', mountPoint, call).length > 0],
       ['loop device set up', async () => (await listLoopDevices()).some((l) => l.backingFile.startsWith(`${mountPoint}/`))],
     ];
     await ok('node-a', ['attach', volumeOptions(pv), 'node-a']);
     for (const [step, ready] of steps) {
       const attaching = start('node-a', ['waitforattach', '', volumeOptions(pv)]);
-      await whenSeen(step, () => ready(attaching.pid));
+      await whenSeen(step, () => ready(attaching), { during: attaching });
       try {
         process.kill(attaching.pid, 'SIGKILL');
       } catch {
@@ -497,7 +542,7 @@ describe('the driver with the rbd backend under faults', { skip }, () => {
     assert.ok(watcher !== undefined && others.length === 0, 'the daemon is the one watcher of the image');
     process.kill(daemon, 'SIGKILL');
     const since = performance.now();
-    await whenSeen('the dead watch expire', async () => !(await watchers(pv)).includes(watcher), 60_000);
+    await whenSeen('the dead watch expire', async () => !(await watchers(pv)).includes(watcher), { timeoutMs: 60_000 });
     t.diagnostic(`the killed rbd-fuse's watch expired after ${Math.round(performance.now() - since)} ms`);
     const repeated = await ok('node-a', ['waitforattach', '', volumeOptions(pv)]);
     await assertOneMapping('node-a', pv);
