@@ -15,11 +15,30 @@ tsc --noEmit -p .
 echo "== lint"
 npm run --silent lint
 echo "== unit tests"
+# The files on a one-host Ceph cluster (those that import test/ceph/cluster.ts) run one at a time beside the others:
+# each starts a cluster of its own on free ports and checks only its own mounts, loop devices and processes, and
+# they spend most of their time waiting on the cluster (start-up, faults, watch timeouts). Their output is printed
+# after the others'.
+mapfile -t ceph_tests < <(grep -l 'ceph/cluster.js' test/unit/*.test.ts)
+mapfile -t other_tests < <(grep -L 'ceph/cluster.js' test/unit/*.test.ts)
+ceph_log=$(mktemp)
+node --import tsx --test --test-reporter=spec --test-concurrency=1 "${ceph_tests[@]}" >"$ceph_log" 2>&1 &
+ceph_pid=$!
+trap 'kill "$ceph_pid" 2>/dev/null; rm -f "$ceph_log"' EXIT
 # One shared etcd member for the ledger suite's etcd run (its worker processes must all reach the same one);
 # with-etcd.ts stops it afterwards, even on failure. Tests that need their own etcd (a cluster, restarts) start
 # and stop it themselves. Without etcd installed, the etcd tests skip with a message.
+others=0
 node --import tsx test/etcd/with-etcd.ts -- \
-  node --import tsx --test --test-reporter=spec --test-concurrency=1 test/unit/*.test.ts
+  node --import tsx --test --test-reporter=spec --test-concurrency=1 "${other_tests[@]}" || others=$?
+ceph=0
+wait "$ceph_pid" || ceph=$?
+echo "== unit tests on a Ceph cluster (run beside the others)"
+cat "$ceph_log"
+if ((others != 0 || ceph != 0)); then
+  echo "unit tests failed (exit $others; on a Ceph cluster: exit $ceph)"
+  exit 1
+fi
 echo "== bats suites"
 node_modules/bats/bin/bats --print-output-on-failure test/bats
 echo "== the protocol suite again, against the self-contained build"
