@@ -24,7 +24,9 @@ mapfile -t other_tests < <(grep -L 'ceph/cluster.js' test/unit/*.test.ts)
 ceph_log=$(mktemp)
 node --import tsx --test --test-reporter=spec --test-concurrency=1 "${ceph_tests[@]}" >"$ceph_log" 2>&1 &
 ceph_pid=$!
-trap 'kill "$ceph_pid" 2>/dev/null; rm -f "$ceph_log"' EXIT
+# Stops them if this script ends first (interrupted, or set -e). `|| true`: under set -e a failing command in the
+# trap would make the script's exit status 1.
+trap 'kill "$ceph_pid" 2>/dev/null || true; rm -f "$ceph_log"' EXIT
 # One shared etcd member for the ledger suite's etcd run (its worker processes must all reach the same one);
 # with-etcd.ts stops it afterwards, even on failure. Tests that need their own etcd (a cluster, restarts) start
 # and stop it themselves. Without etcd installed, the etcd tests skip with a message.
@@ -35,6 +37,8 @@ ceph=0
 wait "$ceph_pid" || ceph=$?
 echo "== unit tests on a Ceph cluster (run beside the others)"
 cat "$ceph_log"
+trap - EXIT
+rm -f "$ceph_log"
 if ((others != 0 || ceph != 0)); then
   echo "unit tests failed (exit $others; on a Ceph cluster: exit $ceph)"
   exit 1
