@@ -88,14 +88,7 @@ export function kubeletOptions(pv: string, size: string): string {
 export async function runSelf(args: string[], config: string) {
   const self = await runningExecutable();
   const [command, prefix] = self.selfContained ? [self.path, []] : [process.execPath, [self.path]];
-  const previous = process.env.LATCH_CONFIG;
-  process.env.LATCH_CONFIG = config;
-  try {
-    return await run(command, [...prefix, ...args], { okExitCodes: [0, 1] });
-  } finally {
-    if (previous === undefined) delete process.env.LATCH_CONFIG;
-    else process.env.LATCH_CONFIG = previous;
-  }
+  return run(command, [...prefix, ...args], { okExitCodes: [0, 1], env: { ...process.env, LATCH_CONFIG: config } });
 }
 
 /** Unmounts and detaches whatever the demo left (even after a failure), then removes its directory. */

@@ -27,6 +27,8 @@ export interface RunOptions {
   input?: string;
   /** Exit codes besides 0 that are not failures (e.g. blkid's 2 = "nothing found"). */
   okExitCodes?: number[];
+  /** The child's environment instead of this process's; LC_ALL and PATH are set over it either way. */
+  env?: NodeJS.ProcessEnv;
 }
 
 export interface RunResult {
@@ -145,7 +147,7 @@ export async function run(command: string, args: string[], options: RunOptions =
   }
   const child = spawnCollecting(executable, args, {
     input: options.input,
-    env: { ...process.env, LC_ALL: 'C', PATH: path },
+    env: { ...(options.env ?? process.env), LC_ALL: 'C', PATH: path },
   });
 
   const pgid = child.pid;

@@ -141,6 +141,22 @@ for (const way of WAYS)
       for (const dir of ['/usr/local/sbin', '/usr/sbin', '/sbin']) assert.ok(dirs.includes(dir), `${dir} in ${path}`);
     });
 
+    it("runs with the environment it is given instead of this process's, LC_ALL and PATH set over it", async () => {
+      process.env.LATCH_TEST_OWN = 'this process';
+      try {
+        const result = await run('sh', ['-c', 'echo "${LATCH_TEST_OWN-unset} | $LATCH_TEST_GIVEN | $LC_ALL | $PATH"'], {
+          env: { LATCH_TEST_GIVEN: 'given', LC_ALL: 'en_US.UTF-8', PATH: '/nowhere' },
+        });
+        const [own, given, lcAll, path] = result.stdout.trim().split(' | ');
+        assert.equal(own, 'unset');
+        assert.equal(given, 'given');
+        assert.equal(lcAll, 'C');
+        assert.ok((path ?? '').split(':').includes('/usr/sbin'), `the search path, not the given one: ${path}`);
+      } finally {
+        delete process.env.LATCH_TEST_OWN;
+      }
+    });
+
     it('throws CommandError naming the command, exit code and last stderr line', async () => {
       await assert.rejects(run('sh', ['-c', 'echo first >&2; echo "the real reason" >&2; exit 3']), (err: unknown) => {
         assert.ok(err instanceof CommandError);
