@@ -195,7 +195,8 @@ async function freeFixedPort(avoid: number[]): Promise<number> {
 // ---------------------------------------------------------------------------------------------------------------
 // What the kernel says is left of a cluster dir. Reads /proc and /sys only; never touches anything under the dir.
 
-function procStat(pid: number): string[] | undefined {
+/** The fields of /proc/PID/stat after `pid (comm)`: [0] is the state, [19] the start time in clock ticks since boot. */
+export function procStat(pid: number): string[] | undefined {
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
     // pid (comm) state ppid ...; comm may contain spaces and parentheses, so split after the last ')'.

@@ -15,7 +15,7 @@ import { rbdFusePids } from '../../src/sys/fuse.js';
 import { listLoopDevices } from '../../src/sys/loop.js';
 import { readMountInfo } from '../../src/sys/mounts.js';
 import { run } from '../../src/sys/run.js';
-import { cephSkipReason, startCephCluster, type CephCluster } from '../ceph/cluster.js';
+import { cephSkipReason, procStat, startCephCluster, type CephCluster } from '../ceph/cluster.js';
 
 const REPO = resolve(__dirname, '../..');
 const LATCH = join(REPO, 'bin/latch');
@@ -53,13 +53,8 @@ interface Started {
 
 /** A process's start time in clock ticks since boot, or undefined once it is gone. */
 function startTicks(pid: number): number | undefined {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    // pid (comm) state ...: comm may hold spaces and parentheses, so count the fields after the last ')'.
-    return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]);
-  } catch {
-    return undefined;
-  }
+  const started = procStat(pid)?.[19];
+  return started === undefined ? undefined : Number(started);
 }
 
 describe('the driver with the rbd backend under faults', { skip }, () => {
