@@ -6,7 +6,7 @@
 //   npm run bench -- --only io,rbd    some sections (calls, ledger, lifecycle, concurrent, io, rbd, backup); the results file
 //                                     keeps the other sections' figures from their last run
 import { spawn, spawnSync } from 'node:child_process';
-import { closeSync, copyFileSync, existsSync, mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -15,9 +15,11 @@ import { ticketId } from '../../src/ledger/ids.js';
 import { EtcdStore } from '../../src/store/etcd.js';
 import { FileStore } from '../../src/store/file.js';
 import type { Store } from '../../src/store/types.js';
-import { nativeHelper, useNativeHelper, type NativeHelper } from '../../src/sys/native.js';
+import { nativeHelper, useNativeHelper } from '../../src/sys/native.js';
 import { reloadPageCache } from '../../src/sys/page-cache.js';
+import { run } from '../../src/sys/run.js';
 import { EtcdCluster, etcdSkipReason } from '../etcd/etcd.js';
+import { NATIVE_HELPER } from '../fixtures/native-helper.js';
 import { printFigures, writeReports, type Figure, type Results } from './figures.js';
 import { backupThroughput } from './backup.js';
 import { cachedBytes, cleanUp, evict, loopIo, rbdIo, syncFile } from './io.js';
@@ -494,71 +496,20 @@ function childrenCpuSeconds(): number {
 
 /**
  * How the concurrency section starts its calls: as kubelet does, which runs a driver with Go's os/exec (a `vfork`-like
- * clone that costs the caller well under a millisecond), through latch's native helper where the build has one. A
- * fork from this process (node:child_process) costs it about 10 ms of CPU a call: 7% of the machine while 64
- * lifecycles run, taken from the calls the bound counts. Without the helper, node:child_process as before.
+ * clone that costs the caller well under a millisecond), by latch's own run() through the native helper where the
+ * build has one. A fork from this process (node:child_process) costs it about 10 ms of CPU a call: 7% of the machine
+ * while 64 lifecycles run, taken from the calls the bound counts. Without the helper, run()'s node:child_process.
  */
 function callStarter(
   driver: string,
   env: NodeJS.ProcessEnv,
-  dir: string,
 ): { call: (args: string[]) => Promise<{ stdout: string; code: number }>; how: string } {
-  let helper: NativeHelper | undefined;
-  try {
-    useNativeHelper(join(ROOT, 'bin/latch-sea.runtime/latch-helper.node'));
-    helper = nativeHelper();
-  } catch {
-    helper = undefined;
-  }
-  if (helper === undefined) {
-    return {
-      how: 'node:child_process',
-      call: (args) =>
-        new Promise((resolve) => {
-          const child = spawn(driver, args, { env });
-          let stdout = '';
-          child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
-          child.on('close', (code) => resolve({ stdout, code: code ?? -1 }));
-        }),
-    };
-  }
-  const native = helper;
-  const envList = Object.entries(env).flatMap(([k, v]) => (v === undefined ? [] : [`${k}=${v}`]));
-  const waiting = new Map<number, (status: [number, string]) => void>();
-  // A signal listener does not keep the event loop alive, and a child the helper started is no handle of libuv's.
-  let keepAlive: NodeJS.Timeout | undefined;
-  const reapAll = () => {
-    for (const [pid, settle] of waiting) {
-      const status = native.reap(pid);
-      if (status === undefined) continue;
-      waiting.delete(pid);
-      settle(status);
-    }
-    if (waiting.size === 0) {
-      process.off('SIGCHLD', reapAll);
-      clearInterval(keepAlive);
-    }
-  };
-  let n = 0;
+  if (existsSync(NATIVE_HELPER)) useNativeHelper(NATIVE_HELPER);
   return {
-    how: 'vfork (the native helper)',
+    how: nativeHelper() ? 'vfork (the native helper)' : 'node:child_process',
     call: async (args) => {
-      const out = join(dir, `call-${n++}.out`);
-      const fd = openSync(out, 'w+', 0o600);
-      try {
-        if (waiting.size === 0) {
-          process.on('SIGCHLD', reapAll);
-          keepAlive = setInterval(reapAll, 1_000);
-        }
-        const exited = new Promise<[number, string]>((resolve) =>
-          waiting.set(native.spawn(driver, [driver, ...args], envList, [-1, fd, fd]), resolve),
-        );
-        const [code] = await exited;
-        return { stdout: readFileSync(out, 'utf8'), code };
-      } finally {
-        closeSync(fd);
-        rmSync(out);
-      }
+      const { stdout, exitCode } = await run(driver, args, { env, okExitCodes: [1] });
+      return { stdout, code: exitCode };
     },
   };
 }
@@ -571,7 +522,7 @@ function callStarter(
 async function concurrentLifecycles(count: number): Promise<void> {
   const driver = productionDriver();
   const { dir, env } = workDir();
-  const { call, how: spawnedBy } = callStarter(driver, env, dir);
+  const { call, how: spawnedBy } = callStarter(driver, env);
   // Each failed lifecycle's failing call and its reply (or exit code), kept in the results file: a failure under
   // load is rare, and without its reply there is nothing to go on.
   const failed: string[] = [];
