@@ -298,6 +298,9 @@ async function buildSea(outfile) {
     // copy of. Where the page cache holds the file in 2 MiB folios (a file just written, on a filesystem that makes
     // them), the kernel can then map the code in 2 MiB pages; read back from disk, it is mapped in 4 KiB pages either
     // way (docs/performance.md, "The executable's page cache").
+    // The helper as a library the executable needs: its constructor takes the call's turn before Node starts
+    // (src/native/helper.c). A patchelf of its own: given with --set-rpath, patchelf 0.14 wrote its name as the RPATH.
+    quietly(patchelf(), ['--page-size', String(2 * 1024 * 1024), '--add-needed', NATIVE_HELPER, exe]);
     quietly(patchelf(), [
       '--page-size',
       String(2 * 1024 * 1024),

@@ -109,7 +109,8 @@ export async function install(options: InstallOptions, io: CommandIO): Promise<v
     lines.push(`wrote the configuration beside the driver: ${[result.config, ...(result.configFiles ?? [])].join(', ')} (0600)`);
   if (source.selfContained && !hasRuntime) {
     lines.push(
-      `note: no runtime beside ${source.path} (${runtime}): the driver uses the host's glibc and libstdc++, so a kube-controller-manager in a distroless container cannot run it`,
+      `note: no runtime beside ${source.path} (${runtime}): the driver uses the host's glibc and libstdc++, and its native helper from where it was built, ` +
+        'so a kube-controller-manager in a distroless container cannot run it, nor any host where that build is gone',
     );
   }
   if (!source.selfContained) {

@@ -32,6 +32,7 @@ export async function runDriverCall(op: string, argv: string[], ops: OpTable, st
   const callId = Math.floor(Math.random() * 0x1_0000_0000)
     .toString(16)
     .padStart(8, '0');
+  const turn = turnWaitedFor(process.env);
   const stray: string[] = [];
   captureStrayOutput(stray);
 
@@ -60,6 +61,7 @@ export async function runDriverCall(op: string, argv: string[], ops: OpTable, st
           ...(error instanceof Error && !(error instanceof LatchError) && { stack: error.stack }),
           ...(stray.length > 0 && { strayOutput: stray.join('').slice(0, 4000) }),
           ...(startup.codeCacheRejected && { codeCacheRejected: true }),
+          ...(turn && { turn }),
           ...withoutNativeHelper(),
         },
         op !== 'init',
@@ -86,6 +88,21 @@ export async function runDriverCall(op: string, argv: string[], ops: OpTable, st
   } catch (err) {
     finish(toReply(op, err), err);
   }
+}
+
+/**
+ * What the call waited for its turn before Node started (src/native/helper.c, takeTurnAtStart, which says it in
+ * LATCH_TURN): the host's number of turns and the milliseconds waited, or that it went on without one; undefined when
+ * it took a turn at once, or took none (an op that takes no turn, plain node). Removed from the environment, so that
+ * no child inherits it.
+ */
+function turnWaitedFor(env: NodeJS.ProcessEnv): { of: number; waitedMs: number } | { of: number; wentOnWithout: true } | undefined {
+  const fact = env.LATCH_TURN;
+  if (fact === undefined) return undefined;
+  delete env.LATCH_TURN;
+  const [of, waited] = fact.split(' ');
+  if (waited === 'none') return { of: Number(of), wentOnWithout: true };
+  return Number(waited) > 0 ? { of: Number(of), waitedMs: Number(waited) } : undefined;
 }
 
 /**
