@@ -523,16 +523,18 @@ async function concurrentLifecycles(count: number): Promise<void> {
   const driver = productionDriver();
   const { dir, env } = workDir();
   const { call, how: spawnedBy } = callStarter(driver, env);
+  // The same calls without turns (src/native/helper.c), for comparison: all of them running at once.
+  const { call: callWithoutTurns } = callStarter(driver, { ...env, LATCH_TURNS: '0' });
   // Each failed lifecycle's failing call and its reply (or exit code), kept in the results file: a failure under
   // load is rare, and without its reply there is nothing to go on.
   const failed: string[] = [];
-  const one = async (pv: string): Promise<number | undefined> => {
+  const one = async (pv: string, start = call): Promise<number | undefined> => {
     const json = optionsFor(pv);
     const global = join(dir, 'mounts', pv);
     mkdirSync(global, { recursive: true });
     const started = process.hrtime.bigint();
     const step = async (args: string[]): Promise<string | undefined> => {
-      const { stdout, code } = await call(args);
+      const { stdout, code } = await start(args);
       if (ok(stdout, code)) return stdout;
       failed.push(`${pv} ${args[0]}: exit ${code}, ${stdout.trim() || '(no reply)'}`);
       return undefined;
@@ -576,21 +578,30 @@ async function concurrentLifecycles(count: number): Promise<void> {
     const boundAlone = cores / cpuPerLifecycle;
     const bound = cores / cpuPerLifecycleBusy;
 
-    const started = process.hrtime.bigint();
-    const cpuAtStart = childrenCpuSeconds();
-    const harnessAtStart = process.cpuUsage();
+    /** `count` lifecycles at once: wall seconds, the CPU they used, the bench's own, and each one's time. */
+    const allAtOnce = async (name: string, start: typeof call) => {
+      const started = process.hrtime.bigint();
+      const cpuAtStart = childrenCpuSeconds();
+      const harnessAtStart = process.cpuUsage();
+      const times = await Promise.all(Array.from({ length: count }, (_, i) => one(`pv-${name}-${i}`, start)));
+      const wall = Number(process.hrtime.bigint() - started) / 1e3 / 1e6;
+      const harnessUsage = process.cpuUsage(harnessAtStart);
+      return {
+        wall,
+        cpu: childrenCpuSeconds() - cpuAtStart,
+        harnessCpu: (harnessUsage.user + harnessUsage.system) / 1e6,
+        done: times.filter((t): t is number => t !== undefined).sort((a, b) => a - b),
+      };
+    };
     const loadAtStart = loadavg()[0] ?? 0;
-    const times = await Promise.all(Array.from({ length: count }, (_, i) => one(`pv-conc-${i}`)));
-    const wall = Number(process.hrtime.bigint() - started) / 1e3 / 1e6;
-    const harnessUsage = process.cpuUsage(harnessAtStart);
-    const harnessCpu = (harnessUsage.user + harnessUsage.system) / 1e6;
+    const { wall, cpu: concurrentCpu, harnessCpu, done } = await allAtOnce('conc', call);
     // The share of the machine the lifecycles actually got: near 1 with nothing else running and nothing
     // serializing them; on a shared machine the other load takes its part.
-    const concurrentCpu = childrenCpuSeconds() - cpuAtStart;
     const utilization = concurrentCpu / (wall * cpus().length);
-    const done = times.filter((t): t is number => t !== undefined).sort((a, b) => a - b);
     const failures = count - done.length;
     const rate = done.length / wall;
+    const withoutTurns = await allAtOnce('noturn', callWithoutTurns);
+    const rateWithoutTurns = withoutTurns.done.length / withoutTurns.wall;
     const pct = (p: number) => done[Math.min(done.length - 1, Math.floor(done.length * p))] ?? NaN;
     results.concurrent = {
       count,
@@ -604,6 +615,12 @@ async function concurrentLifecycles(count: number): Promise<void> {
       boundFromLifecyclesAlonePerSecond: boundAlone,
       cpuSecondsPerLifecycleConcurrent: concurrentCpu / count,
       cpuShareUsed: utilization,
+      withoutTurns: {
+        throughputPerSecond: rateWithoutTurns,
+        cpuSecondsPerLifecycle: withoutTurns.cpu / count,
+        cpuShareUsed: withoutTurns.cpu / (withoutTurns.wall * cores),
+        failures: count - withoutTurns.done.length,
+      },
       callsStartedBy: spawnedBy,
       harnessCpuShare: harnessCpu / (wall * cpus().length),
       loadAverageAtStart: loadAtStart,
@@ -627,6 +644,14 @@ async function concurrentLifecycles(count: number): Promise<void> {
         `load ${loadAtStart.toFixed(1)}; against the CPU of a lifecycle alone, ${(cpuPerLifecycle * 1000).toFixed(0)} ms: ${(rate / boundAlone).toFixed(2)})`,
       target: '>= 0.80',
       pass: rate / bound >= 0.8,
+    });
+    figures.push({
+      section: 'concurrent',
+      what: `${count} concurrent pod lifecycles without turns (LATCH_TURNS=0: all ${count} at once): rate / machine bound`,
+      value:
+        `${(rateWithoutTurns / bound).toFixed(2)} (${rateWithoutTurns.toFixed(2)} lifecycles/s, ` +
+        `${((withoutTurns.cpu / count) * 1000).toFixed(0)} ms CPU each; ${count - withoutTurns.done.length} failed)`,
+      target: '',
     });
     table(`${count} concurrent pod lifecycles on ${count} volumes (target: 0 failures, rate >= 0.80 of the machine bound)`, [
       [
