@@ -1,5 +1,6 @@
 // latch's native helper, for what Node does not do, or does at a cost every driver call pays: starting a child
-// (spawn, reap; for src/sys/run.ts) and holding a host-wide lock (holdName; for src/sys/lock.ts).
+// (spawn, reap; for src/sys/run.ts), holding a host-wide lock (holdName; for src/sys/lock.ts), and waiting for a
+// turn before Node starts (takeTurnAtStart).
 //
 // Starting a child: Node starts one with fork(2) (libuv), which copies the page tables of V8's address space and then
 // has the parent fault on its own writes, 6-8 ms a child; and a child cannot be given PR_SET_PDEATHSIG through
@@ -300,9 +301,9 @@ static napi_value HoldName(napi_env env, napi_callback_info info) {
 // A turn is an abstract unix socket name "latch-turn-N", bound and listening: the kernel frees it when its holder
 // ends, however it ends. A waiter connects to every held turn and sleeps in poll(2); its connections wait in the
 // holders' listen queues, in order. A holder that is done (at exit, or at its hold limit) hands its listening socket
-// itself to the first waiter in its queue (SCM_RIGHTS), which then holds the turn, name and queue alike: each turn passes to one waiter, in the order
-// they came, and wakes nobody else. A holder that dies without handing over (SIGKILL) closes the socket, which resets
-// every connection queued on it: those waiters try again from the start.
+// itself to the first waiter in its queue (SCM_RIGHTS), which then holds the turn, name and queue alike: each turn
+// passes to one waiter, in the order they came, and wakes nobody else. A holder that dies without handing over
+// (SIGKILL) closes the socket, which resets every connection queued on it: those waiters try again from the start.
 //
 // The waiting is bounded both ways, so that a turn can only delay a call, never fail or wedge it: a holder hands its
 // turn on after TURN_HOLD_MS even while it still runs (a call that waits on a device or the network need not hold the
@@ -313,7 +314,7 @@ static napi_value HoldName(napi_env env, napi_callback_info info) {
 #define TURN_WAIT_MS 10000
 #define MAX_TURNS 256
 
-/** The ops that take a turn: those that do a volume's work. init, getvolumename and isattached answer from the ledger. */
+/** The ops that take a turn: those that do a volume's work. init, getvolumename and isattached only read the ledger. */
 static const char *const TURN_OPS[] = {"attach", "detach", "waitforattach", "mountdevice", "unmountdevice",
                                        "mount", "unmount", "expandfs", NULL};
 

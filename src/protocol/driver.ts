@@ -107,7 +107,8 @@ function turnWaitedFor(env: NodeJS.ProcessEnv): { of: number; waitedMs: number }
 
 /**
  * For the log line of a self-contained build's call that did without its native helper (src/sys/native.ts), because
- * the runtime beside the driver lacks it or the loader refused it. Plain node never has it.
+ * Node refused to load it as an addon (the executable does not start at all where the helper is missing: it needs it
+ * as a library, for its turn). Plain node never has it.
  */
 function withoutNativeHelper(): { nativeHelperUnavailable?: string } {
   const why = nativeHelperUnavailable();
