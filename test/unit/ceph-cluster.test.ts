@@ -14,6 +14,7 @@ import assert from 'node:assert/strict';
 import { openSync, readSync, closeSync, statSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { CommandError, run } from '../../src/sys/run.js';
 import { BLOCK, block, readBlock, writeBlock } from '../fixtures/blocks.js';
 import { cephSkipReason, startCephCluster, type CephClient, type CephCluster, type RbdFuseMount } from '../ceph/cluster.js';
@@ -124,6 +125,21 @@ describe('one-host Ceph cluster (test/ceph/cluster.ts)', { skip }, () => {
     t.diagnostic(`restart: ${timings.join(', ')}`);
   });
 
+  /** The epoch of the cluster's OSD map, as the monitor has it. */
+  const mapEpoch = async (): Promise<number> =>
+    (JSON.parse((await ceph.ceph(['osd', 'dump', '--format', 'json'])).stdout) as { epoch: number }).epoch;
+
+  /** Waits until osd.0 has the OSD map of `epoch` (or a newer one). */
+  const osdHasMap = async (epoch: number): Promise<void> => {
+    let newest = 0;
+    for (let look = 0; look < 100; look++) {
+      newest = (JSON.parse((await ceph.ceph(['tell', 'osd.0', 'status'])).stdout) as { newest_map: number }).newest_map;
+      if (newest >= epoch) return;
+      await sleep(100);
+    }
+    assert.fail(`osd.0 still has OSD map ${newest}, not ${epoch}`);
+  };
+
   it("fences node-a's client instance alone; node-b takes over and none of node-a's later writes land", async (t) => {
     const nodeA = await ceph.createClient('node-fa');
     const nodeB = await ceph.createClient('node-fb');
@@ -158,6 +174,11 @@ describe('one-host Ceph cluster (test/ceph/cluster.ts)', { skip }, () => {
     const fenced = performance.now();
     await ceph.ceph(['osd', 'blocklist', 'add', address, '3600'], { as: fencer });
     t.diagnostic(`blocklist add: ${Math.round(performance.now() - fenced)} ms`);
+    // The OSD refuses node-a's writes once it has the OSD map that lists the entry. It gets it within milliseconds, or
+    // at the latest from node-b's first request (which carries that map's epoch: node-b's client maps the image
+    // after the fence, as krbd waits for the latest map when it maps one); but a write of node-a's before that lands,
+    // as one from before the fence would. The loaded CI machine once gave node-a that window.
+    await osdHasMap(await mapEpoch());
     const failed = performance.now();
     await assert.rejects(
       ceph.guardFuse(a.fuse.mountpoint, 15_000, () => writeBlock(a.loop, 1, 'a AFTER the fence')),
