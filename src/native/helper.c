@@ -250,6 +250,17 @@ static napi_value Reap(napi_env env, napi_callback_info info) {
 }
 
 /**
+ * The abstract address "\0" + name (`length` bytes, without a NUL of its own), padded with NULs: bound by its whole
+ * structure, as Node 20's node:net (libuv) binds an abstract name, since an address of any other length is another
+ * name to the kernel. `length` is at most sizeof sun_path - 1.
+ */
+static void abstractAddress(struct sockaddr_un *address, const char *name, size_t length) {
+  memset(address, 0, sizeof *address);
+  address->sun_family = AF_UNIX;
+  memcpy(address->sun_path + 1, name, length);
+}
+
+/**
  * holdName(name) -> a descriptor, or -1 when another process holds the name. Binds a unix socket to the abstract
  * name "\0" + name, which the kernel frees when the descriptor is closed or the process ends, however it ends. The
  * name is the same address Node 20's node:net binds for the path "\0" + name, so both exclude each other.
@@ -258,10 +269,7 @@ static napi_value HoldName(napi_env env, napi_callback_info info) {
   size_t argc = 1;
   napi_value arg;
   struct sockaddr_un address;
-  memset(&address, 0, sizeof address);
-  address.sun_family = AF_UNIX;
   size_t length;
-  // sun_path[0] stays NUL (the abstract namespace); the name follows, without a NUL of its own.
   if (napi_get_cb_info(env, info, &argc, &arg, NULL, NULL) != napi_ok || argc != 1 ||
       napi_get_value_string_utf8(env, arg, NULL, 0, &length) != napi_ok || length == 0 ||
       length >= sizeof address.sun_path - 1) {
@@ -270,14 +278,12 @@ static napi_value HoldName(napi_env env, napi_callback_info info) {
   }
   char name[sizeof address.sun_path];
   napi_get_value_string_utf8(env, arg, name, sizeof name, &length);
-  memcpy(address.sun_path + 1, name, length);
+  abstractAddress(&address, name, length);
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     throwErrno(env, "socket", errno);
     return NULL;
   }
-  // The whole structure, the name padded with NULs, as Node 20's node:net (libuv) binds an abstract name: an address
-  // of any other length is another name to the kernel.
   if (bind(fd, (struct sockaddr *)&address, sizeof address) != 0) {
     int err = errno;
     close(fd);
@@ -327,11 +333,11 @@ static long long nowMs(void) {
   return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
-/** The abstract address "\0" + prefix + "-" + index, padded with NULs as holdName's. */
+/** The abstract address of turn `index`: "\0" + prefix + "-" + index. */
 static void turnAddress(struct sockaddr_un *address, const char *prefix, int index) {
-  memset(address, 0, sizeof *address);
-  address->sun_family = AF_UNIX;
-  snprintf(address->sun_path + 1, sizeof address->sun_path - 1, "%s-%d", prefix, index);
+  char name[sizeof address->sun_path - 1];
+  int length = snprintf(name, sizeof name, "%s-%d", prefix, index);
+  abstractAddress(address, name, length < (int)sizeof name ? (size_t)length : sizeof name - 1);
 }
 
 /** The listening socket a holder handed over on `connection`, close-on-exec here; -1 when none came (yet). */
@@ -505,8 +511,7 @@ static int turnCount(void) {
  * one), which the call reads into its log line and removes (src/protocol/driver.ts). Any other process (an admin
  * command, a node that loads the helper by path) is left alone, but for an inherited LATCH_TURN, which is removed.
  */
-__attribute__((constructor)) static void takeTurnAtStart(int argc, char **argv, char **envp) {
-  (void)envp;
+__attribute__((constructor)) static void takeTurnAtStart(int argc, char **argv) {
   if (getenv("LATCH_TURN")) unsetenv("LATCH_TURN");
   if (argc < 2 || !argv[1]) return;
   int gated = 0;
