@@ -500,14 +500,14 @@ function childrenCpuSeconds(): number {
  * build has one. A fork from this process (node:child_process) costs it about 10 ms of CPU a call: 7% of the machine
  * while 64 lifecycles run, taken from the calls the bound counts. Without the helper, run()'s node:child_process.
  */
-function callStarter(
-  driver: string,
-  env: NodeJS.ProcessEnv,
-): { call: (args: string[]) => Promise<{ stdout: string; code: number }>; how: string } {
+function callStarter(driver: string): {
+  call: (args: string[], env: NodeJS.ProcessEnv) => Promise<{ stdout: string; code: number }>;
+  how: string;
+} {
   if (existsSync(NATIVE_HELPER)) useNativeHelper(NATIVE_HELPER);
   return {
     how: nativeHelper() ? 'vfork (the native helper)' : 'node:child_process',
-    call: async (args) => {
+    call: async (args, env) => {
       const { stdout, exitCode } = await run(driver, args, { env, okExitCodes: [1] });
       return { stdout, code: exitCode };
     },
@@ -522,19 +522,19 @@ function callStarter(
 async function concurrentLifecycles(count: number): Promise<void> {
   const driver = productionDriver();
   const { dir, env } = workDir();
-  const { call, how: spawnedBy } = callStarter(driver, env);
+  const { call, how: spawnedBy } = callStarter(driver);
   // The same calls without turns (src/native/helper.c), for comparison: all of them running at once.
-  const { call: callWithoutTurns } = callStarter(driver, { ...env, LATCH_TURNS: '0' });
+  const envWithoutTurns = { ...env, LATCH_TURNS: '0' };
   // Each failed lifecycle's failing call and its reply (or exit code), kept in the results file: a failure under
   // load is rare, and without its reply there is nothing to go on.
   const failed: string[] = [];
-  const one = async (pv: string, start = call): Promise<number | undefined> => {
+  const one = async (pv: string, callEnv = env): Promise<number | undefined> => {
     const json = optionsFor(pv);
     const global = join(dir, 'mounts', pv);
     mkdirSync(global, { recursive: true });
     const started = process.hrtime.bigint();
     const step = async (args: string[]): Promise<string | undefined> => {
-      const { stdout, code } = await start(args);
+      const { stdout, code } = await call(args, callEnv);
       if (ok(stdout, code)) return stdout;
       failed.push(`${pv} ${args[0]}: exit ${code}, ${stdout.trim() || '(no reply)'}`);
       return undefined;
@@ -579,11 +579,11 @@ async function concurrentLifecycles(count: number): Promise<void> {
     const bound = cores / cpuPerLifecycleBusy;
 
     /** `count` lifecycles at once: wall seconds, the CPU they used, the bench's own, and each one's time. */
-    const allAtOnce = async (name: string, start: typeof call) => {
+    const allAtOnce = async (name: string, callEnv: NodeJS.ProcessEnv) => {
       const started = process.hrtime.bigint();
       const cpuAtStart = childrenCpuSeconds();
       const harnessAtStart = process.cpuUsage();
-      const times = await Promise.all(Array.from({ length: count }, (_, i) => one(`pv-${name}-${i}`, start)));
+      const times = await Promise.all(Array.from({ length: count }, (_, i) => one(`pv-${name}-${i}`, callEnv)));
       const wall = Number(process.hrtime.bigint() - started) / 1e3 / 1e6;
       const harnessUsage = process.cpuUsage(harnessAtStart);
       return {
@@ -594,13 +594,13 @@ async function concurrentLifecycles(count: number): Promise<void> {
       };
     };
     const loadAtStart = loadavg()[0] ?? 0;
-    const { wall, cpu: concurrentCpu, harnessCpu, done } = await allAtOnce('conc', call);
+    const { wall, cpu: concurrentCpu, harnessCpu, done } = await allAtOnce('conc', env);
     // The share of the machine the lifecycles actually got: near 1 with nothing else running and nothing
     // serializing them; on a shared machine the other load takes its part.
-    const utilization = concurrentCpu / (wall * cpus().length);
+    const utilization = concurrentCpu / (wall * cores);
     const failures = count - done.length;
     const rate = done.length / wall;
-    const withoutTurns = await allAtOnce('noturn', callWithoutTurns);
+    const withoutTurns = await allAtOnce('noturn', envWithoutTurns);
     const rateWithoutTurns = withoutTurns.done.length / withoutTurns.wall;
     const pct = (p: number) => done[Math.min(done.length - 1, Math.floor(done.length * p))] ?? NaN;
     results.concurrent = {
@@ -622,7 +622,7 @@ async function concurrentLifecycles(count: number): Promise<void> {
         failures: count - withoutTurns.done.length,
       },
       callsStartedBy: spawnedBy,
-      harnessCpuShare: harnessCpu / (wall * cpus().length),
+      harnessCpuShare: harnessCpu / (wall * cores),
       loadAverageAtStart: loadAtStart,
       p50: pct(0.5),
       p99: pct(0.99),

@@ -135,45 +135,40 @@ describe('turns, through the native helper', { skip: helperMissing }, () => {
     }
   });
 
-  it('a holder gives its turn back at its hold limit, while it still runs', async () => {
+  /** A holder of the one turn of fresh names, with its hold limit, then a waiter, with its wait limit: `check`, then both end. */
+  const holderThenWaiter = async (
+    limits: { holdMs: number; waitMs: number },
+    check: (holder: Taker, waiter: Taker) => Promise<void>,
+  ): Promise<void> => {
     const names = prefix();
-    const holder = taker(names, 1, 0, 200);
+    const holder = taker(names, 1, 0, limits.holdMs);
     assert.ok((await holder.took) >= 0);
-    const waiter = taker(names, 1, 60_000, 60_000);
+    const waiter = taker(names, 1, limits.waitMs, 60_000);
     try {
+      await check(holder, waiter);
+    } finally {
+      await Promise.all([holder.end(), waiter.end()]);
+    }
+  };
+
+  it('a holder gives its turn back at its hold limit, while it still runs', () =>
+    holderThenWaiter({ holdMs: 200, waitMs: 60_000 }, async (holder, waiter) => {
       assert.ok((await waiter.took) >= 0, 'the waiter went on without a turn');
       assert.ok(running(holder), 'the holder still runs');
-    } finally {
-      await Promise.all([holder.end(), waiter.end()]);
-    }
-  });
+    }));
 
-  it('a waiter goes on without a turn at its wait limit', async () => {
-    const names = prefix();
-    const holder = taker(names, 1, 0, 60_000);
-    assert.ok((await holder.took) >= 0);
-    const waiter = taker(names, 1, 200, 60_000);
-    try {
+  it('a waiter goes on without a turn at its wait limit', () =>
+    holderThenWaiter({ holdMs: 60_000, waitMs: 200 }, async (holder, waiter) => {
       assert.equal(await waiter.took, -1);
       assert.ok(running(holder), 'the holder still runs, and holds its turn');
-    } finally {
-      await Promise.all([holder.end(), waiter.end()]);
-    }
-  });
+    }));
 
-  it('the turn of a holder killed with SIGKILL is free at once', async () => {
-    const names = prefix();
-    const holder = taker(names, 1, 0, 60_000);
-    assert.ok((await holder.took) >= 0);
-    const waiter = taker(names, 1, 60_000, 60_000);
-    try {
+  it('the turn of a holder killed with SIGKILL is free at once', () =>
+    holderThenWaiter({ holdMs: 60_000, waitMs: 60_000 }, async (holder, waiter) => {
       assert.equal(await settlesWithin(waiter.took, 300), false, 'the waiter took a held turn');
       await holder.end('SIGKILL');
       assert.ok((await waiter.took) >= 0);
-    } finally {
-      await Promise.all([holder.end(), waiter.end()]);
-    }
-  });
+    }));
 
   it('refuses a turn count out of 1-256 and a missing name', () => {
     const helper = { exports: {} as { takeTurn: (...args: unknown[]) => number } };
