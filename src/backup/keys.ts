@@ -24,20 +24,13 @@ export interface BackupKey {
   id: string;
 }
 
-const loaded = new Map<string, Promise<BackupKey>>();
-
-/** The target's key, or undefined when the configuration names none (manifests are then unauthenticated). */
-export function backupKey(target: BackupTarget): Promise<BackupKey> | undefined {
-  const path = target.keyFile;
-  if (path === undefined) return undefined;
-  let key = loaded.get(path);
-  if (key === undefined) {
-    key = readKeyFile(path);
-    // A failure is not remembered: the admin may fix the file while an agent runs.
-    key.catch(() => loaded.delete(path));
-    loaded.set(path, key);
-  }
-  return key;
+/**
+ * The target's key, or undefined when the configuration names none (manifests are then unauthenticated). Read anew
+ * each time (a few syscalls against a backup's gigabytes): an agent that runs for months sees a key the admin
+ * replaced, or a file whose mode went wrong, at once.
+ */
+export async function backupKey(target: BackupTarget): Promise<BackupKey | undefined> {
+  return target.keyFile === undefined ? undefined : readKeyFile(target.keyFile);
 }
 
 async function readKeyFile(path: string): Promise<BackupKey> {
