@@ -132,6 +132,10 @@ describe('latch backup and latch snapshot commands', { skip: notRoot }, () => {
     // Signed now: without the key it cannot be checked.
     await assert.rejects(backupVerify({ name: 'old', output: 'table' }, io), /no backup key is configured here/);
 
+    // The configuration takes an absolute path only.
+    const relative = ioFor({ ...raw, backupTarget: { type: 'dir', path: target, keyFile: 'backup.key' } });
+    await assert.rejects(backupList({ output: 'table' }, relative), /backupTarget\.keyFile.*must be an absolute path/);
+
     chmodSync(keyFile, 0o644);
     await assert.rejects(backupList({ output: 'table' }, keyed), /backup key file .* is readable or writable by others \(mode 644\)/);
     chmodSync(keyFile, 0o600);
