@@ -93,7 +93,7 @@ export async function manifestExists(target: BackupTarget, name: string): Promis
   }
 }
 
-export interface ReadManifestOptions {
+interface ReadManifestOptions {
   /**
    * Accept an unauthenticated manifest although a key is configured (list, and `latch backup authenticate`, which
    * checks the backup whole before it signs it). Never for a restore.
@@ -116,9 +116,17 @@ export async function readManifest(target: BackupTarget, name: string): Promise<
 }
 
 export async function readCheckedManifest(target: BackupTarget, name: string, options: ReadManifestOptions = {}): Promise<CheckedManifest> {
-  const path = manifestPath(target, name);
   // First: a key file that cannot be used is the error, whatever the manifest holds.
-  const key = await backupKey(target);
+  return readManifestWith(await backupKey(target), target, name, options);
+}
+
+async function readManifestWith(
+  key: BackupKey | undefined,
+  target: BackupTarget,
+  name: string,
+  options: ReadManifestOptions,
+): Promise<CheckedManifest> {
+  const path = manifestPath(target, name);
   let text: string;
   try {
     text = await readFile(path, 'utf8');
@@ -275,13 +283,14 @@ export interface ListedBackup {
 /** Every complete backup in the target (optionally of one volume), oldest first; damaged manifests with their error. */
 export async function listBackups(target: BackupTarget, volume?: string): Promise<ListedBackup[]> {
   const listed: ListedBackup[] = [];
-  await backupKey(target); // a key file that cannot be used fails the listing, rather than every manifest in it
+  // Read once: a key file that cannot be used fails the listing, rather than every manifest in it.
+  const key = await backupKey(target);
   for (const file of await readdirOrEmpty(backupsDir(target))) {
     if (!file.endsWith(MANIFEST_SUFFIX) || file.startsWith('.')) continue;
     const name = file.slice(0, -MANIFEST_SUFFIX.length);
     try {
       checkBackupName(name);
-      listed.push({ name, ...(await readCheckedManifest(target, name, { allowUnauthenticated: true })) });
+      listed.push({ name, ...(await readManifestWith(key, target, name, { allowUnauthenticated: true })) });
     } catch (err) {
       if (err instanceof LatchError) listed.push({ name, error: err.message });
       else throw err;
