@@ -107,7 +107,7 @@ function buildSchema() {
     commandTimeout: z._default(integer(1, 3600), 120),
     store: z._default(store, { type: 'file' }),
     backend: z._default(backend, { type: 'loop' }),
-    backupTarget: z.optional(z.strictObject({ type: z.literal('dir'), path: absolutePath })),
+    backupTarget: z.optional(z.strictObject({ type: z.literal('dir'), path: absolutePath, keyFile: z.optional(absolutePath) })),
     abandonedTicketSeconds: z._default(integer(0), 900),
     ticketTouchSeconds: z._default(integer(1, 3600), 60),
     agent: z._default(

@@ -52,6 +52,8 @@ type BackendConfig = { type: 'loop' } | RbdBackendConfig;
 export interface BackupTargetConfig {
   type: 'dir';
   path: string;
+  /** A root-only file holding the key that authenticates manifests (docs/operations.md, "Backups"); every node the same. */
+  keyFile?: string;
 }
 
 export interface Config {

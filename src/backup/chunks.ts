@@ -4,7 +4,7 @@
 // no zstd. brotli-1 is faster than gzip at a better ratio, and compression runs on libuv's thread pool, so
 // several chunks compress in parallel.
 import { createHash } from 'node:crypto';
-import { mkdir, readFile, stat } from 'node:fs/promises';
+import { mkdir, open, stat } from 'node:fs/promises';
 import { dirname } from 'node:path';
 import { promisify } from 'node:util';
 import { brotliCompress, brotliDecompress, constants as zlibConstants } from 'node:zlib';
@@ -12,6 +12,11 @@ import { chunkPath, type BackupTarget } from './layout.js';
 import { writeFileAtomic } from './files.js';
 
 export const DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024;
+/**
+ * The largest chunk a backup may have: a manifest that declares more is refused, so that the reads ahead of a restore
+ * or verify (4 chunks decompressed at once) never hold more than 64 MiB whatever a target holds.
+ */
+export const MAX_CHUNK_SIZE = 16 * 1024 * 1024;
 
 const compress = promisify(brotliCompress);
 const decompress = promisify(brotliDecompress);
@@ -50,28 +55,70 @@ export async function storeChunk(target: BackupTarget, hash: string, data: Buffe
     params: { [zlibConstants.BROTLI_PARAM_QUALITY]: 1, [zlibConstants.BROTLI_PARAM_SIZE_HINT]: data.length },
   });
   const path = chunkPath(target, hash);
-  await mkdir(dirname(path), { recursive: true });
+  // Private: a chunk is a piece of a volume (layout.ts).
+  await mkdir(dirname(path), { recursive: true, mode: 0o700 });
   // Without a directory fsync per chunk (as before): verify finds a chunk a power loss took.
-  await writeFileAtomic(path, packed, false, 0o644);
+  await writeFileAtomic(path, packed, false, 0o600);
   return packed.length;
 }
 
 export type ChunkRead = { ok: true; data: Buffer } | { ok: false; problem: 'missing' | 'corrupt'; detail: string };
 
-/** Reads a chunk back and checks that its bytes still hash to its name. */
+/**
+ * More bytes than brotli makes of `length` bytes: what it cannot compress it stores in meta-blocks of a few bytes of
+ * header each (random data measured: 4 bytes more for 64 KiB, 5 for 4 MiB, 17 for 16 MiB), so a larger file is not
+ * a chunk latch wrote.
+ */
+function maxPackedLength(length: number): number {
+  return length + (length >> 6) + 1024;
+}
+
+/**
+ * Reads a chunk back and checks that its bytes still hash to its name. A chunk file is read from a target that others
+ * may write, so nothing in it is trusted: the file may be no larger than a chunk of its length compresses to, and it
+ * is decompressed into at most that length (zlib's maxOutputLength stops the decompression there). A chunk that
+ * would inflate further (a decompression bomb: 203 bytes of brotli make 256 MiB) is corrupt, and costs little more
+ * memory than an honest one (brotli's window: at most 16 MiB per decompression).
+ */
 async function readChunk(target: BackupTarget, hash: string, expectedLength: number): Promise<ChunkRead> {
   let packed: Buffer;
+  let handle;
   try {
-    packed = await readFile(chunkPath(target, hash));
+    handle = await open(chunkPath(target, hash), 'r');
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === 'ENOENT') return { ok: false, problem: 'missing', detail: 'the chunk file is missing' };
     throw err;
   }
+  try {
+    const { size } = await handle.stat();
+    if (size > maxPackedLength(expectedLength)) {
+      return {
+        ok: false,
+        problem: 'corrupt',
+        detail: `its file holds ${size} bytes, more than a chunk of ${expectedLength} bytes compresses to`,
+      };
+    }
+    // Read into a buffer of the size found (one byte more, to see a file that grew since): never more than that.
+    const buffer = Buffer.allocUnsafe(size + 1);
+    let done = 0;
+    while (done < buffer.length) {
+      const { bytesRead } = await handle.read(buffer, done, buffer.length - done, done);
+      if (bytesRead === 0) break;
+      done += bytesRead;
+    }
+    if (done > size) return { ok: false, problem: 'corrupt', detail: 'its file grew while it was read' };
+    packed = buffer.subarray(0, done);
+  } finally {
+    await handle.close();
+  }
   let data: Buffer;
   try {
-    // The output in one buffer of the chunk's length (not 16 KiB pieces joined on the main thread).
-    data = await decompress(packed, { chunkSize: Math.max(expectedLength, 64) });
-  } catch {
+    // The output in one buffer of the chunk's length (not 16 KiB pieces joined on the main thread), and never more.
+    data = await decompress(packed, { chunkSize: Math.max(expectedLength, 64), maxOutputLength: Math.max(expectedLength, 1) });
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ERR_BUFFER_TOO_LARGE') {
+      return { ok: false, problem: 'corrupt', detail: `it inflates past its ${expectedLength} bytes (a decompression bomb?)` };
+    }
     return { ok: false, problem: 'corrupt', detail: 'it does not decompress' };
   }
   if (data.length !== expectedLength) {

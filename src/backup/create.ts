@@ -11,13 +11,13 @@
 // temp files are removed by the next writer (all writers hold the target's lock).
 import { hostname } from 'node:os';
 import { dirname } from 'node:path';
-import { mkdir } from 'node:fs/promises';
 import { LatchError } from '../errors.js';
 import { syncDir } from '../sys/files.js';
-import { DEFAULT_CHUNK_SIZE, chunkExists, chunkLength, isAllZero, sha256, storeChunk } from './chunks.js';
+import { DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, chunkExists, chunkLength, isAllZero, sha256, storeChunk } from './chunks.js';
 import { dataRanges, overlapsData, type ByteRange } from './extents.js';
-import { readExactly, readdirOrEmpty, removeTempFiles } from './files.js';
+import { readExactly, readdirOrEmpty, removeTempFiles, tightenTarget } from './files.js';
 import { backupsDir, checkBackupName, checkTarget, chunkPath, chunksDir, type BackupTarget } from './layout.js';
+import { backupKey } from './keys.js';
 import { withTargetLock, type HeldLock, type LockOptions } from './lock.js';
 import {
   MANIFEST_FORMAT,
@@ -61,10 +61,12 @@ export async function createBackup(options: CreateBackupOptions): Promise<Manife
   const createdAt = new Date(now()).toISOString();
   const name = checkBackupName(options.name ?? defaultBackupName(volume, createdAt));
   const chunkSize = options.chunkSize ?? DEFAULT_CHUNK_SIZE;
-  if (!Number.isSafeInteger(chunkSize) || chunkSize < 4096 || chunkSize % 4096 !== 0) {
-    throw new LatchError(`chunk size must be a positive multiple of 4096 bytes, got ${chunkSize}`);
+  if (!Number.isSafeInteger(chunkSize) || chunkSize < 4096 || chunkSize % 4096 !== 0 || chunkSize > MAX_CHUNK_SIZE) {
+    throw new LatchError(`chunk size must be a positive multiple of 4096 bytes up to ${MAX_CHUNK_SIZE}, got ${chunkSize}`);
   }
   await checkTarget(target);
+  // A key file that cannot be used fails the backup before it reads anything, not when it publishes.
+  await backupKey(target);
   const node = options.node;
 
   return withTargetLock(target, `backup ${name} of volume ${volume}`, { ...options.lock, node }, (lock) =>
@@ -114,8 +116,7 @@ async function writeBackup(
     // The hole map (a child process: tens of ms) is asked for while the target is tidied and listed. Undefined for a
     // block device, or when it cannot be had: then every chunk is read.
     mapping = isFile ? dataRanges(options.source, sizeBytes) : Promise.resolve(undefined);
-    await mkdir(chunksDir(target), { recursive: true });
-    await mkdir(backupsDir(target), { recursive: true });
+    await tightenTarget(target);
     await removeTempFiles(backupsDir(target));
     for (const shard of await readdirOrEmpty(chunksDir(target))) await removeTempFiles(`${chunksDir(target)}/${shard}`);
     if (await manifestExists(target, name)) throw new LatchError(`a backup named ${name} already exists in ${target.path}`);

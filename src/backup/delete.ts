@@ -4,7 +4,7 @@ import { stat, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { LatchError } from '../errors.js';
 import { syncDir } from '../sys/files.js';
-import { readdirOrEmpty, removeTempFiles } from './files.js';
+import { readdirOrEmpty, removeTempFiles, tightenTarget } from './files.js';
 import { TEMP_SUFFIX, backupsDir, checkTarget, chunksDir, isChunkHash, manifestPath, type BackupTarget } from './layout.js';
 import { withTargetLock, type HeldLock, type LockOptions } from './lock.js';
 import { listBackups } from './manifest.js';
@@ -63,6 +63,7 @@ async function collect(target: BackupTarget, lock: HeldLock): Promise<GcReport> 
   for (const b of backups) for (const hash of b.manifest?.chunks ?? []) if (hash !== null) needed.add(hash);
 
   const report: GcReport = { removedChunks: 0, freedBytes: 0, keptChunks: 0, removedTempFiles: 0 };
+  await tightenTarget(target);
   report.removedTempFiles += await removeTempFiles(backupsDir(target));
   await lock.check();
   for (const shard of await readdirOrEmpty(chunksDir(target))) {

@@ -1,11 +1,11 @@
 // The careful ways the engine writes and reads files in a target that may be a network share.
 import { constants } from 'node:fs';
-import { open, readdir, rename, unlink } from 'node:fs/promises';
+import { chmod, mkdir, open, readdir, rename, unlink } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { LatchError } from '../errors.js';
 import { syncDir } from '../sys/files.js';
-import { TEMP_SUFFIX, tempPathFor } from './layout.js';
+import { TEMP_SUFFIX, backupsDir, chunksDir, tempPathFor, type BackupTarget } from './layout.js';
 
 /**
  * Writes `data` to `path` so that a reader sees the old state or the whole new file, never a part: a private temp
@@ -63,5 +63,17 @@ export async function readdirOrEmpty(dir: string): Promise<string[]> {
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === 'ENOENT') return [];
     throw err;
+  }
+}
+
+/**
+ * Makes the target's chunks/ and backups/ directories, or tightens them, to 0700 (layout.ts): a writer (holding the
+ * lock) calls it first. Older versions left them 0755 with 0644 files inside; a 0700 directory closes all that is
+ * below it, so the older files need not be visited. The target directory itself is the admin's and is left alone.
+ */
+export async function tightenTarget(target: BackupTarget): Promise<void> {
+  for (const dir of [chunksDir(target), backupsDir(target)]) {
+    await mkdir(dir, { recursive: true, mode: 0o700 });
+    await chmod(dir, 0o700);
   }
 }

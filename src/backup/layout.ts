@@ -4,6 +4,10 @@
 //                                    so a chunk is stored once however many volumes and backups contain it
 //   <path>/backups/<name>.json       one manifest per complete backup, written last
 //   <path>/lock                      the writers' lock (lock.ts)
+//
+// Everything latch writes here is root's alone: files 0600, directories 0700 (chunks and manifests hold volume data
+// and what it is). Targets written by older versions are tightened by the next writer: chunks/ and backups/ become
+// 0700 (which closes everything below them, whatever the older files' modes): files.ts, tightenTarget.
 //   *.tmp                            files being written; a dead writer's are removed under the lock
 import { randomBytes } from 'node:crypto';
 import { stat } from 'node:fs/promises';
@@ -16,6 +20,11 @@ export interface BackupTarget {
   type: 'dir';
   /** An existing directory; latch never creates it, so an unmounted share is an error rather than a local copy. */
   path: string;
+  /**
+   * The key that authenticates its manifests (keys.ts): a root-only file. Without one, manifests carry an unkeyed
+   * checksum, and verify, restore and list say they are unauthenticated.
+   */
+  keyFile?: string | undefined;
 }
 
 export const MANIFEST_SUFFIX = '.json';

@@ -113,7 +113,7 @@ export async function withTargetLock<T>(
  */
 async function tryCreate(path: string, owner: LockOwner): Promise<boolean> {
   const temp = tempPathFor(dirname(path), basename(path));
-  const handle = await open(temp, 'wx', 0o644);
+  const handle = await open(temp, 'wx', 0o600);
   try {
     try {
       await handle.writeFile(`${JSON.stringify(owner)}\n`);

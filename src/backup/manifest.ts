@@ -9,10 +9,20 @@
 // the list fixes which chunk goes where (and the manifest's own checksum covers the list), so chunks that hash
 // right, put in the listed order, are the image that was read. v1 manifests are still read, verified (whole-image
 // sha256) and restored.
+//
+// Authentication. With a key configured (backupTarget.keyFile: keys.ts), a manifest carries `hmacSha256`, an
+// HMAC-SHA256 of its body under that key, and `keyId`, instead of the unkeyed `checksum`: whoever can write the
+// target but lacks the key cannot write a manifest latch accepts, so cannot make a restore put another volume's data
+// (or their own) onto a volume. A manifest with only a `checksum` (all of them before keys, and those written with
+// no key configured) is unauthenticated: anyone who can write the target can have written it. Without a key
+// configured, such manifests are used and reported as unauthenticated. With a key configured, they are listed as
+// unauthenticated but refused by verify and restore: otherwise dropping the HMAC would be all a forger needs. A
+// backup made before the key that the admin trusts is signed once, explicitly (`latch backup authenticate`).
 import { createHash } from 'node:crypto';
 import { open, readFile } from 'node:fs/promises';
 import { LatchError } from '../errors.js';
-import { DEFAULT_CHUNK_SIZE, chunkLength, isAllZero, sha256 } from './chunks.js';
+import { DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, chunkLength, isAllZero, sha256 } from './chunks.js';
+import { backupKey, macMatches, manifestMac, type BackupKey } from './keys.js';
 import { readExactly, writeFileAtomic, readdirOrEmpty } from './files.js';
 import { MANIFEST_SUFFIX, backupsDir, checkBackupName, isChunkHash, manifestPath, type BackupTarget } from './layout.js';
 
@@ -59,11 +69,17 @@ export interface Manifest {
   stats: BackupStats;
 }
 
-/** Writes the manifest, which makes the backup exist. Refuses a name that is taken. */
+/**
+ * Writes the manifest, which makes the backup exist (or replaces it: `latch backup authenticate`); authenticated with
+ * the target's key when one is configured. Refusing a name that is taken is the caller's (it holds the lock).
+ */
 export async function publishManifest(target: BackupTarget, manifest: Manifest): Promise<void> {
   const body = JSON.stringify(manifest);
-  const checksum = createHash('sha256').update(body).digest('hex');
-  await writeFileAtomic(manifestPath(target, manifest.name), `${JSON.stringify({ ...manifest, checksum })}\n`);
+  const key = await backupKey(target);
+  const envelope = key
+    ? { ...manifest, keyId: key.id, hmacSha256: manifestMac(key, body) }
+    : { ...manifest, checksum: createHash('sha256').update(body).digest('hex') };
+  await writeFileAtomic(manifestPath(target, manifest.name), `${JSON.stringify(envelope)}\n`);
 }
 
 /** Whether a manifest of that name exists (complete or not readable). */
@@ -77,8 +93,39 @@ export async function manifestExists(target: BackupTarget, name: string): Promis
   }
 }
 
-/** Reads and checks a manifest: a missing backup and a damaged manifest are errors that say which. */
+interface ReadManifestOptions {
+  /**
+   * Accept an unauthenticated manifest although a key is configured (list, and `latch backup authenticate`, which
+   * checks the backup whole before it signs it). Never for a restore.
+   */
+  allowUnauthenticated?: boolean | undefined;
+}
+
+/** A manifest as read, and whether the configured key authenticated it (false: its checksum is unkeyed). */
+export interface CheckedManifest {
+  manifest: Manifest;
+  authenticated: boolean;
+}
+
+/**
+ * Reads and checks a manifest: a missing backup, a damaged manifest, one the configured key does not authenticate,
+ * and (unless allowed) an unauthenticated one when a key is configured are errors that say which.
+ */
 export async function readManifest(target: BackupTarget, name: string): Promise<Manifest> {
+  return (await readCheckedManifest(target, name)).manifest;
+}
+
+export async function readCheckedManifest(target: BackupTarget, name: string, options: ReadManifestOptions = {}): Promise<CheckedManifest> {
+  // First: a key file that cannot be used is the error, whatever the manifest holds.
+  return readManifestWith(await backupKey(target), target, name, options);
+}
+
+async function readManifestWith(
+  key: BackupKey | undefined,
+  target: BackupTarget,
+  name: string,
+  options: ReadManifestOptions,
+): Promise<CheckedManifest> {
   const path = manifestPath(target, name);
   let text: string;
   try {
@@ -89,10 +136,18 @@ export async function readManifest(target: BackupTarget, name: string): Promise<
     }
     throw err;
   }
-  return parseManifest(text, name, path);
+  const checked = parseManifest(key, text, name, path);
+  if (!checked.authenticated && key !== undefined && !options.allowUnauthenticated) {
+    throw new LatchError(
+      `the manifest of backup ${name} (${path}) is not authenticated (it has only an unkeyed checksum, which anyone who can ` +
+        `write the target can forge), and a backup key is configured, so it is refused. If it was made before the key and ` +
+        `the target was never open to others, sign it once: latch backup authenticate ${name}`,
+    );
+  }
+  return checked;
 }
 
-function parseManifest(text: string, name: string, path: string): Manifest {
+function parseManifest(key: BackupKey | undefined, text: string, name: string, path: string): CheckedManifest {
   const corrupt = (why: string) =>
     new LatchError(`the manifest of backup ${name} (${path}) is corrupted: ${why}; this backup cannot be used`);
   let parsed: Record<string, unknown>;
@@ -101,13 +156,43 @@ function parseManifest(text: string, name: string, path: string): Manifest {
   } catch {
     throw corrupt('it is not JSON');
   }
-  if (parsed === null || typeof parsed !== 'object') throw corrupt('it is not a JSON object');
-  const { checksum, ...body } = parsed;
-  if (createHash('sha256').update(JSON.stringify(body)).digest('hex') !== checksum) throw corrupt('its checksum does not match');
-  const m = body as unknown as Manifest;
+  if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) throw corrupt('it is not a JSON object');
+  const { checksum, hmacSha256, keyId, ...rest } = parsed;
+  const body = JSON.stringify(rest);
+  let authenticated: boolean;
+  if (hmacSha256 !== undefined) {
+    if (checksum !== undefined) throw corrupt('it has both a checksum and an authentication code');
+    if (!key) {
+      throw new LatchError(
+        `the manifest of backup ${name} (${path}) is authenticated with a key, and no backup key is configured here ` +
+          '(backupTarget.keyFile): it cannot be checked, so it is not used',
+      );
+    }
+    if (!macMatches(manifestMac(key, body), hmacSha256)) {
+      const other =
+        typeof keyId === 'string' && /^[0-9a-f]{16}$/.test(keyId) && keyId !== key.id
+          ? ` (it names key ${keyId}, the configured key is ${key.id})`
+          : '';
+      throw new LatchError(
+        `the manifest of backup ${name} (${path}) is not authentic: its authentication code does not match the configured ` +
+          `key${other}; it was changed or written by someone without the key, and is not used`,
+      );
+    }
+    authenticated = true;
+  } else {
+    if (createHash('sha256').update(body).digest('hex') !== checksum) throw corrupt('its checksum does not match');
+    authenticated = false;
+  }
+  const m = rest as unknown as Manifest;
   if (!FORMATS.includes(m.format)) throw corrupt(`unknown format ${JSON.stringify(m.format)}`);
   if (m.name !== name) throw corrupt(`it names itself ${JSON.stringify(m.name)}`);
-  if (!Number.isSafeInteger(m.sizeBytes) || m.sizeBytes < 0 || !Number.isSafeInteger(m.chunkSize) || m.chunkSize < 1) {
+  if (
+    !Number.isSafeInteger(m.sizeBytes) ||
+    m.sizeBytes < 0 ||
+    !Number.isSafeInteger(m.chunkSize) ||
+    m.chunkSize < 1 ||
+    m.chunkSize > MAX_CHUNK_SIZE
+  ) {
     throw corrupt('bad size or chunk size');
   }
   if (!Array.isArray(m.chunks) || m.chunks.length !== Math.ceil(m.sizeBytes / m.chunkSize)) throw corrupt('wrong number of chunks');
@@ -116,7 +201,7 @@ function parseManifest(text: string, name: string, path: string): Manifest {
   if (typeof checksumField !== 'string' || !/^[0-9a-f]{64}$/.test(checksumField)) throw corrupt('no image checksum');
   if (m.compression !== 'brotli') throw corrupt(`unknown compression ${JSON.stringify(m.compression)}`);
   if (m.fsType !== undefined && (typeof m.fsType !== 'string' || !/^[a-z0-9]{1,16}$/.test(m.fsType))) throw corrupt('bad fsType');
-  return m;
+  return { manifest: m, authenticated };
 }
 
 /**
@@ -189,6 +274,8 @@ export function imageCheck(manifest: Manifest): ImageCheck {
 export interface ListedBackup {
   name: string;
   manifest?: Manifest;
+  /** With a manifest: whether the configured key authenticated it (false: an unkeyed checksum only). */
+  authenticated?: boolean;
   /** Why the manifest cannot be used, when it cannot. */
   error?: string;
 }
@@ -196,12 +283,14 @@ export interface ListedBackup {
 /** Every complete backup in the target (optionally of one volume), oldest first; damaged manifests with their error. */
 export async function listBackups(target: BackupTarget, volume?: string): Promise<ListedBackup[]> {
   const listed: ListedBackup[] = [];
+  // Read once: a key file that cannot be used fails the listing, rather than every manifest in it.
+  const key = await backupKey(target);
   for (const file of await readdirOrEmpty(backupsDir(target))) {
     if (!file.endsWith(MANIFEST_SUFFIX) || file.startsWith('.')) continue;
     const name = file.slice(0, -MANIFEST_SUFFIX.length);
     try {
       checkBackupName(name);
-      listed.push({ name, manifest: await readManifest(target, name) });
+      listed.push({ name, ...(await readManifestWith(key, target, name, { allowUnauthenticated: true })) });
     } catch (err) {
       if (err instanceof LatchError) listed.push({ name, error: err.message });
       else throw err;

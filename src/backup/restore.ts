@@ -14,7 +14,7 @@ import { blockDeviceSize } from '../sys/blockdev.js';
 import { zeroRange } from '../sys/zero.js';
 import { chunkLength, readAhead } from './chunks.js';
 import { checkTarget, type BackupTarget } from './layout.js';
-import { imageCheck, readManifest } from './manifest.js';
+import { imageCheck, readCheckedManifest } from './manifest.js';
 
 export interface RestoreOptions {
   target: BackupTarget;
@@ -35,12 +35,15 @@ export interface RestoreReport {
   dataChunks: number;
   holeChunks: number;
   bytesWritten: number;
+  /** Whether the configured key authenticated the manifest (false only when no key is configured: manifest.ts). */
+  authenticated: boolean;
 }
 
 export async function restoreBackup(options: RestoreOptions): Promise<RestoreReport> {
   const { target, name, destination } = options;
   await checkTarget(target);
-  const manifest = await readManifest(target, name);
+  // With a key configured, an unauthenticated manifest is refused here: a restore never takes one on trust.
+  const { manifest, authenticated } = await readCheckedManifest(target, name);
   const { sizeBytes, chunkSize } = manifest;
 
   const existing = await stat(destination).catch((err: NodeJS.ErrnoException) => {
@@ -60,7 +63,7 @@ export async function restoreBackup(options: RestoreOptions): Promise<RestoreRep
   }
 
   const handle = await open(destination, isDevice ? 'r+' : constants.O_RDWR | constants.O_CREAT | constants.O_NOFOLLOW, 0o600);
-  const report: RestoreReport = { name, sizeBytes, dataChunks: 0, holeChunks: 0, bytesWritten: 0 };
+  const report: RestoreReport = { name, sizeBytes, dataChunks: 0, holeChunks: 0, bytesWritten: 0, authenticated };
   try {
     if (!isDevice) {
       await handle.truncate(0);

@@ -3,7 +3,7 @@
 // only; it takes no lock.
 import { chunkLength, readAhead } from './chunks.js';
 import { checkTarget, type BackupTarget } from './layout.js';
-import { imageCheck, readManifest } from './manifest.js';
+import { imageCheck, readCheckedManifest, type CheckedManifest } from './manifest.js';
 
 export interface ChunkProblem {
   /** The chunk's position in the image (its byte offset is index × chunkSize). */
@@ -22,6 +22,11 @@ export interface VerifyReport {
   problems: ChunkProblem[];
   /** Whether the chunks put together match the manifest's image checksum (undefined when chunks are unusable). */
   imageChecksumMatches: boolean | undefined;
+  /**
+   * Whether the configured key authenticated the manifest. false: its checksum is unkeyed, so the backup is intact but
+   * anyone who could write the target could have made it (only without a key configured: with one, it is refused).
+   */
+  authenticated: boolean;
 }
 
 export interface VerifyOptions {
@@ -34,10 +39,19 @@ export interface VerifyOptions {
 export async function verifyBackup(options: VerifyOptions): Promise<VerifyReport> {
   const { target, name } = options;
   await checkTarget(target);
-  const manifest = await readManifest(target, name);
-  const { chunks, sizeBytes, chunkSize } = manifest;
+  const checked = await readCheckedManifest(target, name);
+  return verifyManifest(target, checked, options.parallel);
+}
+
+/** Verifies the backup of a manifest already read (`latch backup authenticate` signs the very manifest it checked). */
+export async function verifyManifest(
+  target: BackupTarget,
+  { manifest, authenticated }: CheckedManifest,
+  parallelOption?: number,
+): Promise<VerifyReport> {
+  const { name, chunks, sizeBytes, chunkSize } = manifest;
   const check = imageCheck(manifest);
-  const parallel = Math.max(1, options.parallel ?? 4);
+  const parallel = Math.max(1, parallelOption ?? 4);
 
   // A chunk that appears at several positions is read once, unless the image check needs its bytes at each (v1).
   const take = readAhead(target, manifest, parallel, { repeatsOnce: !check.needsBytes });
@@ -78,5 +92,6 @@ export async function verifyBackup(options: VerifyOptions): Promise<VerifyReport
     chunksChecked: checked,
     problems,
     imageChecksumMatches,
+    authenticated,
   };
 }

@@ -25,6 +25,7 @@ import { ticketList } from './ticket/list.js';
 import { ticketRemove } from './ticket/remove.js';
 import { uninstall } from './uninstall.js';
 import { version } from './version.js';
+import { backupAuthenticate } from './backup/authenticate.js';
 import { backupCreate, type BackupCreateOptions } from './backup/create.js';
 import { backupDelete } from './backup/delete.js';
 import { backupList } from './backup/list.js';
@@ -405,6 +406,14 @@ function declareBackup(backup: Command, io: CommandIO, done: Done): void {
     .description("read every chunk of a backup back and check its hash and the image's checksum. Exit 1 if anything is missing or damaged")
     .option(...OUTPUT)
     .action(async (name: string, opts) => done(await backupVerify({ name, ...opts }, io)));
+
+  backup
+    .command('authenticate <name>')
+    .description(
+      'check a backup made before backupTarget.keyFile was set, as verify does, and sign its manifest with the key (until ' +
+        'then verify and restore refuse it). Only for backups you know nobody else could have written. Exit 1 if damaged',
+    )
+    .action(async (name: string) => done(await backupAuthenticate({ name }, io)));
 
   backup
     .command('delete <name>')

@@ -1,10 +1,16 @@
 // The backup engine (src/backup/) on image files in temp dirs: holes, dedup, incremental backups, verify, restore,
 // delete and gc, damaged manifests, the target's lock, backups interrupted by an exception or a SIGKILL, holes skipped
 // through the kernel's map, and the two manifest formats' image checksums (v2 chunk list, v1 whole-image sha256).
+// What a target that others can write may hold: decompression bombs and oversized chunk files (verify and restore
+// fail cleanly, in bounded memory), forged manifests (refused with a backup key), old unauthenticated backups (read,
+// flagged, refused with a key until signed), key files that are not root's alone; and the modes latch writes with.
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync, spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
+import { chmodSync, chownSync, lstatSync, symlinkSync } from 'node:fs';
+import { constants as zlibConstants, createBrotliCompress } from 'node:zlib';
+import { authenticateBackup } from '../../src/backup/authenticate.js';
 import {
   closeSync,
   ftruncateSync,
@@ -40,11 +46,14 @@ const SIZE = CHUNK * CHUNKS;
 
 let work: string;
 let workerJs: string;
+let readerJs: string;
 
 before(async () => {
   work = mkdtempSync(join(tmpdir(), 'latch-backup-engine-'));
   workerJs = join(work, 'backup-worker.cjs');
+  readerJs = join(work, 'backup-reader.cjs');
   await bundleForNode('test/fixtures/backup-worker.ts', workerJs);
+  await bundleForNode('test/fixtures/backup-reader.ts', readerJs);
 });
 after(() => {
   if (work) rmSync(work, { recursive: true, force: true });
@@ -662,4 +671,330 @@ function rewriteManifest(target: BackupTarget, manifest: Manifest): void {
   const body = JSON.stringify(manifest);
   const checksum = createHash('sha256').update(body).digest('hex');
   writeFileSync(join(target.path, 'backups', `${manifest.name}.json`), `${JSON.stringify({ ...manifest, checksum })}\n`);
+}
+
+/** Brotli of `bytes` zeros, streamed (never held whole): 256 MiB make about 200 bytes. */
+async function brotliBomb(bytes: number): Promise<Buffer> {
+  const compress = createBrotliCompress({ params: { [zlibConstants.BROTLI_PARAM_QUALITY]: 5, [zlibConstants.BROTLI_PARAM_LGWIN]: 24 } });
+  const out: Buffer[] = [];
+  compress.on('data', (piece: Buffer) => out.push(piece));
+  const ended = new Promise((resolve, reject) => compress.on('end', resolve).on('error', reject));
+  const zeros = Buffer.alloc(1024 * 1024);
+  for (let written = 0; written < bytes; written += zeros.length) {
+    if (!compress.write(zeros)) await new Promise((resolve) => compress.once('drain', resolve));
+  }
+  compress.end();
+  await ended;
+  return Buffer.concat(out);
+}
+
+/** A key file as an admin makes one: `openssl rand -base64 48`, mode 0600. Returns its path and its text. */
+function makeKeyFile(): { path: string; text: string } {
+  const text = `${randomBytes(48).toString('base64')}\n`;
+  const path = join(freshDir('key'), 'backup.key');
+  writeFileSync(path, text, { mode: 0o600 });
+  return { path, text };
+}
+
+/** Runs backup-reader.cjs (a verify or a restore in a process of its own): its outcome and peak RSS. */
+function readerRun(args: string[]): { report?: { ok?: boolean; problems?: { detail: string }[] }; error?: string; peakKiB: number } {
+  const out = execFileSync(process.execPath, [readerJs, ...args], { encoding: 'utf8', timeout: 120_000 });
+  return JSON.parse(out) as { report?: { ok?: boolean; problems?: { detail: string }[] }; error?: string; peakKiB: number };
+}
+
+describe('chunks from a target others can write: decompression bombs and oversized files', () => {
+  let bomb: Buffer;
+  before(async () => {
+    bomb = await brotliBomb(256 * 1024 * 1024);
+  });
+
+  it('a chunk that inflates past its declared size is corrupt: verify names it, restore stops at it', async () => {
+    assert.ok(bomb.length < 1024, `the bomb is small: ${bomb.length} bytes`);
+    const target = freshTarget();
+    const m = await createBackup({ target, source: makeImage([1, 2, 3, 4]).path, volume: 'v', name: 'b', chunkSize: CHUNK });
+    const hashes = m.chunks.filter((c): c is string => c !== null);
+    for (const hash of hashes) writeFileSync(chunkPath(target, hash), bomb);
+    const report = await verifyBackup({ target, name: 'b' });
+    assert.equal(report.ok, false);
+    assert.deepEqual(
+      report.problems.map((p) => [p.index, p.problem, p.detail]),
+      [1, 2, 3, 4].map((i) => [i, 'corrupt', `it inflates past its ${CHUNK} bytes (a decompression bomb?)`]),
+    );
+    const out = join(freshDir('restore'), 'x.img');
+    await assert.rejects(
+      restoreBackup({ target, name: 'b', destination: out }),
+      new RegExp(`chunk 1 \\(${hashes[0]}\\) is corrupt \\(it inflates past its ${CHUNK} bytes.*must not be used`),
+    );
+  });
+
+  it('verify and restore of four bomb chunks at once stay far below 256 MiB of memory (a process of their own)', async (t) => {
+    const target = freshTarget();
+    const m = await createBackup({ target, source: makeImage([1, 2, 3, 4]).path, volume: 'v', name: 'b', chunkSize: CHUNK });
+    for (const hash of m.chunks.filter((c): c is string => c !== null)) writeFileSync(chunkPath(target, hash), bomb);
+    const verify = readerRun(['verify', target.path, 'b']);
+    assert.equal(verify.report?.ok, false);
+    assert.equal(verify.report?.problems?.length, 4);
+    const restore = readerRun(['restore', target.path, 'b', join(freshDir('restore'), 'x.img')]);
+    assert.match(restore.error ?? '', /is corrupt \(it inflates past/);
+    t.diagnostic(`peak RSS: verify ${Math.round(verify.peakKiB / 1024)} MiB, restore ${Math.round(restore.peakKiB / 1024)} MiB`);
+    for (const run of [verify, restore]) assert.ok(run.peakKiB < 256 * 1024, `peak RSS ${run.peakKiB} KiB`);
+  });
+
+  it('a chunk file larger than its chunk compresses to is corrupt without being read', async () => {
+    const target = freshTarget();
+    const m = await createBackup({ target, source: makeImage([7]).path, volume: 'v', name: 'b', chunkSize: CHUNK });
+    writeFileSync(chunkPath(target, m.chunks[7] as string), Buffer.alloc(2 * CHUNK));
+    assert.deepEqual(
+      (await verifyBackup({ target, name: 'b' })).problems.map((p) => p.detail),
+      [`its file holds ${2 * CHUNK} bytes, more than a chunk of ${CHUNK} bytes compresses to`],
+    );
+  });
+
+  it('a manifest that declares chunks above 16 MiB is refused (the reads ahead must stay bounded)', async () => {
+    const target = freshTarget();
+    const m = await createBackup({ target, source: makeImage([1]).path, volume: 'v', name: 'b', chunkSize: CHUNK });
+    const chunkSize = 32 * 1024 * 1024;
+    rewriteManifest(target, { ...m, chunkSize, sizeBytes: chunkSize, chunks: [m.chunks[1] ?? null], chunkListSha256: m.chunkListSha256 });
+    await assert.rejects(verifyBackup({ target, name: 'b' }), /corrupted: bad size or chunk size/);
+    await assert.rejects(createBackup({ target, source: makeImage([1]).path, volume: 'v', name: 'c', chunkSize }), /up to 16777216/);
+  });
+});
+
+describe('modes under the target', () => {
+  /** Every file and directory below the target (not the target itself: it is the admin's), with its mode and what it should be. */
+  function modes(root: string): { path: string; mode: string; wanted: string }[] {
+    const found: { path: string; mode: string; wanted: string }[] = [];
+    const walk = (dir: string) => {
+      for (const entry of readdirSync(dir, { withFileTypes: true })) {
+        const path = join(dir, entry.name);
+        found.push({
+          path: path.slice(root.length),
+          mode: (lstatSync(path).mode & 0o7777).toString(8),
+          wanted: entry.isDirectory() ? '700' : '600',
+        });
+        if (entry.isDirectory()) walk(path);
+      }
+    };
+    walk(root);
+    return found;
+  }
+
+  it('every file latch writes is 0600 and every directory 0700, the lock too, whatever the umask', async () => {
+    const target = freshTarget();
+    const previous = process.umask(0);
+    try {
+      const seenWhileWriting: { path: string; mode: string; wanted: string }[] = [];
+      await createBackup({
+        target,
+        source: makeImage(DATA).path,
+        volume: 'v',
+        name: 'one',
+        chunkSize: CHUNK,
+        onChunk: (index) => {
+          if (index === 20) seenWhileWriting.push(...modes(target.path));
+        },
+      });
+      assert.ok(
+        seenWhileWriting.some(({ path }) => path === '/lock'),
+        'the lock was there while the backup ran',
+      );
+      assert.deepEqual(
+        seenWhileWriting.filter(({ mode, wanted }) => mode !== wanted),
+        [],
+      );
+      await createBackup({ target, source: makeImage([1, 2, 50]).path, volume: 'v', name: 'two', chunkSize: CHUNK });
+      await deleteBackup({ target, name: 'one' });
+      const after = modes(target.path);
+      assert.ok(after.length > 5, `${after.length} entries`);
+      assert.deepEqual(
+        after.filter(({ mode, wanted }) => mode !== wanted),
+        [],
+      );
+    } finally {
+      process.umask(previous);
+    }
+  });
+
+  it("an older target's chunks/ and backups/ (0755) are made 0700 by the next writer, which closes what is below them", async () => {
+    const target = freshTarget();
+    await createBackup({ target, source: makeImage([1]).path, volume: 'v', name: 'old', chunkSize: CHUNK });
+    for (const dir of ['chunks', 'backups']) chmodSync(join(target.path, dir), 0o755);
+    await collectGarbage({ target });
+    for (const dir of ['chunks', 'backups']) assert.equal(statSync(join(target.path, dir)).mode & 0o777, 0o700, dir);
+    for (const dir of ['chunks', 'backups']) chmodSync(join(target.path, dir), 0o755);
+    await createBackup({ target, source: makeImage([2]).path, volume: 'v', name: 'new', chunkSize: CHUNK });
+    for (const dir of ['chunks', 'backups']) assert.equal(statSync(join(target.path, dir)).mode & 0o777, 0o700, dir);
+  });
+});
+
+describe('manifests authenticated with the backup key', () => {
+  it('a backup made with a key is authenticated; its manifest holds an HMAC and the key id, never the key', async () => {
+    const key = makeKeyFile();
+    const target: BackupTarget = { ...freshTarget(), keyFile: key.path };
+    const image = makeImage([1, 5]);
+    await createBackup({ target, source: image.path, volume: 'v', name: 'b', chunkSize: CHUNK });
+    const text = readFileSync(join(target.path, 'backups', 'b.json'), 'utf8');
+    const stored = JSON.parse(text) as Record<string, unknown>;
+    assert.match(String(stored.hmacSha256), /^[0-9a-f]{64}$/);
+    assert.match(String(stored.keyId), /^[0-9a-f]{16}$/);
+    assert.equal(stored.checksum, undefined);
+    assert.ok(!text.includes(key.text.trim()), 'the key is not in the manifest');
+    assert.deepEqual(
+      (await listBackups(target)).map((b) => [b.name, b.authenticated]),
+      [['b', true]],
+    );
+    const verify = await verifyBackup({ target, name: 'b' });
+    assert.deepEqual([verify.ok, verify.authenticated], [true, true]);
+    const out = join(freshDir('restore'), 'x.img');
+    assert.equal((await restoreBackup({ target, name: 'b', destination: out })).authenticated, true);
+    assert.ok(readFileSync(out).equals(image.bytes));
+    // Without the key (another node's configuration lacks it), it cannot be checked and is not used.
+    await assert.rejects(verifyBackup({ target: { type: 'dir', path: target.path }, name: 'b' }), /no backup key is configured here/);
+  });
+
+  it("a manifest rewritten by someone without the key is refused by verify and restore: another volume's chunks behind a fixed-up sha256, a changed body with the old HMAC, another key's HMAC", async () => {
+    const key = makeKeyFile();
+    const target: BackupTarget = { ...freshTarget(), keyFile: key.path };
+    const a = await createBackup({ target, source: makeImage([1, 2]).path, volume: 'a', name: 'a', chunkSize: CHUNK });
+    const b = await createBackup({ target, source: makeImage([3, 4]).path, volume: 'b', name: 'b', chunkSize: CHUNK });
+    const path = join(target.path, 'backups', 'b.json');
+    const original = readFileSync(path, 'utf8');
+    const swapped: Manifest = { ...b, chunks: a.chunks, chunkListSha256: a.chunkListSha256 };
+    const out = join(freshDir('restore'), 'x.img');
+
+    // 1. What anyone could always do: a well-formed manifest with an unkeyed sha256.
+    rewriteManifest(target, swapped);
+    await assert.rejects(
+      verifyBackup({ target, name: 'b' }),
+      /backup b .* is not authenticated .* a backup key is configured, so it is refused/,
+    );
+    await assert.rejects(restoreBackup({ target, name: 'b', destination: out }), /is not authenticated/);
+    await assert.rejects(readManifest(target, 'b'), /is not authenticated/);
+    assert.ok(!existsSync(out), 'nothing was written');
+    assert.deepEqual(
+      (await listBackups(target)).map((l) => [l.name, l.authenticated]),
+      [
+        ['a', true],
+        ['b', false],
+      ],
+    );
+
+    // 2. The authentic manifest's HMAC kept, its chunk list replaced.
+    const stored = JSON.parse(original) as Record<string, unknown>;
+    writeFileSync(path, JSON.stringify({ ...stored, chunks: a.chunks, chunkListSha256: a.chunkListSha256 }));
+    await assert.rejects(
+      verifyBackup({ target, name: 'b' }),
+      /is not authentic: its authentication code does not match the configured key;/,
+    );
+    await assert.rejects(restoreBackup({ target, name: 'b', destination: out }), /is not authentic/);
+
+    // 3. Signed with a key of the forger's own.
+    const forger: BackupTarget = { type: 'dir', path: freshDir('forger'), keyFile: makeKeyFile().path };
+    await createBackup({ target: forger, source: makeImage([1, 2]).path, volume: 'b', name: 'b', chunkSize: CHUNK });
+    copyFileSync(join(forger.path, 'backups', 'b.json'), path);
+    await assert.rejects(
+      verifyBackup({ target, name: 'b' }),
+      /does not match the configured key \(it names key [0-9a-f]{16}, the configured key is [0-9a-f]{16}\)/,
+    );
+    await assert.rejects(restoreBackup({ target, name: 'b', destination: out }), /is not authentic/);
+    assert.ok(!existsSync(out), 'nothing was written');
+
+    writeFileSync(path, original);
+    assert.equal((await verifyBackup({ target, name: 'b' })).ok, true);
+  });
+
+  it('an old unauthenticated backup is read and flagged without a key; with one, it is listed but refused until signed', async () => {
+    const plain = freshTarget();
+    const image = makeImage([1, 9]);
+    await createBackup({ target: plain, source: image.path, volume: 'v', name: 'old', chunkSize: CHUNK });
+    await createBackup({ target: plain, source: makeImage([2]).path, volume: 'v', name: 'damaged', chunkSize: CHUNK });
+    assert.match(readFileSync(join(plain.path, 'backups', 'old.json'), 'utf8'), /"checksum":"[0-9a-f]{64}"/);
+    assert.deepEqual(
+      (await listBackups(plain)).map((b) => [b.name, b.authenticated]),
+      [
+        ['old', false],
+        ['damaged', false],
+      ],
+    );
+    const verify = await verifyBackup({ target: plain, name: 'old' });
+    assert.deepEqual([verify.ok, verify.authenticated], [true, false]);
+    const out = join(freshDir('restore'), 'old.img');
+    assert.equal((await restoreBackup({ target: plain, name: 'old', destination: out })).authenticated, false);
+    assert.ok(readFileSync(out).equals(image.bytes));
+
+    const target: BackupTarget = { ...plain, keyFile: makeKeyFile().path };
+    assert.deepEqual(
+      (await listBackups(target)).map((b) => [b.name, b.authenticated, b.error]),
+      [
+        ['old', false, undefined],
+        ['damaged', false, undefined],
+      ],
+    );
+    await assert.rejects(verifyBackup({ target, name: 'old' }), /not authenticated .* sign it once: latch backup authenticate old/);
+    await assert.rejects(restoreBackup({ target, name: 'old', destination: join(freshDir('restore'), 'x.img') }), /not authenticated/);
+
+    await assert.rejects(authenticateBackup({ target: plain, name: 'old' }), /no backup key is configured/);
+    assert.deepEqual(await authenticateBackup({ target, name: 'old' }).then((r) => [r.signed, r.verify?.ok]), [true, true]);
+    assert.deepEqual(await authenticateBackup({ target, name: 'old' }), { signed: false });
+    const signed = await verifyBackup({ target, name: 'old' });
+    assert.deepEqual([signed.ok, signed.authenticated], [true, true]);
+    const again = join(freshDir('restore'), 'old.img');
+    await restoreBackup({ target, name: 'old', destination: again });
+    assert.ok(readFileSync(again).equals(image.bytes));
+
+    // A damaged one is not signed.
+    const m = readManifestUnchecked(plain, 'damaged');
+    writeFileSync(chunkPath(target, m.chunks[2] as string), randomBytes(100));
+    const refused = await authenticateBackup({ target, name: 'damaged' });
+    assert.deepEqual([refused.signed, refused.verify?.ok], [false, false]);
+    assert.match(readFileSync(join(plain.path, 'backups', 'damaged.json'), 'utf8'), /"checksum"/);
+  });
+
+  it("refuses a key file that others can read or write, that is a link, not root's, too short or missing; the key is in no message", async () => {
+    const cases: [string, (path: string) => void, RegExp][] = [
+      ['group-readable', (path) => chmodSync(path, 0o640), /is readable or writable by others \(mode 640\); chmod 600 it/],
+      ['world-writable', (path) => chmodSync(path, 0o602), /readable or writable by others/],
+      [
+        'a symbolic link',
+        (path) => {
+          const real = `${path}.real`;
+          copyFileSync(path, real);
+          unlinkSync(path);
+          symlinkSync(real, path);
+        },
+        /is a symbolic link/,
+      ],
+      ['too short', (path) => writeFileSync(path, 'short-key\n'), /holds fewer than 32 bytes of key/],
+      ['missing', (path) => unlinkSync(path), /does not exist/],
+      [
+        'a directory',
+        (path) => {
+          unlinkSync(path);
+          mkdirSync(path, { mode: 0o700 });
+        },
+        /is not a regular file/,
+      ],
+    ];
+    if (process.getuid?.() === 0)
+      cases.push(['owned by another user', (path) => chownSync(path, 1000, 1000), /is owned by uid 1000, not by uid 0/]);
+    for (const [what, spoil, message] of cases) {
+      const key = makeKeyFile();
+      spoil(key.path);
+      const target: BackupTarget = { ...freshTarget(), keyFile: key.path };
+      const refusal = await createBackup({ target, source: makeImage([1]).path, volume: 'v', name: 'b', chunkSize: CHUNK }).then(
+        () => assert.fail(`${what}: the backup went ahead`),
+        (err: Error) => err.message,
+      );
+      assert.match(refusal, message, what);
+      assert.match(refusal, /^the backup key file .* \(backupTarget\.keyFile\)/, what);
+      assert.ok(!refusal.includes(key.text.trim()), `${what}: the key is not in the message`);
+      assert.deepEqual(storedChunks(target), [], `${what}: nothing was written`);
+      await assert.rejects(listBackups(target), message, what);
+    }
+  });
+});
+
+/** A manifest's contents, without any check (the test's own view of the file). */
+function readManifestUnchecked(target: BackupTarget, name: string): Manifest {
+  return JSON.parse(readFileSync(join(target.path, 'backups', `${name}.json`), 'utf8')) as Manifest;
 }

@@ -2,7 +2,8 @@
 // with their volume, sparse copies on ext4; a snapshot of a mounted volume taken while a writer runs is cut with the
 // filesystem frozen, and is mountable and fsck-clean; `latch backup create` of a mounted volume (here, at once) and
 // of an idle one (through a backup ticket and an in-process job runner), restored onto another node's loop device
-// byte for byte; a volume in use on another node: a snapshot here is refused, a backup is asked of that node.
+// byte for byte; a volume in use on another node: a snapshot here is refused, a backup is asked of that node. With a
+// backup key configured, as a cluster would have it: every manifest made through these paths is authenticated.
 import assert from 'node:assert/strict';
 import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -182,6 +183,9 @@ describe('snapshots and backups of volumes in use', { skip: notRoot || noXfs }, 
   let pool = '';
   let otherPool = '';
   let targetDir = '';
+  // Every backup here is made and read with a backup key, as a configured cluster's are: through the CLI, a ticket
+  // and the job runner, its manifest is authenticated.
+  let keyFile = '';
   let mnt = '';
   let device = '';
   let ctx: Context;
@@ -196,7 +200,7 @@ describe('snapshots and backups of volumes in use', { skip: notRoot || noXfs }, 
       poolDir,
       stateDir: dir,
       logFile: join(dir, 'latch.log'),
-      backupTarget: { type: 'dir', path: targetDir },
+      backupTarget: { type: 'dir', path: targetDir, keyFile },
     };
     const file = join(dir, 'config.json');
     writeFileSync(file, JSON.stringify(raw));
@@ -209,6 +213,8 @@ describe('snapshots and backups of volumes in use', { skip: notRoot || noXfs }, 
     otherPool = join(fs, 'pool-b');
     targetDir = join(scratch.root, 'target');
     mkdirSync(targetDir);
+    keyFile = join(scratch.root, 'backup.key');
+    writeFileSync(keyFile, `${randomBytes(48).toString('base64')}\n`, { mode: 0o600 });
     const { config, file } = configFor('node-a', pool);
     ctx = createContext(config, { store });
     io = {
@@ -233,7 +239,7 @@ describe('snapshots and backups of volumes in use', { skip: notRoot || noXfs }, 
     scratch.cleanup();
   });
 
-  const readManifestOf = (name: string) => readManifest({ type: 'dir', path: targetDir }, name);
+  const readManifestOf = (name: string) => readManifest({ type: 'dir', path: targetDir, keyFile }, name);
 
   async function setHolder(node: string | undefined, dev?: string): Promise<void> {
     await ctx.ledger.update('vol', (doc) => {
@@ -298,14 +304,15 @@ describe('snapshots and backups of volumes in use', { skip: notRoot || noXfs }, 
       "its own temporary snapshot and this node's dead one are gone; another node's is not this node's to judge",
     );
     await (ctx.backend as LoopBackend).deleteSnapshot('vol', `latch-backup-node-b-${deadPid}-abcdef`);
-    assert.equal((await verifyBackup({ target: { type: 'dir', path: targetDir }, name: 'online' })).ok, true);
+    const verified = await verifyBackup({ target: { type: 'dir', path: targetDir, keyFile }, name: 'online' });
+    assert.deepEqual([verified.ok, verified.authenticated], [true, true]);
   });
 
   it('backup create of the idle volume (through a ticket: the agent reads the device it set up); a second one moves only the change; restore onto a loop device', async () => {
     scratch.umount(mnt);
     await ctx.backend.release('vol');
     await setHolder(undefined);
-    const target = { type: 'dir' as const, path: targetDir };
+    const target = { type: 'dir' as const, path: targetDir, keyFile };
 
     printed = '';
     await withJobRunner(ctx, () => backupCreate({ volume: 'vol', name: 'idle-1', output: 'json' }, io));
@@ -333,14 +340,19 @@ describe('snapshots and backups of volumes in use', { skip: notRoot || noXfs }, 
     try {
       const report = await restoreBackup({ target, name: 'idle-2', destination: otherDevice });
       assert.ok(report.holeChunks > 0);
+      assert.equal(report.authenticated, true);
     } finally {
       await other.release('copy');
     }
     assert.ok(readFileSync(other.imagePath('copy')).equals(readFileSync(image)), 'byte for byte');
     execFileSync('e2fsck', ['-fn', other.imagePath('copy')], { stdio: 'ignore' });
     assert.deepEqual(
-      (await listBackups(target, 'vol')).map((b) => b.name),
-      ['online', 'idle-1', 'idle-2'],
+      (await listBackups(target, 'vol')).map((b) => [b.name, b.authenticated]),
+      [
+        ['online', true],
+        ['idle-1', true],
+        ['idle-2', true],
+      ],
     );
   });
 

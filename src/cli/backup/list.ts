@@ -1,4 +1,5 @@
-// latch backup list: the complete backups in the target (of one volume, or all), and damaged manifests as such.
+// latch backup list: the complete backups in the target (of one volume, or all), and damaged manifests as such; an
+// unauthenticated manifest (an unkeyed checksum only: backup/manifest.ts) is listed, and says so.
 import { listBackups } from '../../backup/manifest.js';
 import { checkVolumeName } from '../../names.js';
 import { formatSize } from '../../size.js';
@@ -16,7 +17,7 @@ export async function backupList(options: { volume?: string; output: OutputForma
         backups.map((b) => {
           if (!b.manifest) return { name: b.name, error: b.error };
           const { chunks, ...rest } = b.manifest;
-          return { ...rest, chunkCount: chunks.length };
+          return { ...rest, chunkCount: chunks.length, authenticated: b.authenticated === true };
         }),
       ),
     );
@@ -24,10 +25,10 @@ export async function backupList(options: { volume?: string; output: OutputForma
   }
   io.out(
     formatTable(
-      ['name', 'volume', 'size', 'data', 'stored', 'created', 'parent'],
+      ['name', 'volume', 'size', 'data', 'stored', 'created', 'authenticated', 'parent'],
       backups.map((b) => {
         const m = b.manifest;
-        if (!m) return [b.name, '?', '-', '-', '-', '-', `DAMAGED: ${b.error ?? ''}`];
+        if (!m) return [b.name, '?', '-', '-', '-', '-', '-', `DAMAGED: ${b.error ?? ''}`];
         return [
           m.name,
           m.volume,
@@ -35,6 +36,7 @@ export async function backupList(options: { volume?: string; output: OutputForma
           formatSize(m.stats.dataBytes),
           formatSize(m.stats.newBytesStored),
           m.createdAt,
+          b.authenticated ? 'yes' : 'NO',
           m.parent ?? '-',
         ];
       }),

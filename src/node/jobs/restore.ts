@@ -43,7 +43,9 @@ async function restore(job: JobOf<'restore'>, { ctx, volume, device, signal }: J
     message:
       `restored backup ${job.backup} (volume ${manifest.volume}) onto volume ${volume}: ${report.dataChunks} data chunk(s), ` +
       `${report.holeChunks} hole(s), checksum verified` +
-      (filesystem === undefined ? ', no filesystem on it' : `, ${filesystem} filesystem`),
+      (filesystem === undefined ? ', no filesystem on it' : `, ${filesystem} filesystem`) +
+      // Unauthenticated only when no backup key is configured: with one, restoreBackup refuses such a manifest.
+      (report.authenticated ? '; manifest authenticated' : '; manifest UNAUTHENTICATED (no backup key configured)'),
     result: {
       backup: job.backup,
       sourceVolume: manifest.volume,
@@ -51,6 +53,7 @@ async function restore(job: JobOf<'restore'>, { ctx, volume, device, signal }: J
       dataChunks: report.dataChunks,
       holeChunks: report.holeChunks,
       bytesWritten: report.bytesWritten,
+      authenticated: report.authenticated,
       // The checksum the restored image matched: v2 manifests carry the chunk list's, v1 the whole image's.
       ...(manifest.chunkListSha256 !== undefined ? { chunkListSha256: manifest.chunkListSha256 } : { imageSha256: manifest.imageSha256 }),
       ...(filesystem !== undefined && { filesystem }),
