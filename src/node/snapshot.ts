@@ -97,7 +97,7 @@ export async function snapshotVolume(ctx: Context, volume: string, name: string)
     });
     if (ctx.config.freezeSeconds === 0) return unfrozen('not frozen: freezeSeconds is 0');
     if (backend.instantSnapshots && !(await backend.instantSnapshots(volume))) {
-      return unfrozen(`not frozen: ${ctx.backend.storage} cannot reflink, and a whole-image copy is never made under freeze`);
+      return unfrozen('not frozen: the pool cannot reflink, and a whole-image copy is never made under freeze');
     }
     // A snapshot call killed while the filesystem was frozen leaves it frozen (the kernel does not thaw it): we
     // hold the volume lock, so a frozen filesystem now is such a leftover.
