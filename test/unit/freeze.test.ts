@@ -96,6 +96,37 @@ describe('bounded freezes', { skip: notRoot }, () => {
     assert.ok(await writable(mnt));
   });
 
+  it('a freeze that lands after its deadline is thawed, and the work runs unfrozen, saying so', async () => {
+    // An fsfreeze that takes longer than the bound and survives its SIGTERM: it freezes only after the deadline.
+    const bin = join(root, 'slow-bin');
+    mkdirSync(bin, { recursive: true });
+    const real = execFileSync('sh', ['-c', 'command -v fsfreeze'], {
+      encoding: 'utf8',
+      env: { PATH: '/usr/sbin:/sbin:/usr/bin:/bin' },
+    }).trim();
+    writeFileSync(join(bin, 'fsfreeze'), `#!/bin/sh\ntrap '' TERM\nif [ "$1" = --freeze ]; then sleep 1.5; fi\nexec ${real} "$@"\n`, {
+      mode: 0o755,
+    });
+    const path = process.env.PATH;
+    process.env.PATH = `${bin}:${path ?? ''}`;
+    let outcome;
+    let frozenDuringWork: boolean | undefined;
+    try {
+      outcome = await withFrozenFilesystem(mnt, { boundMs: 1000, markerDir: freezeMarkerDir(config) }, async () => {
+        frozenDuringWork = !(await writable(mnt, 1000));
+        return 'done';
+      });
+    } finally {
+      process.env.PATH = path;
+    }
+    assert.equal(outcome.value, 'done');
+    assert.equal(outcome.frozen, false);
+    assert.match(outcome.frozen ? '' : outcome.why, /the freeze did not take within 1 s \(freezeSeconds\)/);
+    assert.equal(frozenDuringWork, false, 'the late freeze was thawed before the work ran');
+    assert.ok(await writable(mnt));
+    assert.deepEqual(readdirSync(freezeMarkerDir(config)), [], 'its marker is gone');
+  });
+
   it('a snapshot of a mounted volume on a pool that cannot reflink (ext4) is not taken under freeze, and says so', async () => {
     const store = new MemoryStore();
     const raw = { nodeName: 'node-a', poolDir: join(mnt, 'pool'), stateDir: join(root, 'state-snap'), logFile: join(root, 'snap.log') };
