@@ -60,7 +60,7 @@ export function manualMountPath(config: Pick<Config, 'manualAttach'>, volume: st
 }
 
 /** The options of every manual mount: never set-uid programs or device files from the volume; no programs either, by default. */
-export function manualMountOptions(config: Pick<Config, 'manualAttach'>): string[] {
+function manualMountOptions(config: Pick<Config, 'manualAttach'>): string[] {
   return ['nosuid', 'nodev', ...(config.manualAttach.exec ? [] : ['noexec'])];
 }
 
