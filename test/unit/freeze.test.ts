@@ -172,7 +172,7 @@ describe('bounded freezes', { skip: notRoot }, () => {
     const markerDir = freezeMarkerDir(config);
     mkdirSync(markerDir, { recursive: true, mode: 0o700 });
     // What a process SIGKILLed while it held a freeze leaves: the filesystem frozen and its marker, naming a dead pid.
-    const deadPid = spawnSync('true').pid as number;
+    const deadPid = spawnSync('true').pid;
     execFileSync('fsfreeze', ['--freeze', mnt]);
     writeFileSync(
       join(markerDir, 'left.json'),

@@ -3,7 +3,8 @@
 // attach mounts only at this node's <manualAttach.mountRoot>/<volume>, nosuid,nodev,noexec (read back from
 // /proc/self/mountinfo); a ticket that names another path (/etc/cron.d, a `..` path), a symlink planted at the mount
 // point, or a mount root others may write is refused with nothing mounted; and the other names a job carries into a
-// path (snapshot, backup, clone and restore names) are refused when they would leave their directory.
+// path (snapshot, backup, clone and restore names) are refused when they would leave their directory; a device the
+// ledger names is never used (the node finds its own in the kernel).
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { chmodSync, existsSync, lstatSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync } from 'node:fs';
@@ -12,6 +13,7 @@ import { after, before, describe, it } from 'node:test';
 import { parseConfig, type Config } from '../../src/config.js';
 import { createContext, type Context } from '../../src/context.js';
 import type { JobSpec, Ticket } from '../../src/ledger/types.js';
+import { setUpDevice } from '../../src/node/device.js';
 import { attachJob, manualMountPath } from '../../src/node/jobs/attach.js';
 import { backupJob } from '../../src/node/jobs/backup.js';
 import { cloneJob } from '../../src/node/jobs/clone.js';
@@ -155,6 +157,31 @@ describe('paths a node reads from the ledger', { skip: notRoot }, () => {
     assert.ok(e?.options.includes('nosuid') && e.options.includes('nodev') && !e.options.includes('noexec'), e?.options.join(','));
     await attachJob.cleanUp?.(legacy, await runOf(legacy, exec));
     assert.deepEqual(mountsOf(device), []);
+  });
+
+  it("a device the ledger names is never used: a node sets up and records its kernel's own", async () => {
+    // A forged hold: node-a attaching with /dev/sda as its device.
+    await ctx.ledger.update(
+      'vol',
+      (doc) =>
+        doc && {
+          ...doc,
+          status: {
+            ...doc.status,
+            state: 'attaching',
+            currentNodes: ['node-a'],
+            nodes: { 'node-a': { phase: 'attaching', readOnly: false, since: new Date().toISOString(), device: '/dev/sda' } },
+          },
+        },
+    );
+    const forged = await ctx.ledger.get('vol');
+    assert.ok(forged);
+    const { device: used, doc } = await setUpDevice(ctx, 'vol', forged);
+    assert.equal(used, device, "the loop device over the volume's image, found in the kernel");
+    assert.match(used, /^\/dev\/loop\d+$/);
+    assert.equal(doc.status.nodes['node-a']?.device, device, 'and that is what the ledger now says');
+    assert.equal(await ctx.backend.findDevice('vol'), device);
+    await ctx.ledger.update('vol', (d) => d && { ...d, status: { ...d.status, state: 'detached', currentNodes: [], nodes: {} } });
   });
 
   it('names a job carries into a path (snapshot, backup, restore, clone) are refused when they would leave their directory', async () => {
