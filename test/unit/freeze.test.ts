@@ -84,7 +84,7 @@ describe('bounded freezes', { skip: notRoot }, () => {
     if (root) rmSync(root, { recursive: true, force: true });
   });
 
-  it('a freeze whose copy outlasts the bound is thawed at the bound: a blocked writer goes on then; the outcome says so', async () => {
+  it('a freeze whose copy outlasts the bound is thawed at the bound: a blocked writer goes on then; the outcome says so', async (t) => {
     const markerDir = freezeMarkerDir(config);
     let writerMs: Promise<number> | undefined;
     let markersDuring: string[] = [];
@@ -98,6 +98,7 @@ describe('bounded freezes', { skip: notRoot }, () => {
     });
     const total = Date.now() - started;
     const waited = await (writerMs as Promise<number>);
+    t.diagnostic(`bound 1000 ms, copy 4000 ms: the blocked writer waited ${waited} ms, the whole freeze-and-copy took ${total} ms`);
     assert.equal(outcome.value, 'copied');
     assert.equal(outcome.frozen, false);
     assert.match(outcome.frozen ? '' : outcome.why, /the copy took longer than the 1 s a freeze may last \(freezeSeconds\)/);
