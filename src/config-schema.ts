@@ -109,6 +109,14 @@ function buildSchema() {
     backend: z._default(backend, { type: 'loop' }),
     backupTarget: z.optional(z.strictObject({ type: z.literal('dir'), path: absolutePath, keyFile: z.optional(absolutePath) })),
     abandonedTicketSeconds: z._default(integer(0), 900),
+    freezeSeconds: z._default(integer(0, 60), 5),
+    manualAttach: z._default(
+      z.strictObject({
+        mountRoot: z._default(absolutePath, '/var/lib/latch/manual'),
+        exec: z._default(z.boolean(), false),
+      }),
+      { mountRoot: '/var/lib/latch/manual', exec: false },
+    ),
     ticketTouchSeconds: z._default(integer(1, 3600), 60),
     agent: z._default(
       z.strictObject({

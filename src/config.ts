@@ -87,6 +87,14 @@ export interface Config {
   abandonedTicketSeconds: number;
   /** Seconds between two records of "still wanted" on a waiting ticket (a write at most this often per ticket). */
   ticketTouchSeconds: number;
+  /**
+   * The longest a snapshot may hold a mounted volume's filesystem frozen (0: never freeze; snapshots of mounted
+   * volumes are then crash-consistent). A copy that cannot be cut at once (a pool that cannot reflink) is never made
+   * under freeze (docs/operations.md, "Snapshots").
+   */
+  freezeSeconds: number;
+  /** Where a manual attach (`latch volume attach --mount`) mounts, and how (docs/jobs.md, "Manual attach"). */
+  manualAttach: ManualAttachConfig;
   /** latch agent: where /metrics listens (host:port, loopback by default) and how often its tasks run. */
   agent: AgentConfig;
   /** Snapshots and backups the agents take on a schedule (docs/jobs.md, "Recurring jobs"); empty by default. */
@@ -105,6 +113,15 @@ export interface RecurringJobConfig {
   /** Volume names and glob patterns (`*` any run of characters, `?` one character), e.g. ["db", "pvc-*"]. */
   volumes: string[];
   retain: number;
+}
+
+/**
+ * A manual attach mounts volume V at `<mountRoot>/<V>` and nowhere else (the ledger may not choose the path: any node
+ * can write it), always nosuid and nodev, and noexec unless `exec`.
+ */
+export interface ManualAttachConfig {
+  mountRoot: string;
+  exec: boolean;
 }
 
 export interface AgentConfig {

@@ -100,6 +100,11 @@ export interface ReadableImage {
 export interface SnapshotBackend {
   /** Takes snapshot `name` of the volume; refuses a name that is taken. Never leaves a half-made snapshot visible. */
   createSnapshot(volume: string, name: string): Promise<SnapshotInfo>;
+  /**
+   * Whether createSnapshot cuts its point-in-time copy at once (a reflink, the storage's own snapshot) rather than by
+   * copying the whole image; absent: always at once. Only such a snapshot is taken with the filesystem frozen.
+   */
+  instantSnapshots?(volume: string): Promise<boolean>;
   /** The volume's snapshots, oldest first, with their real space. */
   listSnapshots(volume: string): Promise<SnapshotInfo[]>;
   /** Removes it; a missing snapshot is fine. */

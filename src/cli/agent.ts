@@ -11,6 +11,7 @@ import { writeLog } from '../log.js';
 import { withHostLock } from '../sys/lock.js';
 import { JobRunner } from './agent/jobs.js';
 import { parseSchedules } from './agent/recurring.js';
+import { agentStartup } from './agent/startup.js';
 import { AGENT_TASKS, freshContext, runAgentTasks } from './agent/tasks.js';
 import { configOf, type CommandIO } from './io.js';
 import { readLedger } from './metrics.js';
@@ -48,6 +49,8 @@ async function runAgent(config: Config, options: AgentOptions, io: CommandIO): P
   const log = (entry: Record<string, unknown>) => writeLog(config, { agent: 'jobs', pid: process.pid, node: config.nodeName, ...entry });
   const jobs = new JobRunner(context, log);
   const jobPass = () => jobs.pass().catch((err: unknown) => log({ error: errorMessage(err) }));
+  // A pod's filesystem that a killed latch process left frozen is thawed before anything else.
+  await agentStartup(config, (entry) => writeLog(config, { agent: 'startup', pid: process.pid, node: config.nodeName, ...entry }));
   if (options.once) {
     await runAgentTasks(config, context, collected, AGENT_TASKS);
     await jobPass();

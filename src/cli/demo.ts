@@ -16,7 +16,8 @@ const sha256 = (text: string) => createHash('sha256').update(text).digest('hex')
 
 /**
  * While the pod on node-b uses the volume, an admin on node-a asks for a snapshot and a backup of it: tickets for
- * node-b, which holds it, done by node-b's agent beside the pod (the snapshot cut with the filesystem frozen). Then a
+ * node-b, which holds it, done by node-b's agent beside the pod (the snapshot cut with the filesystem frozen where the
+ * pool reflinks; on one that cannot, a whole-image copy, never made under freeze: crash-consistent). Then a
  * restore of the backup into a new volume, done by node-a's agent; a pod on node-a mounts it and reads hello.txt,
  * whose checksum must be the one written on node-b's volume. Each job is asked for with --no-wait and done by one
  * round of that node's agent (`latch agent --once`), so the demo needs no agent running in the background.

@@ -259,7 +259,7 @@ function declareVolume(volume: Command, io: CommandIO, done: Done): void {
         'or fsck if asked (an existing filesystem only: never formats); it stays until latch volume detach',
     )
     .requiredOption('--node <node>', 'the node to set it up on')
-    .option('--mount <path>', 'mount it at this existing, empty directory on that node')
+    .option('--mount', "mount it at that node's <manualAttach.mountRoot>/VOLUME (nosuid, nodev; noexec unless manualAttach.exec)")
     .option('--read-only', 'read-only: the device is shared with other readers and mounted read-only')
     .action(async (name: string, opts) => done(await volumeAttach({ name, ...opts }, io)));
 

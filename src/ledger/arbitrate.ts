@@ -517,7 +517,7 @@ function describeJob(ticket: Ticket): string {
           ? `restore from backup ${job.backup}`
           : job.kind === 'clone'
             ? `clone ${job.source} -> ${job.target} (${job.role})`
-            : `manual attach${job.mountPath ? ` at ${job.mountPath}` : ''}`;
+            : `manual attach${job.mount || job.mountPath !== undefined ? ', mounted' : ''}`;
   return `${ticket.type} ticket (${what}) for node ${ticket.nodeID}`;
 }
 

@@ -47,8 +47,12 @@ export type JobSpec =
   | { kind: 'restore'; backup: string }
   /** On the source volume (role source) and on the new one (role target), the same clone. */
   | { kind: 'clone'; role: 'source' | 'target'; source: string; target: string; fromSnapshot?: string }
-  /** A person's attach: the device is set up, and mounted at mountPath if given, until `latch volume detach`. */
-  | { kind: 'attach'; mountPath?: string };
+  /**
+   * A person's attach: the device is set up, and mounted when `mount` is true, until `latch volume detach`. The node
+   * mounts only at its own `<manualAttach.mountRoot>/<volume>`; `mountPath` is what an older latch wrote (the path
+   * a person chose): the agent refuses one that is not that path (docs/ledger.md, "Who may write the ledger").
+   */
+  | { kind: 'attach'; mount?: boolean; mountPath?: string };
 
 /** A request to have the volume on a node: who asked, for what, and when. */
 export interface Ticket {

@@ -4,6 +4,8 @@
 // jobs (node/jobs/) call them on the node that holds the volume, after their ticket has set the device up.
 import { randomBytes } from 'node:crypto';
 import { stat } from 'node:fs/promises';
+import { join } from 'node:path';
+import type { Config } from '../config.js';
 import type { Context } from '../context.js';
 import { LatchError, NotSupportedError } from '../errors.js';
 import { hasSnapshots, type ReadableImage, type SnapshotBackend, type SnapshotInfo } from '../backend/types.js';
@@ -22,7 +24,9 @@ export type Whereabouts =
 export type Consistency =
   | 'frozen' // set up and mounted here: the filesystem was frozen while the copy was cut
   | 'idle' // no device anywhere: nothing was writing
-  | 'crash-consistent'; // set up here but not mounted (a raw block user, or between attach and mount): nothing to freeze
+  // set up here but not mounted (a raw block user, or between attach and mount): nothing to freeze; or mounted, but
+  // not frozen throughout the copy (freezeSeconds 0, a copy that cannot be cut at once, a freeze past its bound)
+  | 'crash-consistent';
 
 async function locateVolume(ctx: Context, volume: string): Promise<Whereabouts> {
   const doc = await ctx.ledger.get(volume);
@@ -52,18 +56,27 @@ function inUseElsewhere(volume: string, nodes: string[], command: string): Latch
   );
 }
 
+/** Where latch records the freezes it holds (sys/freeze.ts): root-only marker files under the state dir. */
+export function freezeMarkerDir(config: Pick<Config, 'stateDir'>): string {
+  return join(config.stateDir, 'freezes');
+}
+
+/** A snapshot made, how consistent it is, and (when it is crash-consistent) why, for people. */
+export interface SnapshotTaken {
+  info: SnapshotInfo;
+  consistency: Consistency;
+  note?: string;
+}
+
 /**
  * Takes snapshot `name` of the volume, consistently: holding this node's volume lock; with the filesystem frozen
- * when it is mounted here; refused when the volume is in use on another node; abandoned (and removed) when an idle
- * volume was attached while the snapshot was being copied.
+ * when it is mounted here, for at most freezeSeconds, and only when the backend cuts the copy at once (a whole-image
+ * copy never runs under freeze: the snapshot is then crash-consistent, and says why); refused when the volume is in
+ * use on another node; abandoned (and removed) when an idle volume was attached while it was being copied.
  */
-export async function snapshotVolume(
-  ctx: Context,
-  volume: string,
-  name: string,
-): Promise<{ info: SnapshotInfo; consistency: Consistency }> {
+export async function snapshotVolume(ctx: Context, volume: string, name: string): Promise<SnapshotTaken> {
   const backend = snapshotsOf(ctx);
-  return withVolumeLock(ctx.config, volume, async () => {
+  return withVolumeLock(ctx.config, volume, async (): Promise<SnapshotTaken> => {
     const where = await locateVolume(ctx, volume);
     if (where.kind === 'elsewhere') throw inUseElsewhere(volume, where.nodes, `latch snapshot create ${volume} ${name}`);
     if (where.kind === 'idle') {
@@ -77,11 +90,25 @@ export async function snapshotVolume(
     }
     const mount = where.device === undefined ? undefined : await writableMountOf(ctx, where.device);
     if (mount === undefined) return { info: await backend.createSnapshot(volume, name), consistency: 'crash-consistent' };
+    const unfrozen = async (note: string): Promise<SnapshotTaken> => ({
+      info: await backend.createSnapshot(volume, name),
+      consistency: 'crash-consistent',
+      note,
+    });
+    if (ctx.config.freezeSeconds === 0) return unfrozen('not frozen: freezeSeconds is 0');
+    if (backend.instantSnapshots && !(await backend.instantSnapshots(volume))) {
+      return unfrozen('not frozen: the pool cannot reflink, and a whole-image copy is never made under freeze');
+    }
     // A snapshot call killed while the filesystem was frozen leaves it frozen (the kernel does not thaw it): we
     // hold the volume lock, so a frozen filesystem now is such a leftover.
     await thawLeftover(mount);
-    const info = await withFrozenFilesystem(mount, () => backend.createSnapshot(volume, name));
-    return { info, consistency: 'frozen' };
+    const frozen = await withFrozenFilesystem(
+      mount,
+      { boundMs: ctx.config.freezeSeconds * 1000, markerDir: freezeMarkerDir(ctx.config) },
+      () => backend.createSnapshot(volume, name),
+    );
+    if (!frozen.frozen) return { info: frozen.value, consistency: 'crash-consistent', note: `not frozen throughout: ${frozen.why}` };
+    return { info: frozen.value, consistency: 'frozen' };
   });
 }
 
@@ -108,6 +135,8 @@ async function writableMountOf(ctx: Context, device: string): Promise<string | u
 export interface BackupSource {
   image: ReadableImage;
   consistency: Consistency | 'snapshot';
+  /** Why a snapshot of a mounted volume is only crash-consistent, for people. */
+  note?: string;
   /** Throws when what was read may have changed meanwhile: the backup must then not be published. */
   beforePublish?: () => Promise<void>;
   /** Lets go of the source (removes the temporary snapshot a backup of a volume in use is read from). */
@@ -157,7 +186,7 @@ export async function openBackupSource(ctx: Context, volume: string, fromSnapsho
   }
   await removeLeftoverSnapshots(ctx, backend, volume);
   const name = `${TEMP_SNAPSHOT_PREFIX}${ctx.config.nodeName}-${process.pid}-${randomBytes(3).toString('hex')}`;
-  const { consistency } = await snapshotVolume(ctx, volume, name);
+  const { consistency, note } = await snapshotVolume(ctx, volume, name);
   let image: ReadableImage;
   try {
     image = await backend.openSnapshot(volume, name);
@@ -168,6 +197,7 @@ export async function openBackupSource(ctx: Context, volume: string, fromSnapsho
   return {
     image,
     consistency,
+    ...(note !== undefined && { note }),
     release: async () => {
       await image.release();
       await backend.deleteSnapshot(volume, name);

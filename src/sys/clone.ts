@@ -2,7 +2,9 @@
 // (xfs with reflink, btrfs), else a sparse copy (holes stay holes, data is copied: ext4). And how much of a file's
 // space it shares with others, from its extents' flags (FIEMAP, through filefrag).
 import { constants } from 'node:fs';
-import { copyFile } from 'node:fs/promises';
+import { copyFile, rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { tempName } from '../hash.js';
 import { run } from './run.js';
 
 /** How a copy was made: 'reflink' shares every block with the source until either changes; 'copy' shares none. */
@@ -21,6 +23,23 @@ export async function cloneFile(source: string, dest: string, copyTimeoutMs: num
   }
   await run('cp', ['--sparse=always', '--no-dereference', '--', source, dest], { timeoutMs: copyTimeoutMs });
   return 'copy';
+}
+
+/** Whether files in `dir` can be reflinked (a clone of an empty temp file there, removed again). */
+export async function canReflink(dir: string): Promise<boolean> {
+  const source = join(dir, tempName('.reflink-probe'));
+  const dest = join(dir, tempName('.reflink-probe-clone'));
+  try {
+    await writeFile(source, '', { flag: 'wx', mode: 0o600 });
+    await copyFile(source, dest, constants.COPYFILE_EXCL | constants.COPYFILE_FICLONE_FORCE);
+    return true;
+  } catch (err) {
+    if (CANNOT_CLONE.has((err as NodeJS.ErrnoException).code ?? '')) return false;
+    throw err;
+  } finally {
+    await rm(source, { force: true });
+    await rm(dest, { force: true });
+  }
 }
 
 export interface ExtentUsage {

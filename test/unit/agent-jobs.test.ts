@@ -55,6 +55,7 @@ describe('the node agent runs jobs through tickets', { skip }, () => {
   let target = '';
   const nodes: Record<'a' | 'b', Node> = {} as Record<'a' | 'b', Node>;
   const mounts: string[] = [];
+  let poolMount: string | undefined;
 
   function makeNode(name: string): Node {
     const raw = {
@@ -153,6 +154,15 @@ describe('the node agent runs jobs through tickets', { skip }, () => {
     root = mkdtempSync(`/tmp/latch-agent-jobs-${randomBytes(3).toString('hex')}-`);
     target = join(root, 'target');
     mkdirSync(target);
+    // The pool on xfs, which reflinks: a snapshot of a mounted volume is then cut at once, frozen (on a pool that
+    // cannot reflink it is a whole-image copy, never made under freeze: crash-consistent).
+    const poolImage = join(root, 'pool.xfs');
+    writeFileSync(poolImage, '');
+    execFileSync('truncate', ['-s', String(1024 * MiB), poolImage]);
+    execFileSync('mkfs.xfs', ['-q', poolImage]);
+    mkdirSync(join(root, 'pool'));
+    execFileSync('mount', ['-o', 'loop', poolImage, join(root, 'pool')]);
+    poolMount = join(root, 'pool');
     latchJs = await bundleForNode('src/bin.ts', join(root, 'latch.js'));
     nodes.a = makeNode('node-a');
     nodes.b = makeNode('node-b');
@@ -171,6 +181,7 @@ describe('the node agent runs jobs through tickets', { skip }, () => {
         await backend()
           .release(v.name)
           .catch(() => undefined);
+    if (poolMount && spawnSync('umount', [poolMount]).status !== 0) spawnSync('umount', ['-l', poolMount]);
     if (root) rmSync(root, { recursive: true, force: true });
   });
 

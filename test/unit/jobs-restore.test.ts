@@ -40,6 +40,8 @@ class TwoNodes {
   readonly root = mkdtempSync('/tmp/latch-jobs-restore-');
   readonly pool = join(this.root, 'pool');
   readonly target = join(this.root, 'target');
+  /** Where a manual attach mounts on either node: <manualRoot>/<volume>. */
+  readonly manualRoot = join(this.root, 'manual');
   private readonly files = new Map<Node, string>();
   private readonly configs = new Map<Node, Config>();
   private readonly agents = new Map<Node, ChildProcess>();
@@ -48,6 +50,14 @@ class TwoNodes {
 
   constructor() {
     mkdirSync(this.target);
+    // The pool on xfs, which reflinks: a snapshot of a mounted volume is then cut at once, frozen (on a pool that
+    // cannot reflink it is a whole-image copy, never made under freeze: crash-consistent).
+    const poolImage = join(this.root, 'pool.xfs');
+    writeFileSync(poolImage, '');
+    execFileSync('truncate', ['-s', String(2048 * MiB), poolImage]);
+    execFileSync('mkfs.xfs', ['-q', poolImage]);
+    mkdirSync(this.pool);
+    execFileSync('mount', ['-o', 'loop', poolImage, this.pool]);
     for (const node of ['node-a', 'node-b'] as const) {
       const raw = {
         nodeName: node,
@@ -56,6 +66,7 @@ class TwoNodes {
         logFile: join(this.root, `${node}.log`),
         backupTarget: { type: 'dir', path: this.target },
         agent: { listen: '127.0.0.1:0', intervalSeconds: 1 },
+        manualAttach: { mountRoot: this.manualRoot },
       };
       const file = join(this.root, `${node}.json`);
       writeFileSync(file, JSON.stringify(raw));
@@ -158,6 +169,7 @@ class TwoNodes {
       .map((line) => line.split(' ')[4] ?? '')
       .filter((point) => point.startsWith(`${this.root}/`));
     for (const dir of [...new Set([...this.mounts, ...ours])].reverse()) {
+      if (dir === this.pool) continue; // last: the volumes' loop devices are over its files
       attempt('fsfreeze', ['--unfreeze', dir]);
       attempt('umount', ['-l', dir]);
     }
@@ -165,6 +177,7 @@ class TwoNodes {
     for (const file of existsSync(this.pool) ? readdirSync(this.pool) : []) {
       if (file.endsWith('.img')) await backend.release(file.slice(0, -'.img'.length)).catch(() => undefined);
     }
+    attempt('umount', [this.pool]);
     rmSync(this.root, { recursive: true, force: true });
   }
 }
@@ -278,11 +291,10 @@ describe('restore, clone and manual attach through the node agents', { skip: not
 
   it('manual attach with --mount shows the files; detach unmounts, releases the device and removes the ticket', async () => {
     const ctx = world.ctx();
-    const dir = join(world.root, 'inspect');
-    mkdirSync(dir);
+    const dir = join(world.manualRoot, 'dst');
     world.printed = '';
-    await volumeAttach({ name: 'dst', node: 'node-b', mount: dir }, world.io('node-a'));
-    assert.match(world.printed, /volume dst \(\/dev\/loop\d+, ext4\) is mounted at .*inspect/);
+    await volumeAttach({ name: 'dst', node: 'node-b', mount: true }, world.io('node-a'));
+    assert.match(world.printed, /volume dst \(\/dev\/loop\d+, ext4\) is mounted at .*manual\/dst/);
     assert.equal(readFileSync(join(dir, 'hello.txt'), 'utf8'), hello);
     const id = jobTicketId('manual', 'dst', 'manual');
     const doc = await ctx.ledger.get('dst');
@@ -303,7 +315,7 @@ describe('restore, clone and manual attach through the node agents', { skip: not
     );
 
     // Read-only: the mount refuses writes.
-    await volumeAttach({ name: 'dst', node: 'node-b', mount: dir, readOnly: true }, world.io('node-a'));
+    await volumeAttach({ name: 'dst', node: 'node-b', mount: true, readOnly: true }, world.io('node-a'));
     assert.throws(() => writeFileSync(join(dir, 'new.txt'), 'x'), /EROFS/);
     await volumeDetach({ name: 'dst', node: 'node-b' }, world.io());
   });
@@ -421,9 +433,8 @@ describe('restore, clone and manual attach through the node agents', { skip: not
     assert.notEqual(sha256(world.image('c-snap')), sha256(world.image('src')));
 
     // In use: attached by hand and mounted on node-a with a writer running; the clone runs there, frozen.
-    const mnt = join(world.root, 'busy');
-    mkdirSync(mnt);
-    await volumeAttach({ name: 'src', node: 'node-a', mount: mnt }, world.io('node-b'));
+    const mnt = join(world.manualRoot, 'src');
+    await volumeAttach({ name: 'src', node: 'node-a', mount: true }, world.io('node-b'));
     const writer = spawn(
       'sh',
       ['-c', `i=0; while true; do i=$((i+1)); dd if=/dev/urandom of=${mnt}/w$((i%10)) bs=64k count=4 status=none; done`],
@@ -475,24 +486,21 @@ describe('restore, clone and manual attach through the node agents', { skip: not
     );
     assert.equal(await ctx.ledger.get('c1'), undefined, 'no volume was made');
 
-    const file = join(world.root, 'a-file');
+    // Checked by the agent: the job fails, and its ticket goes. A file where the mount point goes; a mount there.
+    const file = join(world.manualRoot, 'dst');
+    mkdirSync(world.manualRoot, { recursive: true, mode: 0o700 });
     writeFileSync(file, 'not a directory');
     await assert.rejects(
-      volumeAttach({ name: 'dst', node: 'node-a', mount: file }, world.io('node-a')),
-      /mount path .*a-file is not a directory/,
+      volumeAttach({ name: 'dst', node: 'node-b', mount: true }, world.io('node-a')),
+      /the mount point .*manual\/dst is not a directory: refused, nothing mounted/,
     );
-    const mounted = join(world.root, 'mounted');
-    world.mount(['-t', 'tmpfs', 'tmpfs'], mounted);
+    rmSync(file);
+    world.mount(['-t', 'tmpfs', '-o', 'mode=0700', 'tmpfs'], file);
     await assert.rejects(
-      volumeAttach({ name: 'dst', node: 'node-a', mount: mounted }, world.io('node-a')),
-      /mount path .*mounted is already a mount point/,
+      volumeAttach({ name: 'dst', node: 'node-a', mount: true }, world.io('node-a')),
+      /manual\/dst is already a mount point \(tmpfs\); not mounting volume dst over it/,
     );
-    // Checked by the agent when the path is on another node: the job fails, and its ticket goes.
-    await assert.rejects(
-      volumeAttach({ name: 'dst', node: 'node-b', mount: file }, world.io('node-a')),
-      /mount path .*a-file is not a directory/,
-    );
-    world.umount(mounted);
+    world.umount(file);
     const doc = await ctx.ledger.get('dst');
     assert.deepEqual(Object.keys(doc?.spec.tickets ?? {}), [], 'no manual ticket left');
     await assert.rejects(volumeDetach({ name: 'src' }, world.io()), /volume src has no manual attach/);

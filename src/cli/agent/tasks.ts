@@ -10,6 +10,7 @@ import { Ledger } from '../../ledger/ledger.js';
 import { releaseHoldWithoutDevice } from '../../node/self-release.js';
 import { runLedgerChecks } from '../doctor/run.js';
 import { runRecurringJobs } from './recurring.js';
+import { thawFreezesLeftBehind } from './startup.js';
 import type { LatchMetrics } from '../metrics/metrics.js';
 
 /** What a task may use besides the context: the metrics it feeds and the log. */
@@ -70,7 +71,13 @@ const recurringJobs: AgentTask = {
   run: ({ ctx, log }) => runRecurringJobs(ctx, log),
 };
 
-export const AGENT_TASKS: readonly AgentTask[] = [reapTickets, releaseStaleHolds, recurringJobs, doctorFindings];
+/** Thaws the freezes a latch process lost track of: killed while frozen, or a freeze that landed after its deadline. */
+const thawLeftoverFreezes: AgentTask = {
+  name: 'thaw-leftover-freezes',
+  run: ({ ctx, log }) => thawFreezesLeftBehind(ctx.config, log),
+};
+
+export const AGENT_TASKS: readonly AgentTask[] = [thawLeftoverFreezes, reapTickets, releaseStaleHolds, recurringJobs, doctorFindings];
 
 /**
  * A context for one task round over the agent's long-lived one: the same store, backend and system, but its own call

@@ -69,12 +69,13 @@ export async function backupCreate(options: BackupCreateOptions, io: CommandIO):
   }
   const { chunks, ...summary } = manifest;
   if (options.output === 'json') {
-    io.out(formatJson({ ...summary, chunkCount: chunks.length, consistency: source.consistency }));
+    const note = source.note !== undefined && { consistencyNote: source.note };
+    io.out(formatJson({ ...summary, chunkCount: chunks.length, consistency: source.consistency, ...note }));
     return;
   }
   const s = manifest.stats;
   io.out(
-    `backup ${manifest.name} of volume ${volume} created in ${target.path} (${source.consistency}, from ${manifest.source}):\n` +
+    `backup ${manifest.name} of volume ${volume} created in ${target.path} (${source.consistency}${source.note ? `: ${source.note}` : ''}, from ${manifest.source}):\n` +
       `  ${formatSize(manifest.sizeBytes)}, ${s.dataChunks} data chunk(s) (${formatSize(s.dataBytes)}), ${s.holeChunks} hole(s)\n` +
       `  ${s.newChunks} new chunk(s) written (${formatSize(s.newBytesStored)} compressed), ${s.presentChunks} already in the target` +
       (manifest.parent ? ` (previous backup: ${manifest.parent})` : '') +

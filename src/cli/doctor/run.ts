@@ -6,6 +6,7 @@ import { reportAutomaticActions } from './automatic.js';
 import { checkConfig } from './config.js';
 import { checkControllerManager } from './kcm.js';
 import { checkDetaching, DEFAULT_STUCK_AFTER_SECONDS } from './detaching.js';
+import { checkFreezes } from './freezes.js';
 import { agreement, checkLedgerAgainstKernel, readInventory } from './ledger.js';
 import { checkLoopSupport } from './loop.js';
 import { checkPlugin } from './plugin.js';
@@ -41,6 +42,7 @@ export async function runDoctor(options: DoctorOptions = {}): Promise<DoctorRepo
   if (rbd) await checkRbd(rbd, env, add);
   await checkControllerManager(config, env, add);
   if (config) {
+    await checkFreezes(config, add, options.now?.());
     const ctx = (options.context ?? createContext)(config);
     const held = await readInventory(ctx, config, add);
     if (held) {
@@ -74,6 +76,7 @@ export async function runDoctor(options: DoctorOptions = {}): Promise<DoctorRepo
 export async function runLedgerChecks(ctx: Context, config: Config, stuckAfterSeconds = DEFAULT_STUCK_AFTER_SECONDS): Promise<Finding[]> {
   const findings: Finding[] = [];
   const add = (f: Finding) => findings.push(f);
+  await checkFreezes(config, add, ctx.clock());
   const held = await readInventory(ctx, config, add);
   if (held) {
     await checkPool(config, held, add);

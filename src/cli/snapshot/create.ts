@@ -34,15 +34,15 @@ export async function snapshotCreate(options: SnapshotCreateOptions, io: Command
 
   if (node === config.nodeName && holdersOf(doc).includes(node) && !doc.spec.tickets[request.id]) {
     // In use here: taken now, beside the pod, without an agent.
-    const { info, consistency } = await snapshotVolume(ctx, volume, name);
+    const { info, consistency, note } = await snapshotVolume(ctx, volume, name);
     if (options.output === 'json') {
-      io.out(formatJson({ ...info, consistency }));
+      io.out(formatJson({ ...info, consistency, ...(note !== undefined && { consistencyNote: note }) }));
       return;
     }
     const how = {
       frozen: 'its filesystem was frozen while it was cut',
       idle: 'the volume was not in use',
-      'crash-consistent': 'set up here but not mounted, so crash-consistent',
+      'crash-consistent': `crash-consistent: ${note ?? 'set up here but not mounted'}`,
     }[consistency];
     io.out(`snapshot ${name} of volume ${volume} created (${info.sharing}, ${formatSize(info.sizeBytes)}; ${how})\n`);
     return;

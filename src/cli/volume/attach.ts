@@ -1,16 +1,12 @@
-// latch volume attach VOLUME --node N [--mount PATH] [--read-only] and latch volume detach VOLUME: a person's attach,
+// latch volume attach VOLUME --node N [--mount] [--read-only] and latch volume detach VOLUME: a person's attach,
 // the seeds' longhorn-api ticket (manual, priority 1000; docs/jobs.md, "Manual attach"). The node's agent sets the
-// device up (and mounts it at PATH, never formatting); it stays until detach asks the job to end, and the agent
-// unmounts, releases the device and removes the ticket.
-import { stat } from 'node:fs/promises';
-import { resolve } from 'node:path';
+// device up (and mounts it at its own <manualAttach.mountRoot>/VOLUME, never formatting); it stays until detach asks
+// the job to end, and the agent unmounts, releases the device and removes the ticket.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { LatchError } from '../../errors.js';
 import { finishedJob } from '../../ledger/arbitrate.js';
 import { jobTicketId } from '../../ledger/ids.js';
 import { checkNodeName } from '../../names.js';
-import { checkMountPath } from '../../node/jobs/attach.js';
-import { isMountPoint } from '../../sys/mounts.js';
 import { configOf, type CommandIO } from '../io.js';
 import { holdersOf, jobRequest } from '../jobs/request.js';
 import { runJob } from './job.js';
@@ -19,7 +15,7 @@ import { getVolume } from './volume-doc.js';
 export interface VolumeAttachOptions {
   name: string;
   node: string;
-  mount?: string;
+  mount?: boolean;
   readOnly?: boolean;
 }
 
@@ -32,29 +28,17 @@ export async function volumeAttach(options: VolumeAttachOptions, io: CommandIO):
   const ctx = io.context(config);
   const doc = await getVolume(ctx.ledger, options.name);
   const name = doc.name;
-  const mountPath = options.mount === undefined ? undefined : checkMountPath(resolve(options.mount));
-  // The path can only be looked at from its own node; the agent there checks it again in any case.
-  if (mountPath !== undefined && node === config.nodeName) await checkMountDirectory(mountPath);
   const others = holdersOf(doc).filter((n) => n !== node);
   if (others.length > 0 && !(options.readOnly && Object.values(doc.status.nodes).every((e) => e.readOnly))) {
     throw new LatchError(
       `volume ${name} is in use on node ${others.join(', ')}: attach it there (--node ${others[0]}) or stop its pod first`,
     );
   }
-  const request = jobRequest(ctx, name, { kind: 'attach', ...(mountPath !== undefined && { mountPath }) }, node, {
+  // Where it is mounted is the node's to say (its manualAttach.mountRoot), never the ledger's.
+  const request = jobRequest(ctx, name, { kind: 'attach', ...(options.mount && { mount: true }) }, node, {
     readOnly: !!options.readOnly,
   });
   await runJob(ctx, io, name, request, { wait: true, timeoutMs: ATTACH_WAIT_MS });
-}
-
-/** The mount path must be an existing directory with nothing mounted on it. */
-async function checkMountDirectory(path: string): Promise<void> {
-  const info = await stat(path).catch((err: NodeJS.ErrnoException) => {
-    if (err.code === 'ENOENT') throw new LatchError(`mount path ${path} does not exist`);
-    throw err;
-  });
-  if (!info.isDirectory()) throw new LatchError(`mount path ${path} is not a directory`);
-  if (await isMountPoint(path)) throw new LatchError(`mount path ${path} is already a mount point; choose an empty directory`);
 }
 
 export interface VolumeDetachOptions {

@@ -12,7 +12,7 @@ import { openBackupSource, type BackupSource } from '../snapshot.js';
 import { setUpForJobsOnly } from './snapshot.js';
 import type { JobHandler, JobRun } from './types.js';
 
-function summary(manifest: Manifest, consistency: string): Record<string, unknown> {
+function summary(manifest: Manifest, consistency: string, note?: string): Record<string, unknown> {
   const s = manifest.stats;
   return {
     backup: manifest.name,
@@ -22,6 +22,7 @@ function summary(manifest: Manifest, consistency: string): Record<string, unknow
     newBytesStored: s.newBytesStored,
     presentChunks: s.presentChunks,
     consistency,
+    ...(note !== undefined && { consistencyNote: note }),
     ...(manifest.parent !== undefined && { parent: manifest.parent }),
   };
 }
@@ -99,9 +100,10 @@ export const backupJob: JobHandler<'backup'> = {
     const s = manifest.stats;
     return {
       message:
-        `backup ${manifest.name} of volume ${volume} created (${source.consistency}): ${formatSize(manifest.sizeBytes)}, ` +
+        `backup ${manifest.name} of volume ${volume} created (${source.consistency}${source.note ? `: ${source.note}` : ''}): ` +
+        `${formatSize(manifest.sizeBytes)}, ` +
         `${s.newChunks} new chunk(s) (${formatSize(s.newBytesStored)} written), ${s.presentChunks} already in the target`,
-      result: summary(manifest, source.consistency),
+      result: summary(manifest, source.consistency, source.note),
     };
   },
 };

@@ -33,12 +33,19 @@ export const snapshotJob: JobHandler<'snapshot'> = {
       };
     }
     signal.throwIfAborted();
-    const { info, consistency } = await snapshotVolume(ctx, volume, job.snapshot);
+    const { info, consistency, note } = await snapshotVolume(ctx, volume, job.snapshot);
     // Not mounted here and only jobs hold it: nothing wrote it since its last clean unmount (see setUpForJobsOnly).
     const how: Consistency = consistency === 'crash-consistent' && setUpForJobsOnly(run) ? 'idle' : consistency;
     return {
-      message: `snapshot ${info.name} of volume ${volume} created (${info.sharing}, ${formatSize(info.sizeBytes)}, ${how})`,
-      result: { snapshot: info.name, sharing: info.sharing, sizeBytes: info.sizeBytes, createdAt: info.createdAt, consistency: how },
+      message: `snapshot ${info.name} of volume ${volume} created (${info.sharing}, ${formatSize(info.sizeBytes)}, ${how}${note ? `: ${note}` : ''})`,
+      result: {
+        snapshot: info.name,
+        sharing: info.sharing,
+        sizeBytes: info.sizeBytes,
+        createdAt: info.createdAt,
+        consistency: how,
+        ...(note !== undefined && { consistencyNote: note }),
+      },
     };
   },
 };
