@@ -32,6 +32,7 @@ import { backupVerify } from './backup/verify.js';
 import { snapshotCreate } from './snapshot/create.js';
 import { snapshotDelete } from './snapshot/delete.js';
 import { snapshotList } from './snapshot/list.js';
+import { volumeAllow } from './volume/allow.js';
 import { volumeAttach, volumeDetach } from './volume/attach.js';
 import { volumeClone } from './volume/clone.js';
 import { volumeCreate } from './volume/create.js';
@@ -83,7 +84,7 @@ export function buildProgram(io: CliIO, exit: (code: number) => void): Command {
         .action(async (opts) => done(await demo(opts, io))),
 
     volume: (c) =>
-      declareVolume(c.description('create, list, inspect, delete, release, restore, clone, attach and detach volumes'), io, done),
+      declareVolume(c.description('create, list, inspect, delete, allow, release, restore, clone, attach and detach volumes'), io, done),
 
     ticket: (c) => declareTicket(c.description('list, add and remove attachment tickets'), io, done),
 
@@ -209,6 +210,17 @@ function declareVolume(volume: Command, io: CommandIO, done: Done): void {
     .command('delete <name>')
     .description('delete a volume and its data; refused while it has tickets or a node holds it')
     .action(async (name: string) => done(await volumeDelete({ name }, io)));
+
+  volume
+    .command('allow <name>')
+    .description(
+      'let more than the PV a volume was created for use it: other PV names, or any PV from pods of a namespace ' +
+        '(shown by latch volume inspect; docs/operations.md, "Tenancy")',
+    )
+    .option('--pv <name...>', 'a PV name (or inline volume name) that may use the volume; repeatable')
+    .option('--namespace <namespace...>', 'a namespace whose pods may use the volume through any PV; repeatable')
+    .option('--remove', 'take these entries off the lists instead')
+    .action(async (name: string, opts) => done(await volumeAllow({ name, ...opts }, io)));
 
   volume
     .command('expand <name>')
