@@ -42,6 +42,7 @@ import { volumeInspect } from './volume/inspect.js';
 import { volumeList } from './volume/list.js';
 import { volumeRelease } from './volume/release.js';
 import { volumeRestore } from './volume/restore.js';
+import { volumeUnlink } from './volume/unlink.js';
 
 /** The exit code commander chose for help, --version or a usage error (its text is already written); else undefined. */
 export function commanderExitCode(err: unknown): number | undefined {
@@ -84,7 +85,11 @@ export function buildProgram(io: CliIO, exit: (code: number) => void): Command {
         .action(async (opts) => done(await demo(opts, io))),
 
     volume: (c) =>
-      declareVolume(c.description('create, list, inspect, delete, allow, release, restore, clone, attach and detach volumes'), io, done),
+      declareVolume(
+        c.description('create, list, inspect, delete, allow, unlink, release, restore, clone, attach and detach volumes'),
+        io,
+        done,
+      ),
 
     ticket: (c) => declareTicket(c.description('list, add and remove attachment tickets'), io, done),
 
@@ -221,6 +226,14 @@ function declareVolume(volume: Command, io: CommandIO, done: Done): void {
     .option('--namespace <namespace...>', 'a namespace whose pods may use the volume through any PV; repeatable')
     .option('--remove', 'take these entries off the lists instead')
     .action(async (name: string, opts) => done(await volumeAllow({ name, ...opts }, io)));
+
+  volume
+    .command('unlink <pv>')
+    .description(
+      "remove a PV name's alias (latch never redirects one), so that the PV may name another volume; refused while " +
+        'a ticket was asked for through it',
+    )
+    .action(async (pv: string) => done(await volumeUnlink({ pv }, io)));
 
   volume
     .command('expand <name>')

@@ -142,6 +142,33 @@ export class Ledger {
     }
   }
 
+  /**
+   * Removes the PV name's alias (an admin's `latch volume unlink`), refused (LatchError) while the volume it leads to
+   * has a ticket asked for through that PV name: its detach would no longer find the volume. Returns the volume it led
+   * to; none: nothing to do.
+   */
+  async unlinkPv(pvName: string): Promise<string | undefined> {
+    for (let attempt = 1; ; attempt++) {
+      const alias = await this.store.get(pvKey(pvName));
+      if (alias === undefined) return undefined;
+      const volume = (alias.value as { volume?: unknown }).volume;
+      const doc = typeof volume === 'string' ? await this.get(volume) : undefined;
+      const using = Object.values(doc?.spec.tickets ?? {}).filter((t) => t.requestedBy.pvName === pvName);
+      if (using.length > 0) {
+        throw new LatchError(
+          `PV name ${pvName} leads to volume ${String(volume)}, which has ${using.length} ticket(s) asked for through it; ` +
+            'its detach would no longer find the volume: remove the alias once no pod uses the PV',
+        );
+      }
+      try {
+        await this.store.delete(pvKey(pvName), alias.revision);
+        return typeof volume === 'string' ? volume : String(volume);
+      } catch (err) {
+        if (!(err instanceof ConflictError) || attempt >= MAX_ATTEMPTS) throw err;
+      }
+    }
+  }
+
   // ---- tickets -------------------------------------------------------------------------------------------------
 
   /**

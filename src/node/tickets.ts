@@ -65,8 +65,9 @@ export async function workloadRequest(ctx: Context, options: VolumeOptions, node
 }
 
 /**
- * For the node's calls that use a volume an earlier call named (waitforattach, mountdevice): refuses (LatchError) a
- * caller the volume does not allow. kubelet makes them only after attach succeeded; this keeps a forged call out too.
+ * For the node's calls that use a volume an earlier call named (waitforattach, mountdevice, expandfs): refuses
+ * (LatchError) a caller the volume does not allow. kubelet makes them only after attach succeeded (or, in non-attach
+ * mode, mount); this keeps a forged call out too.
  */
 export async function checkCaller(ctx: Context, options: VolumeOptions, name: string, doc: VolumeDoc): Promise<void> {
   refuseUnlessAllowed(doc, await callerOf(ctx, options, name));

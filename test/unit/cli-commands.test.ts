@@ -18,6 +18,8 @@ import { volumeDelete } from '../../src/cli/volume/delete.js';
 import { volumeInspect } from '../../src/cli/volume/inspect.js';
 import { volumeList } from '../../src/cli/volume/list.js';
 import { volumeRelease } from '../../src/cli/volume/release.js';
+import { volumeUnlink } from '../../src/cli/volume/unlink.js';
+import { configOf } from '../../src/cli/io.js';
 import type { VolumeDoc } from '../../src/ledger/types.js';
 import { defined } from '../fixtures/defined.js';
 
@@ -66,6 +68,16 @@ describe('volume and ticket commands, called as functions', () => {
     await assert.rejects(volumeAllow({ name: 'data', namespace: ['Shop'] }, io), /--namespace "Shop" is not a namespace name/);
     await assert.rejects(volumeAllow({ name: 'data', pv: ['../x'] }, io), /--pv "\.\.\/x" is not allowed/);
     await assert.rejects(volumeAllow({ name: 'nope', pv: ['pv-1'] }, io), /volume nope does not exist/);
+  });
+
+  test('unlink: removes a PV name alias; none is fine; a bad name is refused', async () => {
+    const io = node();
+    await io.context(configOf(io)).ledger.linkPv('pv-1', 'data');
+    await volumeUnlink({ pv: 'pv-1' }, io);
+    assert.equal(io.take(), 'PV name pv-1 no longer leads to volume data\n');
+    await volumeUnlink({ pv: 'pv-1' }, io);
+    assert.equal(io.take(), 'PV name pv-1 has no alias\n');
+    await assert.rejects(volumeUnlink({ pv: 'Bad' }, io), /PV name "Bad" is not allowed/);
   });
 
   test('create, list, inspect, a ticket that blocks delete, remove it by prefix, delete', async () => {

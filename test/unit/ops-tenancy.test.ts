@@ -56,6 +56,19 @@ describe('an alias is never redirected', () => {
     assert.equal(await cluster.ledger.volumeOfPv('pv-web'), 'pv-web');
   });
 
+  it('an admin removes an alias (latch volume unlink) once no ticket was asked for through it; then the PV may name another volume', async () => {
+    const cluster = new Cluster();
+    const cp = cluster.node('cp');
+    succeeded(await cp.call('attach', [pvOptions('pv-db', { volume: 'db-data' }), 'node-a']));
+    await assert.rejects(cluster.ledger.unlinkPv('pv-db'), /leads to volume db-data, which has 1 ticket\(s\) asked for through it/);
+    assert.deepEqual(cluster.store.peek('pvs/pv-db'), { volume: 'db-data' });
+    succeeded(await cp.call('detach', ['pv-db', 'node-a']));
+    assert.equal(await cluster.ledger.unlinkPv('pv-db'), 'db-data');
+    assert.equal(await cluster.ledger.unlinkPv('pv-db'), undefined, 'again: nothing to do');
+    succeeded(await cp.call('attach', [pvOptions('pv-db', { volume: 'db-restored' }), 'node-a']));
+    assert.deepEqual(cluster.store.peek('pvs/pv-db'), { volume: 'db-restored' });
+  });
+
   it('Ledger.linkPv: the same alias again is fine; another target is refused with the ledger unchanged', async () => {
     const cluster = new Cluster();
     await cluster.ledger.linkPv('pv-1', 'data');
@@ -111,6 +124,10 @@ describe('a volume is used through its own PV only, unless an admin allows more'
     refused(await nodeA.call('waitforattach', ['', forged]), /PV or inline volume pv-evil may not use it/);
     refused(await nodeA.call('mountdevice', [nodeA.globalPath('pv-evil'), device ?? '', forged]), /pv-evil may not use it/);
     assert.equal(nodeA.fake.topAt(nodeA.globalPath('pv-evil')), undefined, 'nothing was mounted');
+    succeeded(await nodeA.call('mountdevice', [nodeA.globalPath('pv-1'), device ?? '', json]));
+    const pod = nodeA.podDir('uid-1', 'pv-evil');
+    refused(await nodeA.call('expandfs', [forged, device ?? '', pod, String(2 * GiB), String(GiB)]), /pv-evil may not use it/);
+    assert.equal((await cluster.mustDoc('data')).spec.sizeBytes, GiB, 'nothing was grown');
   });
 
   it("refuses an inline volume named like another namespace's PV (non-attach mount), until the admin allows the namespace", async () => {
