@@ -18,11 +18,11 @@ export interface Caller {
 /** Why `caller` may not use the volume, or undefined when it may. */
 export function accessRefusal(doc: VolumeDoc, caller: Caller): string | undefined {
   const { pv, allowed } = doc.spec;
-  if (caller.namespace !== undefined && (allowed?.namespaces ?? []).includes(caller.namespace)) return undefined;
+  if (caller.namespace !== undefined && listOf(allowed?.namespaces).includes(caller.namespace)) return undefined;
   // A volume with no recorded PV (made by an admin command, or before latch recorded one) belongs to the PV named like
   // it and to the PVs whose alias already leads to it: those aliases were written by calls latch accepted then.
   const ownPv = pv ? caller.pvName === pv.name : caller.pvName === doc.name || caller.aliasLeadsHere === true;
-  if (!ownPv && !(allowed?.pvs ?? []).includes(caller.pvName)) {
+  if (!ownPv && !listOf(allowed?.pvs).includes(caller.pvName)) {
     const owner = pv ? `was created for PV ${pv.name}` : `has no PV of its own (only a PV named ${doc.name} may use it)`;
     return (
       `volume ${doc.name} ${owner}; PV or inline volume ${caller.pvName} may not use it unless an admin allows it ` +
@@ -38,10 +38,15 @@ export function accessRefusal(doc: VolumeDoc, caller: Caller): string | undefine
   return undefined;
 }
 
+/** A list of names as stored; anything else (a document another writer got wrong) allows nothing. */
+function listOf(value: unknown): string[] {
+  return Array.isArray(value) ? value.filter((v): v is string => typeof v === 'string') : [];
+}
+
 /** The volume with `entries` added to (or, with `remove`, taken from) its allow lists; sorted, empty lists dropped. */
 export function changeAllowed(doc: VolumeDoc, entries: VolumeAllowed, remove: boolean): VolumeDoc {
   const merge = (now: string[] | undefined, given: string[] | undefined): string[] => {
-    const set = new Set(now ?? []);
+    const set = new Set(listOf(now));
     for (const entry of given ?? []) {
       if (remove) set.delete(entry);
       else set.add(entry);

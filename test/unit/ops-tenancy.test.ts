@@ -174,6 +174,12 @@ describe('volumes without a recorded PV (older documents, admin-made volumes)', 
     assert.equal((await cluster.mustDoc('data')).spec.pv, undefined, 'the document is not rewritten to claim an owner');
   });
 
+  it('an allow list that is not a list of names (a document another writer got wrong) allows nothing', () => {
+    const odd = { ...legacy(), spec: { ...legacy().spec, allowed: { pvs: 'pv-1,pv-2', namespaces: [7] } } } as unknown as VolumeDoc;
+    assert.match(accessRefusal(odd, { pvName: 'pv-1' }) ?? '', /may not use it/);
+    assert.match(accessRefusal(odd, { pvName: 'pv-1', namespace: '7' }) ?? '', /may not use it/);
+  });
+
   it('changeAllowed keeps its lists sorted and unique, and namespaceUsage counts what was created for a namespace', () => {
     let doc = changeAllowed(legacy(), { pvs: ['b', 'a', 'b'], namespaces: ['n'] }, false);
     assert.deepEqual(doc.spec.allowed, { pvs: ['a', 'b'], namespaces: ['n'] });
