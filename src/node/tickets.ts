@@ -38,7 +38,8 @@ export async function workloadRequest(ctx: Context, options: VolumeOptions, node
   // detach and unmount will only know this name, so it is what the ticket ID hashes.
   const pvName = options.pvOrVolumeName ?? options.name;
   const name = await ledger.resolve(options);
-  const caller = await callerOf(ctx, options, name);
+  // Only mount carries the pod's namespace from kubelet; on any other call a namespace in the options is the user's own.
+  const caller = await callerOf(ctx, options, name, forPod !== undefined);
   const sizeBytes = options.size ?? config.defaultSize;
   const existing = await ledger.get(name);
   if (existing) refuseUnlessAllowed(existing, caller);
@@ -66,17 +67,26 @@ export async function workloadRequest(ctx: Context, options: VolumeOptions, node
 
 /**
  * For the node's calls that use a volume an earlier call named (waitforattach, mountdevice, expandfs): refuses
- * (LatchError) a caller the volume does not allow. kubelet makes them only after attach succeeded (or, in non-attach
- * mode, mount); this keeps a forged call out too.
+ * (LatchError) a caller the volume does not allow, unless its PV name has a workload ticket on this node (added by an
+ * attach or mount that was allowed, a namespace's allow entry included: these calls carry no namespace). kubelet
+ * makes them only after that attach or mount; this keeps a forged call out too.
  */
 export async function checkCaller(ctx: Context, options: VolumeOptions, name: string, doc: VolumeDoc): Promise<void> {
-  refuseUnlessAllowed(doc, await callerOf(ctx, options, name));
+  const caller = await callerOf(ctx, options, name, false);
+  const node = ctx.config.nodeName;
+  const ticketHere = Object.values(doc.spec.tickets).some(
+    (t) => t.type === 'workload' && t.nodeID === node && t.requestedBy.pvName === caller.pvName,
+  );
+  if (!ticketHere) refuseUnlessAllowed(doc, caller);
 }
 
-/** Who the options say names volume `name`: the PV name, the pod's namespace when given, and whether an alias leads here. */
-async function callerOf(ctx: Context, options: VolumeOptions, name: string): Promise<Caller> {
+/**
+ * Who the options say names volume `name`: the PV name, the pod's namespace when `withNamespace` (a mount), and whether
+ * an alias leads here.
+ */
+async function callerOf(ctx: Context, options: VolumeOptions, name: string, withNamespace: boolean): Promise<Caller> {
   const pvName = options.pvOrVolumeName ?? options.name;
-  const namespace = options.pod?.namespace;
+  const namespace = withNamespace ? options.pod?.namespace : undefined;
   const aliasLeadsHere = pvName !== name && (await ctx.ledger.aliasOf(pvName)) === name;
   return { pvName, ...(namespace !== undefined && { namespace }), aliasLeadsHere };
 }

@@ -151,6 +151,29 @@ describe('a volume is used through its own PV only, unless an admin allows more'
     succeeded(await mountPod(nodeA, 'uid-2', 'pv-shop', 'evil'));
     succeeded(await mountPod(nodeA, 'uid-4', 'inline-x', 'evil', { volume: 'pv-shop' }));
   });
+
+  it("attach ignores a namespace in its options: kubelet never sends one there, so it is the pod author's", async () => {
+    const cluster = new Cluster();
+    const cp = cluster.node('cp');
+    succeeded(await cp.call('attach', [pvOptions('pv-1', { volume: 'data' }), 'node-a']));
+    await cluster.ledger.allowVolume('data', { namespaces: ['shop'] });
+    const forged = pvOptions('pv-evil', { volume: 'data', 'kubernetes.io/pod.namespace': 'shop' });
+    refused(await cp.call('attach', [forged, 'node-a']), /PV or inline volume pv-evil may not use it/);
+    assert.deepEqual((await cluster.mustDoc('data')).spec.pv, { name: 'pv-1' }, 'nor is it recorded');
+  });
+
+  it('expandfs in non-attach mode works through a PV a namespace entry allowed: its mount left a ticket on the node', async () => {
+    const cluster = new Cluster({ config: { attach: false } });
+    const nodeA = cluster.node('node-a');
+    succeeded(await mountPod(nodeA, 'uid-1', 'pv-shop', 'shop'));
+    await cluster.ledger.allowVolume('pv-shop', { namespaces: ['blog'] });
+    succeeded(await mountPod(nodeA, 'uid-2', 'inline-b', 'blog', { volume: 'pv-shop' }));
+    const pod = nodeA.podDir('uid-2', 'inline-b');
+    const grow = (pv: string) => nodeA.call('expandfs', [pvOptions(pv, { volume: 'pv-shop' }), '', pod, String(2 * GiB), String(GiB)]);
+    refused(await grow('inline-c'), /inline-c may not use it/);
+    const { reply } = await grow('inline-b');
+    assert.equal(reply.status, 'Success', JSON.stringify(reply));
+  });
 });
 
 describe('volumes without a recorded PV (older documents, admin-made volumes)', () => {
