@@ -108,6 +108,8 @@ function buildSchema() {
     store: z._default(store, { type: 'file' }),
     backend: z._default(backend, { type: 'loop' }),
     backupTarget: z.optional(z.strictObject({ type: z.literal('dir'), path: absolutePath, keyFile: z.optional(absolutePath) })),
+    lazyCreate: z._default(z.boolean(), true),
+    namespaceQuota: z.optional(z.strictObject({ volumes: z.optional(integer(0)), bytes: z.optional(size) })),
     abandonedTicketSeconds: z._default(integer(0), 900),
     freezeSeconds: z._default(integer(0, 60), 5),
     manualAttach: z._default(

@@ -77,6 +77,13 @@ export interface Config {
   store: StoreConfig;
   /** Where volumes' bytes live: image files in poolDir (loop, the default) or RBD images in a Ceph pool. */
   backend: BackendConfig;
+  /**
+   * Whether a driver call (attach, or mount in non-attach mode) may create a volume that does not exist yet; false:
+   * only an admin command creates volumes (docs/operations.md, "Tenancy").
+   */
+  lazyCreate: boolean;
+  /** What the calls from one namespace's pods may create, each namespace on its own; unset: no limit. */
+  namespaceQuota?: NamespaceQuota;
   /** Where backups go; unset: `latch backup` refuses, saying so. */
   backupTarget?: BackupTargetConfig;
   /**
@@ -122,6 +129,16 @@ export interface RecurringJobConfig {
 export interface ManualAttachConfig {
   mountRoot: string;
   exec: boolean;
+}
+
+/**
+ * The volumes a namespace's pods may have created by their calls (counted from the ledger: the volumes created for a
+ * pod of that namespace) and their total size in bytes. Only a call that carries the namespace counts and is counted:
+ * mount, in non-attach mode.
+ */
+export interface NamespaceQuota {
+  volumes?: number | undefined;
+  bytes?: number | undefined;
 }
 
 export interface AgentConfig {

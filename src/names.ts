@@ -45,3 +45,13 @@ export function checkPvName(name: string, what = 'PV name'): string {
 export function checkNodeName(name: string, what = 'node name'): string {
   return checkVolumeName(name, what, MAX_KUBERNETES_NAME);
 }
+
+/** Kubernetes namespaces are DNS labels; latch records them on volumes and names them in messages. */
+export function checkNamespaceName(name: string, what = 'namespace'): string {
+  if (!/^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/.test(name)) {
+    throw new LatchError(
+      `${what} ${JSON.stringify(name.slice(0, 64))} is not a namespace name (lower-case letters, digits and '-', at most 63)`,
+    );
+  }
+  return name;
+}

@@ -33,6 +33,7 @@ import { backupVerify } from './backup/verify.js';
 import { snapshotCreate } from './snapshot/create.js';
 import { snapshotDelete } from './snapshot/delete.js';
 import { snapshotList } from './snapshot/list.js';
+import { volumeAllow } from './volume/allow.js';
 import { volumeAttach, volumeDetach } from './volume/attach.js';
 import { volumeClone } from './volume/clone.js';
 import { volumeCreate } from './volume/create.js';
@@ -42,6 +43,7 @@ import { volumeInspect } from './volume/inspect.js';
 import { volumeList } from './volume/list.js';
 import { volumeRelease } from './volume/release.js';
 import { volumeRestore } from './volume/restore.js';
+import { volumeUnlink } from './volume/unlink.js';
 
 /** The exit code commander chose for help, --version or a usage error (its text is already written); else undefined. */
 export function commanderExitCode(err: unknown): number | undefined {
@@ -84,7 +86,11 @@ export function buildProgram(io: CliIO, exit: (code: number) => void): Command {
         .action(async (opts) => done(await demo(opts, io))),
 
     volume: (c) =>
-      declareVolume(c.description('create, list, inspect, delete, release, restore, clone, attach and detach volumes'), io, done),
+      declareVolume(
+        c.description('create, list, inspect, delete, allow, unlink, release, restore, clone, attach and detach volumes'),
+        io,
+        done,
+      ),
 
     ticket: (c) => declareTicket(c.description('list, add and remove attachment tickets'), io, done),
 
@@ -210,6 +216,25 @@ function declareVolume(volume: Command, io: CommandIO, done: Done): void {
     .command('delete <name>')
     .description('delete a volume and its data; refused while it has tickets or a node holds it')
     .action(async (name: string) => done(await volumeDelete({ name }, io)));
+
+  volume
+    .command('allow <name>')
+    .description(
+      'let more than the PV a volume was created for use it: other PV names, or any PV from pods of a namespace ' +
+        '(shown by latch volume inspect; docs/operations.md, "Tenancy")',
+    )
+    .option('--pv <name...>', 'a PV name (or inline volume name) that may use the volume; repeatable')
+    .option('--namespace <namespace...>', 'a namespace whose pods may use the volume through any PV; repeatable')
+    .option('--remove', 'take these entries off the lists instead')
+    .action(async (name: string, opts) => done(await volumeAllow({ name, ...opts }, io)));
+
+  volume
+    .command('unlink <pv>')
+    .description(
+      "remove a PV name's alias (latch never redirects one), so that the PV may name another volume; refused while " +
+        'a ticket was asked for through it',
+    )
+    .action(async (pv: string) => done(await volumeUnlink({ pv }, io)));
 
   volume
     .command('expand <name>')

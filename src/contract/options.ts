@@ -3,7 +3,7 @@
 import type { Config } from '../config.js';
 import type { FsType } from '../filesystems.js';
 import { LatchError } from '../errors.js';
-import { LATCH_OPTIONS, checkPvName, checkVolumeName } from '../names.js';
+import { LATCH_OPTIONS, checkNamespaceName, checkPvName, checkVolumeName } from '../names.js';
 import { parseSize } from '../size.js';
 
 const MOUNT_OPTION_ALLOWLIST = [
@@ -190,7 +190,8 @@ const VALUE_CHECKS: { [K in keyof CheckedValues]-?: (value: string, limits: Limi
   },
   'kubernetes.io/pvOrVolumeName': (value) => checkPvName(value, 'option "kubernetes.io/pvOrVolumeName"'),
   'kubernetes.io/pod.name': (value) => value,
-  'kubernetes.io/pod.namespace': (value) => value,
+  // A namespace is recorded on the volumes its pods create and named in messages: a DNS label, as Kubernetes makes them.
+  'kubernetes.io/pod.namespace': (value) => (value === '' ? value : checkNamespaceName(value, 'option "kubernetes.io/pod.namespace"')),
   'kubernetes.io/pod.uid': (value) => value,
   'kubernetes.io/serviceAccount.name': (value) => value,
   'kubernetes.io/mounterArgs.FsGroup': (value) => {

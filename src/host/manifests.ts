@@ -106,7 +106,54 @@ export function buildManifests(options: ManifestOptions): Manifest[] {
     },
   });
   manifests.push(daemonSet({ ...options, pluginDir, attach: config.attach }));
+  manifests.push(...inlineVolumePolicy(options.driver ?? config.driverName));
   return manifests;
+}
+
+/**
+ * Pods may not use latch's driver inline (a pod's `flexVolume` with latch's driver name): an inline volume's author
+ * writes every option of its calls, the PV name and the pod's namespace included, so only PVs, which only admins
+ * create, may name latch volumes (docs/operations.md, "Tenancy"). A ValidatingAdmissionPolicy (Kubernetes 1.30+)
+ * and its binding.
+ */
+function inlineVolumePolicy(driverName: string): Manifest[] {
+  const name = `${NAME}-no-inline-volumes`;
+  // DRIVER_NAME_PATTERN allows no quote or backslash: the name is a plain CEL string literal.
+  const driver = `'${driverName}'`;
+  return [
+    {
+      comment:
+        `Pods may not use the ${driverName} FlexVolume driver inline: only PVs (which admins create) name latch volumes.\n` +
+        'An inline volume could name any volume and any PV name, and claim any namespace (docs/operations.md, "Tenancy").',
+      object: {
+        apiVersion: 'admissionregistration.k8s.io/v1',
+        kind: 'ValidatingAdmissionPolicy',
+        metadata: { name, labels: LABELS },
+        spec: {
+          failurePolicy: 'Fail',
+          matchConstraints: {
+            resourceRules: [{ apiGroups: [''], apiVersions: ['v1'], operations: ['CREATE', 'UPDATE'], resources: ['pods'] }],
+          },
+          validations: [
+            {
+              expression: `!has(object.spec.volumes) || object.spec.volumes.all(v, !has(v.flexVolume) || v.flexVolume.driver != ${driver})`,
+              message: `pods may not use the FlexVolume driver ${driverName} inline; use a PersistentVolume an admin made for it`,
+              reason: 'Forbidden',
+            },
+          ],
+        },
+      },
+    },
+    {
+      comment: 'Binds the policy to every namespace, denying what it rejects.',
+      object: {
+        apiVersion: 'admissionregistration.k8s.io/v1',
+        kind: 'ValidatingAdmissionPolicyBinding',
+        metadata: { name, labels: LABELS },
+        spec: { policyName: name, validationActions: ['Deny'] },
+      },
+    },
+  ];
 }
 
 /** OpenShift admits a privileged pod only if its ServiceAccount may use the privileged SCC. */

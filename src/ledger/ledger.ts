@@ -29,9 +29,10 @@ import {
   type JobUpdate,
   type TicketRequest,
 } from './arbitrate.js';
+import { accessRefusal, changeAllowed, type Caller } from './access.js';
 import { reapTickets, releaseHoldWithoutDevice, touchTicket } from './automatic.js';
 import { pvKey, volumeKey } from './keys.js';
-import type { AutomaticAction, VolumeDoc } from './types.js';
+import type { AutomaticAction, VolumeAllowed, VolumeDoc, VolumeOwner } from './types.js';
 
 const MAX_ATTEMPTS = 500;
 
@@ -44,6 +45,8 @@ export interface VolumeRef {
 export interface NewVolumeSpec {
   sizeBytes: number;
   fsType: FsType;
+  /** The PV (and pod namespace) a driver call creates it for: recorded as the volume's own. */
+  pv?: VolumeOwner;
 }
 
 export class Ledger {
@@ -99,20 +102,67 @@ export class Ledger {
 
   /** detach and restarted kubelets only know the PV name: find the volume it was attached as. */
   async volumeOfPv(pvName: string): Promise<string> {
-    const alias = await this.store.get(pvKey(pvName));
-    const volume = (alias?.value as { volume?: unknown } | undefined)?.volume;
-    return typeof volume === 'string' ? volume : pvName;
+    return (await this.aliasOf(pvName)) ?? pvName;
   }
 
-  /** Records that `pvName` means `volume` when the two differ (idempotent). */
+  /** The volume the PV name's alias leads to, if it has one. */
+  async aliasOf(pvName: string): Promise<string | undefined> {
+    const alias = await this.store.get(pvKey(pvName));
+    const volume = (alias?.value as { volume?: unknown } | undefined)?.volume;
+    return typeof volume === 'string' ? volume : undefined;
+  }
+
+  /**
+   * Records that `pvName` means `volume` when the two differ (idempotent). An alias is only ever removed, never
+   * redirected: a PV name that already leads to another volume, or that is the name of a volume of its own, is
+   * refused (LatchError) and the ledger is left as it was; otherwise anyone naming a PV could send its next attach,
+   * mountdevice and detach to a volume of their choosing.
+   */
   async linkPv(pvName: string, volume: string): Promise<void> {
     if (pvName === volume) return;
     for (let attempt = 1; ; attempt++) {
       const alias = await this.store.get(pvKey(pvName));
-      if ((alias?.value as { volume?: unknown } | undefined)?.volume === volume) return;
+      const current = (alias?.value as { volume?: unknown } | undefined)?.volume;
+      if (current === volume) return;
+      if (alias !== undefined) {
+        throw new LatchError(
+          `PV name ${pvName} already stands for volume ${typeof current === 'string' ? current : '(unreadable alias)'}; ` +
+            `latch never points it at volume ${volume}`,
+        );
+      }
+      if ((await this.store.get(volumeKey(pvName))) !== undefined) {
+        throw new LatchError(`PV name ${pvName} is the name of volume ${pvName}; latch never points it at volume ${volume}`);
+      }
       try {
-        await this.store.put(pvKey(pvName), { volume }, alias?.revision ?? 0);
+        await this.store.put(pvKey(pvName), { volume }, 0);
         return;
+      } catch (err) {
+        if (!(err instanceof ConflictError) || attempt >= MAX_ATTEMPTS) throw err;
+      }
+    }
+  }
+
+  /**
+   * Removes the PV name's alias (an admin's `latch volume unlink`), refused (LatchError) while the volume it leads to
+   * has a ticket asked for through that PV name: its detach would no longer find the volume. Returns the volume it led
+   * to; none: nothing to do.
+   */
+  async unlinkPv(pvName: string): Promise<string | undefined> {
+    for (let attempt = 1; ; attempt++) {
+      const alias = await this.store.get(pvKey(pvName));
+      if (alias === undefined) return undefined;
+      const volume = (alias.value as { volume?: unknown }).volume;
+      const doc = typeof volume === 'string' ? await this.get(volume) : undefined;
+      const using = Object.values(doc?.spec.tickets ?? {}).filter((t) => t.requestedBy.pvName === pvName);
+      if (using.length > 0) {
+        throw new LatchError(
+          `PV name ${pvName} leads to volume ${String(volume)}, which has ${using.length} ticket(s) asked for through it; ` +
+            'its detach would no longer find the volume: remove the alias once no pod uses the PV',
+        );
+      }
+      try {
+        await this.store.delete(pvKey(pvName), alias.revision);
+        return typeof volume === 'string' ? volume : String(volume);
       } catch (err) {
         if (!(err instanceof ConflictError) || attempt >= MAX_ATTEMPTS) throw err;
       }
@@ -125,8 +175,8 @@ export class Ledger {
    * Adds (or refreshes) a ticket, first dropping expired tickets in the same write; creates the volume as `create`
    * says when it does not exist, else changes nothing.
    */
-  addTicket(name: string, request: TicketRequest, create?: NewVolumeSpec): Promise<VolumeDoc | undefined> {
-    return this.updateWithoutExpired(name, create, (base) => base && addTicket(base, request, this.now()));
+  addTicket(name: string, request: TicketRequest, create?: NewVolumeSpec, caller?: Caller): Promise<VolumeDoc | undefined> {
+    return this.updateWithoutExpired(name, create, caller, (base) => base && addTicket(base, request, this.now()));
   }
 
   /**
@@ -139,9 +189,10 @@ export class Ledger {
     name: string,
     request: TicketRequest,
     create?: NewVolumeSpec,
+    caller?: Caller,
   ): Promise<{ doc: VolumeDoc | undefined; refused?: string }> {
     let refused: string | undefined;
-    const doc = await this.updateWithoutExpired(name, create, (base, current) => {
+    const doc = await this.updateWithoutExpired(name, create, caller, (base, current) => {
       if (!base) {
         refused = 'the volume does not exist';
         return current;
@@ -179,7 +230,7 @@ export class Ledger {
    * job under the same ID is refused (LatchError).
    */
   requestJob(name: string, request: JobRequest, create?: NewVolumeSpec): Promise<VolumeDoc | undefined> {
-    return this.updateWithoutExpired(name, create, (base) => base && requestJob(base, request, this.now()));
+    return this.updateWithoutExpired(name, create, undefined, (base) => base && requestJob(base, request, this.now()));
   }
 
   /** The agent on `node` starts the job; refused (LatchError) unless its ticket is satisfied there and not done. */
@@ -296,19 +347,23 @@ export class Ledger {
   /**
    * Write paths that add a ticket drop expired ones first, in the same write: a leftover admin ticket must not block a
    * workload. `change` gets the document without them (`current`, undefined when absent) and the one to add to
-   * (`base`: `current`, else a new volume as `create` says, else undefined).
+   * (`base`: `current`, else a new volume as `create` says, else undefined). A `caller` the existing volume does not
+   * allow is refused (LatchError) in the same compare-and-swap, with nothing written.
    */
   private async updateWithoutExpired(
     name: string,
     create: NewVolumeSpec | undefined,
+    caller: Caller | undefined,
     change: (base: VolumeDoc | undefined, current: VolumeDoc | undefined) => VolumeDoc | undefined,
   ): Promise<VolumeDoc | undefined> {
     let reaped: AutomaticAction[] = [];
     const doc = await this.update(name, (stored) => {
+      const refusal = stored && caller && accessRefusal(stored, caller);
+      if (refusal) throw new LatchError(refusal);
       const found = stored && reapTickets(stored, this.now());
       reaped = found?.reaped ?? [];
       const current = found?.doc;
-      return change(current ?? (create && newVolume(name, create.sizeBytes, create.fsType, this.now())), current);
+      return change(current ?? (create && newVolumeFor(name, create, this.now())), current);
     });
     reaped.forEach(this.onAutomatic);
     return doc;
@@ -341,6 +396,16 @@ export class Ledger {
     });
   }
 
+  /** Adds PV names and namespaces to the volume's allow lists, or takes them out (`latch volume allow`). */
+  async allowVolume(name: string, entries: VolumeAllowed, remove = false): Promise<VolumeDoc> {
+    const doc = await this.update(name, (d) => {
+      if (!d) throw new LatchError(`volume ${name} does not exist`);
+      return changeAllowed(d, entries, remove);
+    });
+    if (!doc) throw new StoreError(`volume ${name} vanished while it was being changed; try again`);
+    return doc;
+  }
+
   /** Records the filesystem found or made on the volume (from then on, a blank device is never formatted). */
   recordFilesystem(name: string, fsType: string): Promise<VolumeDoc | undefined> {
     return this.update(name, (d) => (d && d.status.filesystem !== fsType ? { ...d, status: { ...d.status, filesystem: fsType } } : d));
@@ -356,6 +421,12 @@ export class Ledger {
     const docs = await Promise.all(names.map((n) => this.get(n)));
     return docs.filter((d): d is VolumeDoc => d !== undefined);
   }
+}
+
+/** A new volume's document, with the PV it is created for when a driver call creates it. */
+function newVolumeFor(name: string, create: NewVolumeSpec, now: string): VolumeDoc {
+  const doc = newVolume(name, create.sizeBytes, create.fsType, now);
+  return create.pv ? { ...doc, spec: { ...doc.spec, pv: create.pv } } : doc;
 }
 
 function checkDoc(value: unknown, name: string): VolumeDoc {

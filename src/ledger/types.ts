@@ -175,6 +175,18 @@ export interface Fence {
   clearedAt?: string;
 }
 
+/** Whom a volume was created for (docs/ledger.md, "Who may use a volume"). */
+export interface VolumeOwner {
+  name: string;
+  namespace?: string;
+}
+
+/** What an admin allowed besides the volume's own PV: PV names, and namespaces (any PV, from pods there). */
+export interface VolumeAllowed {
+  pvs?: string[];
+  namespaces?: string[];
+}
+
 export type VolumeState = 'detached' | 'attaching' | 'attached' | 'detaching';
 
 export interface VolumeDoc {
@@ -187,6 +199,13 @@ export interface VolumeDoc {
     tickets: Record<string, Ticket>;
     /** Source of ticket generations. */
     generationCounter: number;
+    /**
+     * The PV a driver call created the volume for, and its pod's namespace when the call carried one (a non-attach
+     * mount). Absent: made by an admin command, or before latch recorded it (docs/ledger.md, "Who may use a volume").
+     */
+    pv?: VolumeOwner;
+    /** Other PV names and namespaces an admin allowed to use the volume (`latch volume allow`). */
+    allowed?: VolumeAllowed;
   };
   status: {
     state: VolumeState;

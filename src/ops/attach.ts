@@ -10,8 +10,8 @@ export const op = defineOp({
   args: { json: volumeOptions, nodeName },
   attachModeOnly: true,
   async run(ctx, { json, nodeName: node }) {
-    const { name, ticket, create } = await workloadRequest(ctx, json, node);
-    const doc = await ctx.ledger.addTicket(name, ticket, create);
+    const { name, ticket, create, caller } = await workloadRequest(ctx, json, node);
+    const doc = await ctx.ledger.addTicket(name, ticket, create, caller);
     if (doc && isSatisfied(doc, ticket.id)) return success();
     // Still wanted: the controller retries a failed attach, and each retry keeps the waiting ticket from being reaped.
     await ctx.ledger.touchTicket(name, ticket.id, ctx.config.ticketTouchSeconds * 1000);

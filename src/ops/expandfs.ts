@@ -6,6 +6,7 @@ import { isInUse } from '../ledger/arbitrate.js';
 import { checkCanGrowOnline } from '../node/capabilities.js';
 import { withVolumeLock } from '../node/lock.js';
 import { checkGrowRequest, filesystemMountOf, growFilesystem } from '../node/resize.js';
+import { checkCaller } from '../node/tickets.js';
 import { formatSize } from '../size.js';
 import { defineOp } from './op.js';
 
@@ -21,6 +22,7 @@ export const op = defineOp({
     return withVolumeLock(config, name, async () => {
       const doc = await ledger.get(name);
       if (!doc) return failure(`volume ${name} does not exist; there is nothing to expand`);
+      await checkCaller(ctx, json, name, doc);
       const current = await checkGrowRequest(ctx, name, newBytes);
       if (current === undefined) return failure(`volume ${name} has no image in ${backend.storage}; there is nothing to expand`);
 

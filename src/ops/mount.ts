@@ -25,7 +25,7 @@ export const op = defineOp({
     const node = config.nodeName;
     ctx.log.node = node;
     const podKey = podKeyOf(podDir);
-    const { name, ticket, create } = await workloadRequest(ctx, json, node, {
+    const { name, ticket, create, caller } = await workloadRequest(ctx, json, node, {
       key: podKey,
       ...(podKey !== podDir && { uid: podKey }),
     });
@@ -44,7 +44,7 @@ export const op = defineOp({
         }
         // Refreshed only if still granted: a refused repeat must not leave a waiting ticket that would later grant the
         // volume back to this node, where the pod's mount is stale.
-        const repeat = await ledger.addTicketIfGranted(name, ticket);
+        const repeat = await ledger.addTicketIfGranted(name, ticket, undefined, caller);
         if (repeat.refused === undefined) return success();
         return failure(`${podDir} shows volume ${name}, but its ticket on node ${node} is not granted: ${repeat.refused}`);
       }
@@ -59,11 +59,11 @@ export const op = defineOp({
       // Arbitrate in the compare-and-swap, and write only a granted ticket: a refused mount leaves the ledger as it
       // was (kubelet retries it, and a pod deleted meanwhile never gets an unmount, so a waiting ticket left behind
       // would later grant the volume to a node that no longer wants it).
-      let granted = await ledger.addTicketIfGranted(name, ticket, create);
+      let granted = await ledger.addTicketIfGranted(name, ticket, create, caller);
       if (granted.refused !== undefined && granted.doc && isFencedOff(granted.doc, node)) {
         // Fenced off the volume earlier: clear the old mapping, then ask again.
         await clearOwnFence(ctx, name, granted.doc);
-        granted = await ledger.addTicketIfGranted(name, ticket, create);
+        granted = await ledger.addTicketIfGranted(name, ticket, create, caller);
       }
       if (granted.refused !== undefined || !granted.doc) {
         return failure(`volume ${name} cannot be mounted on node ${node}: ${granted.refused ?? 'not granted'}`);

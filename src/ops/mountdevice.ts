@@ -6,6 +6,7 @@ import { failure, success } from '../contract/reply.js';
 import { isInUse } from '../ledger/arbitrate.js';
 import { withVolumeLock } from '../node/lock.js';
 import { mountVolumeAt } from '../node/mount.js';
+import { checkCaller } from '../node/tickets.js';
 import { defineOp } from './op.js';
 
 export const op = defineOp({
@@ -25,6 +26,7 @@ export const op = defineOp({
         `volume ${name} is not attached to node ${node} (${doc ? doc.status.state : 'unknown volume'}); waitforattach comes first`,
       );
     }
+    await checkCaller(ctx, json, name, doc);
     const device = await backend.findDevice(name);
     if (!device) return failure(`volume ${name} has no device on node ${node}; waitforattach sets it up`);
     const given = await realpath(devicePath).catch(() => devicePath);

@@ -10,6 +10,7 @@ import { setUpDevice } from '../node/device.js';
 import { clearOwnFence } from '../node/fence.js';
 import { withVolumeLock } from '../node/lock.js';
 import { clearHoldToCheck, markHoldToCheck } from '../node/self-release.js';
+import { checkCaller } from '../node/tickets.js';
 import { defineOp } from './op.js';
 
 const POLL_MS = 500;
@@ -32,6 +33,7 @@ export const op = defineOp({
     // Wait until the ledger grants this node the volume (or it already has it).
     const deadline = ctx.clock() + config.waitForAttachTimeout * 1000;
     let doc = await ledger.touchTicket(name, id, touchMs);
+    if (doc) await checkCaller(ctx, json, name, doc);
     while (!doc || !isGrantedHere(doc.status.nodes[node]?.phase)) {
       // Fenced off the volume earlier: clear the old mapping first, then the ledger may grant it here again.
       if (doc && isFencedOff(doc, node)) await clearOwnFence(ctx, name, doc);

@@ -240,6 +240,23 @@ check_empty_arguments() {
   check_valid_minimal_input attach
 }
 
+@test "attach: an inline volume named like a PV cannot point the PV's alias at another volume (Failure, alias kept)" {
+  local data evil
+  data=$(unique_name data)
+  evil=$(unique_name evil)
+  latch_call attach "$(flex_options "$VOL" volume "$data")" node-a
+  assert_success
+  latch_call attach "$(flex_options "$VOL" volume "$evil")" node-b
+  assert_failure
+  assert_equal "$(jq -r .message <<<"$output")" "PV name $VOL already stands for volume $data; latch never points it at volume $evil"
+  # detach still reaches the PV's own volume, and no volume was made for the other name.
+  latch_call detach "$VOL" node-a
+  assert_success
+  assert_equal "$(jq -c '.spec.tickets' <<<"$("$LATCH_EXEC" volume inspect "$data" -o json)")" '{}'
+  run "$LATCH_EXEC" volume inspect "$evil"
+  assert_failure
+}
+
 @test "isattached: valid minimal input keeps the contract" {
   check_valid_minimal_input isattached
 }

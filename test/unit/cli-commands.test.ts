@@ -12,11 +12,14 @@ import { ticketAdd } from '../../src/cli/ticket/add.js';
 import { ticketList } from '../../src/cli/ticket/list.js';
 import { ticketRemove } from '../../src/cli/ticket/remove.js';
 import { version } from '../../src/cli/version.js';
+import { volumeAllow } from '../../src/cli/volume/allow.js';
 import { volumeCreate } from '../../src/cli/volume/create.js';
 import { volumeDelete } from '../../src/cli/volume/delete.js';
 import { volumeInspect } from '../../src/cli/volume/inspect.js';
 import { volumeList } from '../../src/cli/volume/list.js';
 import { volumeRelease } from '../../src/cli/volume/release.js';
+import { volumeUnlink } from '../../src/cli/volume/unlink.js';
+import { configOf } from '../../src/cli/io.js';
 import type { VolumeDoc } from '../../src/ledger/types.js';
 import { defined } from '../fixtures/defined.js';
 
@@ -46,6 +49,37 @@ function node(overrides: Record<string, unknown> = {}): Node {
 }
 
 describe('volume and ticket commands, called as functions', () => {
+  test('allow: PV names and namespaces added and removed, shown by list and inspect; bad names refused', async () => {
+    const io = node();
+    await volumeCreate({ name: 'data', size: '64Mi', output: 'table' }, io);
+    io.take();
+    await volumeAllow({ name: 'data', pv: ['pv-2', 'pv-1'], namespace: ['shop'] }, io);
+    assert.equal(io.take(), 'volume data: no PV of its own (PV data only); also PVs pv-1, pv-2; also namespaces shop\n');
+    await volumeList({ output: 'table' }, io);
+    assert.match(io.take(), /\ndata +- \+3 +64Mi /);
+    await volumeAllow({ name: 'data', pv: ['pv-2'], namespace: ['shop'], remove: true }, io);
+    assert.equal(io.take(), 'volume data: no PV of its own (PV data only); also PVs pv-1\n');
+    await volumeInspect({ name: 'data', output: 'table' }, io);
+    assert.match(io.take(), /^Used by: +no PV of its own \(PV data only\); also PVs pv-1$/m);
+    await volumeInspect({ name: 'data', output: 'json' }, io);
+    assert.deepEqual((JSON.parse(io.take()) as VolumeDoc).spec.allowed, { pvs: ['pv-1'] });
+
+    await assert.rejects(volumeAllow({ name: 'data' }, io), /name what to allow: --pv NAME and\/or --namespace NAMESPACE/);
+    await assert.rejects(volumeAllow({ name: 'data', namespace: ['Shop'] }, io), /--namespace "Shop" is not a namespace name/);
+    await assert.rejects(volumeAllow({ name: 'data', pv: ['../x'] }, io), /--pv "\.\.\/x" is not allowed/);
+    await assert.rejects(volumeAllow({ name: 'nope', pv: ['pv-1'] }, io), /volume nope does not exist/);
+  });
+
+  test('unlink: removes a PV name alias; none is fine; a bad name is refused', async () => {
+    const io = node();
+    await io.context(configOf(io)).ledger.linkPv('pv-1', 'data');
+    await volumeUnlink({ pv: 'pv-1' }, io);
+    assert.equal(io.take(), 'PV name pv-1 no longer leads to volume data\n');
+    await volumeUnlink({ pv: 'pv-1' }, io);
+    assert.equal(io.take(), 'PV name pv-1 has no alias\n');
+    await assert.rejects(volumeUnlink({ pv: 'Bad' }, io), /PV name "Bad" is not allowed/);
+  });
+
   test('create, list, inspect, a ticket that blocks delete, remove it by prefix, delete', async () => {
     const io = node();
     await volumeCreate({ name: 'data', size: '64Mi', output: 'table' }, io);
@@ -55,7 +89,7 @@ describe('volume and ticket commands, called as functions', () => {
     assert.match(io.take(), /^volume data already exists/);
 
     await volumeList({ output: 'table' }, io);
-    assert.match(io.take(), /^NAME +SIZE +FS +STATE +NODES +TICKETS\ndata +64Mi +\(ext4\) +detached +- +0\n$/);
+    assert.match(io.take(), /^NAME +PV +SIZE +FS +STATE +NODES +TICKETS\ndata +- +64Mi +\(ext4\) +detached +- +0\n$/);
 
     await ticketAdd({ volume: 'data', node: 'node-b', type: 'admin', readOnly: true, owner: 'alice' }, io);
     const added = /^ticket (admin-[0-9a-f]{64}) added: satisfied/.exec(io.take());

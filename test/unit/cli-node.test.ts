@@ -218,7 +218,7 @@ describe('--node on ticket list and volume list', () => {
     assert.deepEqual(await names('node-d'), ['detaching-d']);
     assert.deepEqual(await names('node-z'), []);
     await volumeList({ node: 'node-d', output: 'table' }, io);
-    assert.match(io.take(), /^NAME .*\ndetaching-d +64Mi +\(ext4\) +detaching +node-d\(detaching\) +0\n$/);
+    assert.match(io.take(), /^NAME .*\ndetaching-d +- +64Mi +\(ext4\) +detaching +node-d\(detaching\) +0\n$/);
   });
 
   test('a bad node name is refused before anything is read', async () => {

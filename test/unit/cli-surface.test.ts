@@ -144,6 +144,13 @@ describe("a user's mistake is a usage error, never an internal error", () => {
     [['node', 'check', 'n', '-o', 'xml'], /output format must be "table" or "json"/],
     [['ticket', 'list', '--node', '../x'], /^latch: node name "\.\.\/x" is not allowed/],
     [['volume', 'list', '--node', ''], /^latch: node name is empty/],
+    [['volume', 'allow', 'v'], /^latch: name what to allow: --pv NAME and\/or --namespace NAMESPACE/],
+    [
+      ['volume', 'allow', 'v', '--pv', 'pv-1', '--namespace', 'shop', '--namespace', 'Bad'],
+      /^latch: --namespace "Bad" is not a namespace name/,
+    ],
+    [['volume', 'allow', 'nope', '--pv', 'pv-1', '--pv', 'pv-2'], /^latch: volume nope does not exist/],
+    [['volume', 'unlink', 'Bad'], /^latch: PV name "Bad" is not allowed/],
   ];
   for (const [argv, message] of badValues) {
     test(`latch ${argv.join(' ')}`, async () => {

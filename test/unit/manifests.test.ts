@@ -28,6 +28,9 @@ import { Namespace } from 'kubernetes-models/v1/Namespace';
 import { ServiceAccount } from 'kubernetes-models/v1/ServiceAccount';
 import { Role } from 'kubernetes-models/rbac.authorization.k8s.io/v1/Role';
 import { RoleBinding } from 'kubernetes-models/rbac.authorization.k8s.io/v1/RoleBinding';
+import { ValidatingAdmissionPolicy } from 'kubernetes-models/admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy';
+import { ValidatingAdmissionPolicyBinding } from 'kubernetes-models/admissionregistration.k8s.io/v1/ValidatingAdmissionPolicyBinding';
+import { run as runCel } from '@bufbuild/cel';
 import { install } from '../../src/cli/install.js';
 import type { CommandIO } from '../../src/cli/io.js';
 import { installOrPrintManifests, printManifests, type PrintManifestsOptions } from '../../src/cli/manifests.js';
@@ -53,7 +56,20 @@ const KINDS: Record<string, { model: new (data: any) => { validate(): void }; ty
     type: 'IRoleBinding',
     module: 'kubernetes-models/rbac.authorization.k8s.io/v1/RoleBinding',
   },
+  'admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy': {
+    model: ValidatingAdmissionPolicy,
+    type: 'IValidatingAdmissionPolicy',
+    module: 'kubernetes-models/admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy',
+  },
+  'admissionregistration.k8s.io/v1/ValidatingAdmissionPolicyBinding': {
+    model: ValidatingAdmissionPolicyBinding,
+    type: 'IValidatingAdmissionPolicyBinding',
+    module: 'kubernetes-models/admissionregistration.k8s.io/v1/ValidatingAdmissionPolicyBinding',
+  },
 };
+
+/** Kinds that live in no namespace. */
+const CLUSTER_SCOPED = ['Namespace', 'ValidatingAdmissionPolicy', 'ValidatingAdmissionPolicyBinding'];
 
 /** The package's version: the built executable's default image is latch:<version>, and so is the committed file's. */
 const PACKAGE_VERSION = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')).version as string;
@@ -152,7 +168,14 @@ describe('install/daemonset.yaml against the Kubernetes schemas', () => {
   const docs = loadManifest();
 
   test('every document passes the OpenAPI validation of its kind', () => {
-    assert.deepEqual(docs.map(kindOf), ['v1/Namespace', 'v1/ServiceAccount', 'v1/ConfigMap', 'apps/v1/DaemonSet']);
+    assert.deepEqual(docs.map(kindOf), [
+      'v1/Namespace',
+      'v1/ServiceAccount',
+      'v1/ConfigMap',
+      'apps/v1/DaemonSet',
+      'admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy',
+      'admissionregistration.k8s.io/v1/ValidatingAdmissionPolicyBinding',
+    ]);
     validateSchemas(docs);
   });
 
@@ -277,9 +300,10 @@ describe('install/daemonset.yaml gives latch what it needs', () => {
     assert.ok(config.logFile.startsWith('/var/log/latch/'));
   });
 
-  test('all objects live in one namespace, and the pods select their own labels', () => {
+  test('all namespaced objects live in one namespace, and the pods select their own labels', () => {
     const ns = docs.find((d) => d.kind === 'Namespace')!.metadata.name;
-    for (const d of docs.filter((d) => d.kind !== 'Namespace')) assert.equal(d.metadata.namespace, ns, d.kind);
+    for (const d of docs.filter((d) => !CLUSTER_SCOPED.includes(d.kind))) assert.equal(d.metadata.namespace, ns, d.kind);
+    for (const d of docs.filter((d) => CLUSTER_SCOPED.includes(d.kind))) assert.equal(d.metadata.namespace, undefined, d.kind);
     for (const [k, v] of Object.entries(ds.spec.selector.matchLabels)) assert.equal(ds.spec.template.metadata.labels[k], v);
     assert.equal(pod.serviceAccountName, docs.find((d) => d.kind === 'ServiceAccount')!.metadata.name);
   });
@@ -408,6 +432,66 @@ describe('every preset generates valid manifests pinned to its plugin dir', () =
     const list = JSON.parse(io.printed());
     assert.equal(list.kind, 'List');
     assert.deepEqual(list.items, loadManifest(await generated({ preset: presetNamed('openshift') })));
+  });
+});
+
+/** A JSON value as CEL sees a Kubernetes object: objects as maps (has() and field selection work on them). */
+function celValue(value: unknown): unknown {
+  if (Array.isArray(value)) return value.map(celValue);
+  if (value !== null && typeof value === 'object') return new Map(Object.entries(value).map(([k, v]) => [k, celValue(v)]));
+  return value;
+}
+
+describe('the admission policy: pods may not use the driver inline (docs/operations.md, "Tenancy")', () => {
+  const policyOf = (docs: Doc[]) => defined(docs.find((d) => d.kind === 'ValidatingAdmissionPolicy'));
+  const admits = (policy: Doc, pod: Doc) =>
+    policy.spec.validations.every((v: Doc) => runCel(v.expression, { object: celValue(pod) as never }) === true);
+  const pod = (...volumes: Doc[]) => ({ apiVersion: 'v1', kind: 'Pod', spec: { containers: [], ...(volumes.length > 0 && { volumes }) } });
+
+  test('a policy on pod creation and update, failing closed, and a binding that denies what it rejects', () => {
+    const docs = loadManifest();
+    const policy = policyOf(docs);
+    assert.deepEqual(policy.spec.matchConstraints.resourceRules, [
+      { apiGroups: [''], apiVersions: ['v1'], operations: ['CREATE', 'UPDATE'], resources: ['pods'] },
+    ]);
+    assert.equal(policy.spec.failurePolicy, 'Fail');
+    const binding = defined(docs.find((d) => d.kind === 'ValidatingAdmissionPolicyBinding'));
+    assert.deepEqual(binding.spec, { policyName: policy.metadata.name, validationActions: ['Deny'] });
+  });
+
+  test("its CEL expression rejects a pod with latch's driver inline, and admits every other pod", () => {
+    const policy = policyOf(loadManifest());
+    assert.equal(admits(policy, pod()), true, 'no volumes');
+    assert.equal(
+      admits(policy, pod({ name: 'data', persistentVolumeClaim: { claimName: 'data' } })),
+      true,
+      'a claim: the PV names the volume',
+    );
+    assert.equal(
+      admits(policy, pod({ name: 'x', flexVolume: { driver: 'acme/other', options: { volume: 'v' } } })),
+      true,
+      'another driver',
+    );
+    const inline = { name: 'pv-db', flexVolume: { driver: 'latch/loop', options: { volume: 'db-data' } } };
+    assert.equal(admits(policy, pod(inline)), false);
+    assert.equal(admits(policy, pod({ name: 'tmp', emptyDir: {} }, inline)), false, 'among other volumes');
+    assert.match(policy.spec.validations[0].message, /may not use the FlexVolume driver latch\/loop inline/);
+  });
+
+  test("it names the driver installed: --driver, else the configuration's driverName", async () => {
+    const inline = (driver: string) => pod({ name: 'v', flexVolume: { driver } });
+    const byFlag = policyOf(loadManifest(await generated({ driver: 'acme/disk' })));
+    assert.deepEqual([admits(byFlag, inline('acme/disk')), admits(byFlag, inline('latch/loop'))], [false, true]);
+    const dir = mkdtempSync(join(tmpdir(), 'latch-manifests-'));
+    try {
+      const file = join(dir, 'cluster.json');
+      writeFileSync(file, JSON.stringify({ driverName: 'corp/vol' }));
+      const docs = loadManifest(await generated({ clusterConfig: file }));
+      validateSchemas(docs);
+      assert.equal(admits(policyOf(docs), inline('corp/vol')), false);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
 

@@ -3,6 +3,7 @@ import { shortTicketId } from '../../ledger/ids.js';
 import { formatSize } from '../../size.js';
 import { configOf, type CommandIO } from '../io.js';
 import { formatJson, type OutputFormat } from '../output.js';
+import { describeAccess } from './allow.js';
 import { describeNodes, getVolume } from './volume-doc.js';
 
 export async function volumeInspect(options: { name: string; output: OutputFormat }, io: CommandIO): Promise<void> {
@@ -19,6 +20,7 @@ export async function volumeInspect(options: { name: string; output: OutputForma
     `State:       ${doc.status.state}`,
     `Nodes:       ${describeNodes(doc) || '-'}`,
     `Created:     ${doc.createdAt}`,
+    `Used by:     ${describeAccess(doc)}`,
     `Last attach: ${by ? `node ${by.node} for ${by.type} ticket ${shortTicketId(by.ticket)} at ${by.at}` : '-'}`,
     'Tickets:',
   ];

@@ -3,6 +3,7 @@ import { checkNodeName } from '../../names.js';
 import { formatSize } from '../../size.js';
 import { configOf, type CommandIO } from '../io.js';
 import { formatJson, formatTable, type OutputFormat } from '../output.js';
+import type { VolumeDoc } from '../../ledger/types.js';
 import { concernsNode, describeNodes } from './volume-doc.js';
 
 export interface VolumeListOptions {
@@ -22,9 +23,10 @@ export async function volumeList(options: VolumeListOptions, io: CommandIO): Pro
   }
   io.out(
     formatTable(
-      ['name', 'size', 'fs', 'state', 'nodes', 'tickets'],
+      ['name', 'pv', 'size', 'fs', 'state', 'nodes', 'tickets'],
       docs.map((d) => [
         d.name,
+        describeOwner(d),
         formatSize(d.spec.sizeBytes),
         d.status.filesystem ?? `(${d.spec.fsType})`,
         d.status.state,
@@ -33,4 +35,12 @@ export async function volumeList(options: VolumeListOptions, io: CommandIO): Pro
       ]),
     ),
   );
+}
+
+/** The volume's PV (namespace/PV when created for a pod of a namespace), "+N" for its allow entries; "-" when none. */
+function describeOwner(doc: VolumeDoc): string {
+  const { pv, allowed } = doc.spec;
+  const own = pv ? `${pv.namespace ? `${pv.namespace}/` : ''}${pv.name}` : '-';
+  const more = (allowed?.pvs?.length ?? 0) + (allowed?.namespaces?.length ?? 0);
+  return more > 0 ? `${own} +${more}` : own;
 }
