@@ -95,6 +95,12 @@ function buildSchema() {
         .check(z.regex(/^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$/, 'must be a lower-case host name as kubelet reports it'), z.maxLength(253)),
     ),
     attach: z._default(z.boolean(), true),
+    // The one node of a one-node installation (`latch install --print-manifests --single-node NODE`).
+    singleNode: z.optional(
+      z
+        .string()
+        .check(z.regex(/^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$/, 'must be a lower-case host name as kubelet reports it'), z.maxLength(253)),
+    ),
     poolDir: z._default(absolutePath, '/var/lib/latch/pool'),
     stateDir: z._default(absolutePath, '/var/lib/latch/state'),
     logFile: z._default(absolutePath, '/var/log/latch/latch.log'),

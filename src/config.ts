@@ -60,6 +60,8 @@ export interface Config {
   driverName: string;
   nodeName: string;
   attach: boolean;
+  /** The one node of a one-node installation, where the file store is the whole ledger. */
+  singleNode?: string;
   poolDir: string;
   stateDir: string;
   logFile: string;

@@ -1,0 +1,19 @@
+// latch install --make-etcd-certs (hidden): what the cluster install's Job runs, once, to give latch's own etcd its
+// TLS material: the Secrets of host/etcd-secrets.ts, each made only if missing. It needs the pod's ServiceAccount
+// (allowed to get and create Secrets in latch's namespace) and the client Service's cluster IP, which Kubernetes puts
+// in the pod's environment: nodes reach etcd at that address, so the members' certificate must name it.
+import { LatchError } from '../errors.js';
+import { ETCD, ensureEtcdSecrets, inClusterSecretApi, serviceHostVariable } from '../host/etcd-secrets.js';
+import type { CommandIO } from './io.js';
+
+export async function makeEtcdCerts(io: CommandIO): Promise<void> {
+  const variable = serviceHostVariable(ETCD.clientService);
+  const clusterIp = io.env[variable];
+  if (!clusterIp) {
+    throw new LatchError(
+      `$${variable} is not set: the Service ${ETCD.clientService} did not exist when this pod started; the Job's next pod will have it`,
+    );
+  }
+  const results = await ensureEtcdSecrets(await inClusterSecretApi(io.env), [clusterIp]);
+  io.out(`${results.map((r) => `${r.action} Secret ${r.secret}`).join('\n')}\n`);
+}
