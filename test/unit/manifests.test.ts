@@ -31,10 +31,15 @@ import { RoleBinding } from 'kubernetes-models/rbac.authorization.k8s.io/v1/Role
 import { Job } from 'kubernetes-models/batch/v1/Job';
 import { StatefulSet } from 'kubernetes-models/apps/v1/StatefulSet';
 import { Service } from 'kubernetes-models/v1/Service';
+import { PersistentVolume } from 'kubernetes-models/v1/PersistentVolume';
+import { PersistentVolumeClaim } from 'kubernetes-models/v1/PersistentVolumeClaim';
+import { Pod } from 'kubernetes-models/v1/Pod';
 import { install } from '../../src/cli/install.js';
 import type { CommandIO } from '../../src/cli/io.js';
 import { installOrPrintManifests, printManifests, type PrintManifestsOptions } from '../../src/cli/manifests.js';
 import { parseConfig } from '../../src/config.js';
+import { parseOptions } from '../../src/contract/options.js';
+import { parseSize } from '../../src/size.js';
 import { buildProgram } from '../../src/cli/surface.js';
 import { ETCD } from '../../src/host/etcd-secrets.js';
 import { choosePluginDir, resolveUnderRoot } from '../../src/host/plugin-dir.js';
@@ -55,6 +60,13 @@ const KINDS: Record<string, { model: new (data: any) => { validate(): void }; ty
   'apps/v1/StatefulSet': { model: StatefulSet, type: 'IStatefulSet', module: 'kubernetes-models/apps/v1/StatefulSet' },
   'v1/Service': { model: Service, type: 'IService', module: 'kubernetes-models/v1/Service' },
   'batch/v1/Job': { model: Job, type: 'IJob', module: 'kubernetes-models/batch/v1/Job' },
+  'v1/PersistentVolume': { model: PersistentVolume, type: 'IPersistentVolume', module: 'kubernetes-models/v1/PersistentVolume' },
+  'v1/PersistentVolumeClaim': {
+    model: PersistentVolumeClaim,
+    type: 'IPersistentVolumeClaim',
+    module: 'kubernetes-models/v1/PersistentVolumeClaim',
+  },
+  'v1/Pod': { model: Pod, type: 'IPod', module: 'kubernetes-models/v1/Pod' },
   'rbac.authorization.k8s.io/v1/Role': { model: Role, type: 'IRole', module: 'kubernetes-models/rbac.authorization.k8s.io/v1/Role' },
   'rbac.authorization.k8s.io/v1/RoleBinding': {
     model: RoleBinding,
@@ -548,6 +560,74 @@ describe('--single-node: a one-node installation is an explicit choice', () => {
       rmSync(dir, { recursive: true, force: true });
     }
   });
+});
+
+/** The ```yaml blocks of a Markdown file that hold Kubernetes objects. */
+function yamlExamples(file: string): { where: string; docs: Doc[] }[] {
+  const text = readFileSync(join(ROOT, file), 'utf8');
+  return [...text.matchAll(/^```yaml\n([\s\S]*?)^```$/gm)]
+    .filter((m) => /^kind: /m.test(defined(m[1])))
+    .map((m) => ({ where: `${file}:${text.slice(0, m.index).split('\n').length}`, docs: loadManifest(m[1]) }));
+}
+
+describe('the examples in README.md and docs/operations.md are objects a user can apply', () => {
+  const examples = ['README.md', 'docs/operations.md'].flatMap(yamlExamples);
+
+  test('each backend: a loop volume with nodeAffinity, and an rbd one without (its pod may move)', () => {
+    const pvs = examples.flatMap((e) => e.docs.filter((d) => d.kind === 'PersistentVolume'));
+    assert.ok(pvs.filter((pv) => pv.spec.nodeAffinity).length >= 2, 'loop examples in both files');
+    assert.ok(
+      pvs.some((pv) => !pv.spec.nodeAffinity),
+      'an rbd example',
+    );
+    for (const { where, docs } of examples) {
+      assert.deepEqual(
+        docs.map((d) => d.kind),
+        ['PersistentVolume', 'PersistentVolumeClaim', 'Pod'],
+        where,
+      );
+    }
+  });
+
+  for (const { where, docs } of examples) {
+    test(`${where}: valid objects; the claim binds the volume, the pod uses the claim, the options are latch's`, () => {
+      validateSchemas(docs);
+      assert.deepEqual(typeErrors(docs), []);
+      const [pv, pvc, pod] = docs as [Doc, Doc, Doc];
+      // The claim binds this volume and no other claim can: both ways named, the same (empty) class.
+      assert.equal(pvc.spec.volumeName, pv.metadata.name);
+      assert.deepEqual(pv.spec.claimRef, { namespace: pvc.metadata.namespace, name: pvc.metadata.name });
+      assert.equal(pv.spec.storageClassName, '');
+      assert.equal(pvc.spec.storageClassName, '');
+      for (const mode of pvc.spec.accessModes) assert.ok(pv.spec.accessModes.includes(mode), mode);
+      assert.ok(parseSize(pvc.spec.resources.requests.storage) <= parseSize(pv.spec.capacity.storage));
+      assert.equal(pod.metadata.namespace, pvc.metadata.namespace);
+      assert.deepEqual(
+        pod.spec.volumes.map((v: Doc) => v.persistentVolumeClaim?.claimName),
+        [pvc.metadata.name],
+      );
+      for (const c of pod.spec.containers) {
+        for (const m of c.volumeMounts)
+          assert.ok(
+            pod.spec.volumes.some((v: Doc) => v.name === m.name),
+            m.name,
+          );
+      }
+      // The driver of the default configuration; options as kubelet passes them, which latch accepts.
+      const config = JSON.parse(defined(loadManifest().find((d) => d.kind === 'ConfigMap')).data['config.json']);
+      assert.equal(pv.spec.flexVolume.driver, config.driverName);
+      const options = parseOptions(
+        JSON.stringify({
+          'kubernetes.io/fsType': pv.spec.flexVolume.fsType ?? '',
+          'kubernetes.io/pvOrVolumeName': pv.metadata.name,
+          'kubernetes.io/readwrite': 'rw',
+          ...pv.spec.flexVolume.options,
+        }),
+        parseConfig({ ...config, nodeName: 'node-1' }, 'ConfigMap'),
+      );
+      assert.equal(options.size, parseSize(pv.spec.capacity.storage), 'the volume is made of the size the PV says');
+    });
+  }
 });
 
 /** The plugin-dir volume of a pinned DaemonSet: its hostPath, its mount and the env the entrypoint reads. */
