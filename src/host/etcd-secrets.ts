@@ -32,7 +32,7 @@ export function serviceHostVariable(service: string): string {
 }
 
 /** The DNS names a member's certificate is valid for (any member's, and the client Service's). */
-export function memberNames(namespace = LATCH_NAMESPACE): string[] {
+function memberNames(namespace = LATCH_NAMESPACE): string[] {
   return [
     `*.${ETCD.name}.${namespace}.svc`,
     `*.${ETCD.name}.${namespace}.svc.cluster.local`,
@@ -103,16 +103,20 @@ export async function ensureEtcdSecrets(api: SecretApi, extraNames: readonly str
 const SERVICE_ACCOUNT_DIR = '/var/run/secrets/kubernetes.io/serviceaccount';
 const API_TIMEOUT_MS = 30_000;
 
-/** The Secrets API of `namespace` through the API server, as the pod's ServiceAccount (in a pod only). */
-export async function inClusterSecretApi(env: NodeJS.ProcessEnv, namespace = LATCH_NAMESPACE): Promise<SecretApi> {
+/**
+ * The Secrets API of latch's namespace through the API server, as the pod's ServiceAccount (in a pod only; a test
+ * gives its own `serviceAccountDir`).
+ */
+export async function inClusterSecretApi(env: NodeJS.ProcessEnv, serviceAccountDir = SERVICE_ACCOUNT_DIR): Promise<SecretApi> {
+  const namespace = LATCH_NAMESPACE;
   const host = env.KUBERNETES_SERVICE_HOST;
   const port = env.KUBERNETES_SERVICE_PORT ?? '443';
   if (!host) throw new LatchError('--make-etcd-certs runs in a pod of the cluster install (no KUBERNETES_SERVICE_HOST here)');
   let token: string;
   let ca: Buffer;
   try {
-    token = (await readFile(`${SERVICE_ACCOUNT_DIR}/token`, 'utf8')).trim();
-    ca = await readFile(`${SERVICE_ACCOUNT_DIR}/ca.crt`);
+    token = (await readFile(`${serviceAccountDir}/token`, 'utf8')).trim();
+    ca = await readFile(`${serviceAccountDir}/ca.crt`);
   } catch (err) {
     throw new LatchError(`--make-etcd-certs: the pod's ServiceAccount token cannot be read: ${errorMessage(err)}`);
   }

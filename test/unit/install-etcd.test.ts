@@ -14,7 +14,8 @@ import { join, resolve } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import type { CommandIO } from '../../src/cli/io.js';
 import { printManifests } from '../../src/cli/manifests.js';
-import { ETCD, ensureEtcdSecrets, type SecretApi } from '../../src/host/etcd-secrets.js';
+import { makeEtcdCerts } from '../../src/cli/etcd-certs.js';
+import { ETCD, ensureEtcdSecrets, inClusterSecretApi, type SecretApi } from '../../src/host/etcd-secrets.js';
 import { etcdBinary, etcdSkipReason, freePort, makeTestCertificates } from '../etcd/etcd.js';
 import { defined } from '../fixtures/defined.js';
 import { trackChild } from '../fixtures/tracked-children.js';
@@ -243,5 +244,100 @@ describe("latch's own etcd as the manifests run it", { skip }, () => {
     });
     assert.equal(list.status, 0, list.stderr);
     assert.match(list.stdout, /pv-own-etcd/);
+  });
+});
+
+describe("the Job against an API server: the pod's token, the API server's CA, create only what is missing", () => {
+  const certs = makeTestCertificates(join(tmpdir(), `latch-fake-api-${process.pid}`));
+  let dir: string;
+  let server: https.Server;
+  let port: number;
+  const stored = new Map<string, Doc>();
+  const requests: string[] = [];
+
+  before(async () => {
+    if (!certs) return;
+    dir = mkdtempSync(join(tmpdir(), 'latch-sa-'));
+    writeFileSync(join(dir, 'token'), 'the-token\n');
+    writeFileSync(join(dir, 'ca.crt'), readFileSync(certs.ca));
+    server = https.createServer({ cert: readFileSync(certs.server.cert), key: readFileSync(certs.server.key) }, (req, res) => {
+      let body = '';
+      req.on('data', (d: Buffer) => (body += d.toString()));
+      req.on('end', () => {
+        requests.push(`${req.method} ${req.url}`);
+        const reply = (status: number, value: unknown) =>
+          res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(value));
+        if (req.headers.authorization !== 'Bearer the-token') return reply(401, { reason: 'Unauthorized' });
+        const base = '/api/v1/namespaces/latch-system/secrets';
+        if (req.method === 'GET' && req.url?.startsWith(`${base}/`)) {
+          const found = stored.get(req.url.slice(base.length + 1));
+          return found ? reply(200, found) : reply(404, { reason: 'NotFound' });
+        }
+        if (req.method === 'POST' && req.url === base) {
+          const secret = JSON.parse(body) as Doc;
+          if (stored.has(secret.metadata.name)) return reply(409, { reason: 'AlreadyExists' });
+          stored.set(secret.metadata.name, secret);
+          return reply(201, secret);
+        }
+        return reply(405, {});
+      });
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    port = (server.address() as { port: number }).port;
+  });
+
+  after(async () => {
+    if (!certs) return;
+    await new Promise((r) => server.close(r));
+    rmSync(dir, { recursive: true, force: true });
+    rmSync(join(tmpdir(), `latch-fake-api-${process.pid}`), { recursive: true, force: true });
+  });
+
+  test(
+    'Secrets created through the API, base64 and typed; a second run only reads; a 409 counts as kept',
+    { skip: certs ? false : 'no openssl' },
+    async () => {
+      const env = { KUBERNETES_SERVICE_HOST: '127.0.0.1', KUBERNETES_SERVICE_PORT: String(port) };
+      const api = await inClusterSecretApi(env, dir);
+      const first = await ensureEtcdSecrets(api, ['10.96.0.20']);
+      assert.deepEqual(
+        first.map((r) => r.action),
+        ['created', 'created', 'created'],
+      );
+      const member = defined(stored.get(ETCD.secrets.member));
+      assert.equal(member.type, 'kubernetes.io/tls');
+      assert.equal(member.metadata.namespace, 'latch-system');
+      const cert = new X509Certificate(Buffer.from(member.data['tls.crt'], 'base64'));
+      assert.match(defined(cert.subjectAltName), /IP Address:10\.96\.0\.20/, "the client Service's cluster IP");
+      requests.length = 0;
+      const again = await ensureEtcdSecrets(api);
+      assert.deepEqual(
+        again.map((r) => r.action),
+        ['kept', 'kept', 'kept'],
+      );
+      assert.ok(
+        requests.every((r) => r.startsWith('GET ')),
+        requests.join(', '),
+      );
+      assert.equal(await api.create(ETCD.secrets.client, 'kubernetes.io/tls', { 'tls.crt': 'x' }), false, 'made meanwhile by another run');
+
+      const wrongToken = join(dir, 'wrong');
+      mkdirSync(wrongToken);
+      writeFileSync(join(wrongToken, 'token'), 'other');
+      writeFileSync(join(wrongToken, 'ca.crt'), readFileSync(certs!.ca));
+      await assert.rejects(
+        (await inClusterSecretApi(env, wrongToken)).get(ETCD.secrets.ca),
+        /reading the Secret latch-etcd-ca: the API server answered 401/,
+      );
+    },
+  );
+
+  test('outside a pod, or before the client Service exists, it says so', async () => {
+    await assert.rejects(inClusterSecretApi({}, '/nonexistent'), /runs in a pod of the cluster install/);
+    const io: CommandIO = { out: () => undefined, env: { KUBERNETES_SERVICE_HOST: '127.0.0.1' }, context: () => assert.fail('no context') };
+    await assert.rejects(
+      makeEtcdCerts(io),
+      /\$LATCH_ETCD_CLIENT_SERVICE_HOST is not set: the Service latch-etcd-client did not exist when this pod started/,
+    );
   });
 });
