@@ -138,7 +138,9 @@ export function buildManifests(options: ManifestOptions): Manifest[] {
       "client Service's cluster IP (the host has no cluster DNS) and puts\nthe client certificate in /etc/latch/etcd."
     : config.store.type === 'etcd'
       ? 'The ledger is the etcd named in store: every node\nneeds its TLS files at the paths given.'
-      : `The ledger is a file store: the one node\n${config.singleNode ?? options.singleNode ?? '(singleNode)'} only.`;
+      : config.singleNode !== undefined
+        ? `The ledger is the file store of the one node\n${config.singleNode}.`
+        : 'The ledger is a file store: each node has its own, which is safe on one node only.';
   manifests.push({
     comment:
       'Every node\'s /etc/latch/config.json is this plus "nodeName" (from spec.nodeName). Fields: docs/operations.md,\n' +
