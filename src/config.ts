@@ -59,9 +59,12 @@ export interface Config {
   source: string;
   driverName: string;
   nodeName: string;
-  attach: boolean;
-  /** The one node of a one-node installation, where the file store is the whole ledger. */
+  /**
+   * The one node that uses this configuration: a store of its own (the file store) is then enough, and every other
+   * node name is refused (unsafeConfigReason).
+   */
   singleNode?: string;
+  attach: boolean;
   poolDir: string;
   stateDir: string;
   logFile: string;
