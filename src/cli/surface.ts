@@ -120,7 +120,7 @@ export function buildProgram(io: CliIO, exit: (code: number) => void): Command {
         .option(...DRIVER)
         .option('--host-root <dir>', "the host's / is mounted here (the DaemonSet's pod): detect and install the host's plugin dir")
         .option('--print-manifests', 'print the Kubernetes manifests of the cluster install instead of installing')
-        .option('--image <ref>', `with --print-manifests: the installer image (default ${DEFAULT_IMAGE})`)
+        .option('--image <ref>', `with --print-manifests: the image of every pod, latch's etcd's too (default ${DEFAULT_IMAGE})`)
         .option(
           '--cluster-config <file>',
           "with --print-manifests: the config.json every node gets, without nodeName (default: latch's own etcd as the shared ledger)",

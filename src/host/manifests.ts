@@ -122,7 +122,7 @@ export function buildManifests(options: ManifestOptions): Manifest[] {
       },
     },
     {
-      comment: "The pods of latch's DaemonSets and of its etcd never call the API server.",
+      comment: `The pods of latch's DaemonSets${options.ownEtcd ? ' and of its etcd' : ''} never call the API server.`,
       object: {
         apiVersion: 'v1',
         kind: 'ServiceAccount',
@@ -134,17 +134,17 @@ export function buildManifests(options: ManifestOptions): Manifest[] {
   if (options.preset?.privilegedScc) manifests.push(...privilegedSccRbac());
   if (options.ownEtcd) manifests.push(...latchEtcd(options.image, options.etcdNodes));
   const ledger = options.ownEtcd
-    ? "The ledger is latch's own etcd (latch-etcd above): on each host the\nentrypoint replaces the endpoint with the " +
-      "client Service's cluster IP (the host has no cluster DNS) and puts\nthe client certificate in /etc/latch/etcd."
+    ? "The ledger is latch's own etcd (latch-etcd above): on each host the entrypoint replaces the endpoint with the\n" +
+      "client Service's cluster IP (the host has no cluster DNS) and puts the client certificate in /etc/latch/etcd."
     : config.store.type === 'etcd'
-      ? 'The ledger is the etcd named in store: every node\nneeds its TLS files at the paths given.'
+      ? 'The ledger is the etcd named in store: every node needs its TLS files at the paths given.'
       : config.singleNode !== undefined
-        ? `The ledger is the file store of the one node\n${config.singleNode}.`
+        ? `The ledger is the file store of the one node ${config.singleNode}.`
         : 'The ledger is a file store: each node has its own, which is safe on one node only.';
   manifests.push({
     comment:
       'Every node\'s /etc/latch/config.json is this plus "nodeName" (from spec.nodeName). Fields: docs/operations.md,\n' +
-      `"Configuration". ${ledger}`,
+      `"Configuration".\n${ledger}`,
     object: {
       apiVersion: 'v1',
       kind: 'ConfigMap',
