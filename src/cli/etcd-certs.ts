@@ -14,6 +14,7 @@ export async function makeEtcdCerts(io: CommandIO): Promise<void> {
       `$${variable} is not set: the Service ${ETCD.clientService} did not exist when this pod started; the Job's next pod will have it`,
     );
   }
-  const results = await ensureEtcdSecrets(await inClusterSecretApi(io.env), [clusterIp]);
+  // $LATCH_SERVICE_ACCOUNT_DIR: where a test puts a token and a CA (a pod has them in the standard place).
+  const results = await ensureEtcdSecrets(await inClusterSecretApi(io.env, io.env.LATCH_SERVICE_ACCOUNT_DIR), [clusterIp]);
   io.out(`${results.map((r) => `${r.action} Secret ${r.secret}`).join('\n')}\n`);
 }

@@ -332,6 +332,38 @@ describe("the Job against an API server: the pod's token, the API server's CA, c
     },
   );
 
+  for (const build of ['bin/latch', 'bin/latch-sea']) {
+    const missing = !certs ? 'no openssl' : existsSync(join(ROOT, build)) ? false : `${build} is not built`;
+    test(
+      `${build} install --make-etcd-certs, as the Job runs it: node-forge loads, the three Secrets are created`,
+      { skip: missing },
+      async () => {
+        stored.clear();
+        const child = spawn(join(ROOT, build), ['install', '--make-etcd-certs'], {
+          env: {
+            PATH: process.env.PATH,
+            KUBERNETES_SERVICE_HOST: '127.0.0.1',
+            KUBERNETES_SERVICE_PORT: String(port),
+            LATCH_ETCD_CLIENT_SERVICE_HOST: '10.96.0.30',
+            LATCH_SERVICE_ACCOUNT_DIR: dir,
+          },
+          stdio: ['ignore', 'pipe', 'pipe'],
+        });
+        trackChild(child);
+        let out = '';
+        let err = '';
+        child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+        child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+        const code = await new Promise<number | null>((r) => child.on('exit', r));
+        assert.equal(code, 0, err);
+        assert.equal(out, 'created Secret latch-etcd-ca\ncreated Secret latch-etcd-member\ncreated Secret latch-etcd-client\n');
+        assert.deepEqual([...stored.keys()].sort(), Object.values(ETCD.secrets).sort());
+        const member = new X509Certificate(Buffer.from(defined(stored.get(ETCD.secrets.member)).data['tls.crt'], 'base64'));
+        assert.match(defined(member.subjectAltName), /IP Address:10\.96\.0\.30/);
+      },
+    );
+  }
+
   test('outside a pod, or before the client Service exists, it says so', async () => {
     await assert.rejects(inClusterSecretApi({}, '/nonexistent'), /runs in a pod of the cluster install/);
     const io: CommandIO = { out: () => undefined, env: { KUBERNETES_SERVICE_HOST: '127.0.0.1' }, context: () => assert.fail('no context') };
