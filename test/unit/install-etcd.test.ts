@@ -14,7 +14,7 @@ import { join, resolve } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import type { CommandIO } from '../../src/cli/io.js';
 import { printManifests } from '../../src/cli/manifests.js';
-import { makeEtcdCerts } from '../../src/cli/etcd-certs.js';
+import { clusterDomain, makeEtcdCerts } from '../../src/cli/etcd-certs.js';
 import { ETCD, ensureEtcdSecrets, inClusterSecretApi, type SecretApi } from '../../src/host/etcd-secrets.js';
 import { etcdBinary, etcdSkipReason, freePort, makeTestCertificates } from '../etcd/etcd.js';
 import { defined } from '../fixtures/defined.js';
@@ -363,6 +363,14 @@ describe("the Job against an API server: the pod's token, the API server's CA, c
       },
     );
   }
+
+  test("the cluster's DNS domain, from a pod's resolv.conf, for the members' names in the certificate", () => {
+    const pod = 'nameserver 10.96.0.10\nsearch latch-system.svc.corp.example svc.corp.example corp.example\noptions ndots:5\n';
+    assert.equal(clusterDomain(pod), 'corp.example');
+    assert.equal(clusterDomain('search latch-system.svc.cluster.local svc.cluster.local cluster.local\n'), 'cluster.local');
+    assert.equal(clusterDomain('nameserver 1.1.1.1\n'), undefined);
+    assert.equal(clusterDomain('search svc.$(reboot)\n'), undefined, 'only a domain name');
+  });
 
   test('outside a pod, or before the client Service exists, it says so', async () => {
     await assert.rejects(inClusterSecretApi({}, '/nonexistent'), /runs in a pod of the cluster install/);
