@@ -191,6 +191,7 @@ const bundleOptions = {
     asStringUntilImported('yaml'),
     asStringUntilImported('prom-client'),
     asStringUntilImported('croner'),
+    asStringUntilImported('node-forge'),
   ],
   entryPoints: ['src/bin.ts'],
   bundle: true,

@@ -61,6 +61,11 @@ export interface Config {
   source: string;
   driverName: string;
   nodeName: string;
+  /**
+   * The one node that uses this configuration: a store of its own (the file store) is then enough, and every other
+   * node name is refused (unsafeConfigReason).
+   */
+  singleNode?: string;
   attach: boolean;
   poolDir: string;
   stateDir: string;

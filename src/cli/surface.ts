@@ -1,7 +1,7 @@
 // Every admin command and option, in one place, and the only file that knows commander. commander parses argv and
 // calls the command's function with typed options; it is told never to exit or print by itself, so that exit codes
 // and output stay ours (a FlexVolume driver must not let a library write to stdout).
-import { Command, CommanderError, InvalidArgumentError } from '@commander-js/extra-typings';
+import { Command, CommanderError, InvalidArgumentError, Option } from '@commander-js/extra-typings';
 import { DEFAULT_DRIVER_NAME } from '../names.js';
 import { LatchError } from '../errors.js';
 import { FS_TYPES } from '../filesystems.js';
@@ -127,8 +127,14 @@ export function buildProgram(io: CliIO, exit: (code: number) => void): Command {
         .option(...DRIVER)
         .option('--host-root <dir>', "the host's / is mounted here (the DaemonSet's pod): detect and install the host's plugin dir")
         .option('--print-manifests', 'print the Kubernetes manifests of the cluster install instead of installing')
-        .option('--image <ref>', `with --print-manifests: the installer image (default ${DEFAULT_IMAGE})`)
-        .option('--cluster-config <file>', 'with --print-manifests: the config.json every node gets, without nodeName (default: built in)')
+        .option('--image <ref>', `with --print-manifests: the image of every pod, latch's etcd's too (default ${DEFAULT_IMAGE})`)
+        .option(
+          '--cluster-config <file>',
+          "with --print-manifests: the config.json every node gets, without nodeName (default: latch's own etcd as the shared ledger)",
+        )
+        .option('--single-node <node>', 'with --print-manifests: a one-node installation on this node (its file store as the ledger)')
+        .option('--etcd-nodes <a,b,c>', "with --print-manifests: the three nodes latch's own etcd members are pinned to")
+        .addOption(new Option('--make-etcd-certs', "the cluster install's Job: make latch's etcd's certificates (in a pod)").hideHelp())
         .option(
           '--config-beside-driver',
           "also write the configuration and the etcd client's files beside the driver (0600), for a kube-controller-manager in a container",

@@ -1,8 +1,19 @@
 // The cluster install as Kubernetes objects, built in code so that nobody edits YAML with sed: the Namespace, the
-// ServiceAccount (and, on OpenShift, the Role that lets it use the privileged SCC), the ConfigMap every node's
-// /etc/latch/config.json is made from, and the DaemonSet whose pod installs the driver on each node
-// (install/entrypoint.sh). `latch install --print-manifests [--preset NAME]` prints them; install/daemonset.yaml is
-// the output without a preset, and a test keeps the two equal.
+// ServiceAccount (and, on OpenShift, the Role that lets it use the privileged SCC), latch's own etcd (below), the
+// ConfigMap every node's /etc/latch/config.json is made from, and the DaemonSets whose pods install the driver on
+// each node (install/entrypoint.sh). `latch install --print-manifests [--preset NAME]` prints them;
+// install/daemonset.yaml is the output without a preset, and a test keeps the two equal.
+//
+// The shared ledger: unless --cluster-config names a store or --single-node says there is one node, the nodes and the
+// control plane share latch's own etcd, a StatefulSet of 3 members with their data in a hostPath of the node each runs
+// on (as Rook keeps its monitors'), so it never depends on latch's own volumes. Its TLS material is made once by a Job
+// (`latch install --make-etcd-certs`, host/etcd-secrets.ts) and kept in Secrets. Nodes reach it from the host's
+// network, where there is no cluster DNS: the entrypoint writes the client Service's cluster IP into each node's
+// configuration.
+//
+// Attach mode: the pods on control-plane nodes (a DaemonSet of their own) also install the configuration and the
+// client certificate beside the driver (--config-beside-driver), where a kube-controller-manager in a container finds
+// them, so `kubectl apply` is all the control plane needs.
 //
 // Where the driver goes on each node:
 // - no preset, no --plugin-dir: the pod detects kubelet's plugin dir on its node. It shares the host's pid namespace
@@ -12,9 +23,10 @@
 //   mounts, at the same path (no host root, no host pid namespace).
 import { parseConfig } from '../config.js';
 import { LatchError } from '../errors.js';
+import { ETCD, LATCH_NAMESPACE } from './etcd-secrets.js';
 import type { Preset } from './presets.js';
 
-const NAMESPACE = 'latch-system';
+const NAMESPACE = LATCH_NAMESPACE;
 const NAME = 'latch';
 const LABELS = { 'app.kubernetes.io/name': NAME };
 /** Where the detecting DaemonSet mounts the host's /. */
@@ -22,11 +34,32 @@ const HOST_ROOT_MOUNT = '/host';
 /** kubelet's root dir, where it mounts pod volumes: what a pinned DaemonSet's agent sees of the host's mounts. */
 const KUBELET_DIR = '/var/lib/kubelet';
 
-/** What every node gets without --cluster-config: the file store, attach mode unless the control plane is managed. */
-export function defaultClusterConfig(preset?: Preset): Record<string, unknown> {
+/** Where the entrypoint puts the etcd client's files on each host (from the Secret latch-etcd-client). */
+const ETCD_CLIENT_DIR = '/etc/latch/etcd';
+/** Where the install container sees the Secret latch-etcd-client. */
+const ETCD_CLIENT_SECRET_MOUNT = '/etc/latch-etcd-client';
+/** The control-plane nodes' labels (the older one still on some clusters), and their taints, of the same keys. */
+const CONTROL_PLANE_LABELS = ['node-role.kubernetes.io/control-plane', 'node-role.kubernetes.io/master'];
+
+/**
+ * What every node gets without --cluster-config: latch's own etcd as the shared ledger, attach mode unless the
+ * control plane is managed; with --single-node, that node's file store and non-attach mode (a kube-controller-manager
+ * in a container could not reach the file store on its host).
+ */
+export function defaultClusterConfig(preset?: Preset, singleNode?: string): Record<string, unknown> {
+  const store =
+    singleNode !== undefined
+      ? { type: 'file' }
+      : {
+          type: 'etcd',
+          // The name pods resolve; the entrypoint replaces it with the Service's cluster IP for the host.
+          endpoints: [`https://${ETCD.clientService}.${NAMESPACE}.svc:${ETCD.clientPort}`],
+          tls: { ca: `${ETCD_CLIENT_DIR}/ca.crt`, cert: `${ETCD_CLIENT_DIR}/tls.crt`, key: `${ETCD_CLIENT_DIR}/tls.key` },
+        };
   return {
     driverName: 'latch/loop',
-    attach: preset?.managedControlPlane !== true,
+    attach: singleNode === undefined && preset?.managedControlPlane !== true,
+    ...(singleNode !== undefined && { singleNode }),
     poolDir: '/var/lib/latch/pool',
     stateDir: '/var/lib/latch/state',
     logFile: '/var/log/latch/latch.log',
@@ -34,7 +67,7 @@ export function defaultClusterConfig(preset?: Preset): Record<string, unknown> {
     maxSize: '100Gi',
     defaultFsType: 'ext4',
     allowedFsTypes: ['ext4', 'xfs'],
-    store: { type: 'file' },
+    store,
   };
 }
 
@@ -50,6 +83,12 @@ export interface ManifestOptions {
   /** The ConfigMap's config.json, without nodeName (each node adds its own); `source` names it in messages. */
   clusterConfig: Record<string, unknown>;
   clusterConfigSource: string;
+  /** latch's own etcd (StatefulSet, Services, the certificates' Job), which clusterConfig's store names. */
+  ownEtcd: boolean;
+  /** --single-node: every pod of latch runs on this node only. */
+  singleNode?: string;
+  /** --etcd-nodes: the nodes latch's etcd members are pinned to (default: any three, control-plane nodes first). */
+  etcdNodes?: readonly string[];
 }
 
 /** One Kubernetes object, with what the YAML says above it. */
@@ -83,7 +122,7 @@ export function buildManifests(options: ManifestOptions): Manifest[] {
       },
     },
     {
-      comment: 'The pods never call the API server.',
+      comment: `The pods of latch's DaemonSets${options.ownEtcd ? ' and of its etcd' : ''} never call the API server.`,
       object: {
         apiVersion: 'v1',
         kind: 'ServiceAccount',
@@ -93,11 +132,19 @@ export function buildManifests(options: ManifestOptions): Manifest[] {
     },
   ];
   if (options.preset?.privilegedScc) manifests.push(...privilegedSccRbac());
+  if (options.ownEtcd) manifests.push(...latchEtcd(options.image, options.etcdNodes));
+  const ledger = options.ownEtcd
+    ? "The ledger is latch's own etcd (latch-etcd above): on each host the entrypoint replaces the endpoint with the\n" +
+      "client Service's cluster IP (the host has no cluster DNS) and puts the client certificate in /etc/latch/etcd."
+    : config.store.type === 'etcd'
+      ? 'The ledger is the etcd named in store: every node needs its TLS files at the paths given.'
+      : config.singleNode !== undefined
+        ? `The ledger is the file store of the one node ${config.singleNode}.`
+        : 'The ledger is a file store: each node has its own, which is safe on one node only.';
   manifests.push({
     comment:
       'Every node\'s /etc/latch/config.json is this plus "nodeName" (from spec.nodeName). Fields: docs/operations.md,\n' +
-      '"Configuration". With more than one node in attach mode, the nodes and the control plane must share one\n' +
-      'ledger: use the etcd store, or "attach": false.',
+      `"Configuration".\n${ledger}`,
     object: {
       apiVersion: 'v1',
       kind: 'ConfigMap',
@@ -105,9 +152,241 @@ export function buildManifests(options: ManifestOptions): Manifest[] {
       data: { 'config.json': `${JSON.stringify(options.clusterConfig, null, 2)}\n` },
     },
   });
-  manifests.push(daemonSet({ ...options, pluginDir, attach: config.attach }));
+  const common = { ...options, pluginDir, attach: config.attach };
+  if (options.singleNode !== undefined) {
+    manifests.push(daemonSet({ ...common, role: { kind: 'single-node', node: options.singleNode } }));
+  } else if (config.attach) {
+    manifests.push(daemonSet({ ...common, role: { kind: 'workers' } }), daemonSet({ ...common, role: { kind: 'control-plane' } }));
+  } else {
+    manifests.push(daemonSet({ ...common, role: { kind: 'all' } }));
+  }
   manifests.push(...inlineVolumePolicy(options.driver ?? config.driverName));
   return manifests;
+}
+
+/** Which nodes a DaemonSet's pods run on. */
+type DaemonSetRole = { kind: 'all' } | { kind: 'workers' } | { kind: 'control-plane' } | { kind: 'single-node'; node: string };
+
+const controlPlaneTolerations = () => CONTROL_PLANE_LABELS.map((key) => ({ key, operator: 'Exists', effect: 'NoSchedule' }));
+
+/** The node affinity of a DaemonSet's pods, by role. */
+function nodeAffinity(role: DaemonSetRole): Record<string, unknown> | undefined {
+  const terms =
+    role.kind === 'workers'
+      ? [{ matchExpressions: CONTROL_PLANE_LABELS.map((key) => ({ key, operator: 'DoesNotExist' })) }]
+      : role.kind === 'control-plane'
+        ? CONTROL_PLANE_LABELS.map((key) => ({ matchExpressions: [{ key, operator: 'Exists' }] }))
+        : role.kind === 'single-node'
+          ? [{ matchExpressions: [{ key: 'kubernetes.io/hostname', operator: 'In', values: [role.node] }] }]
+          : undefined;
+  return terms && { nodeAffinity: { requiredDuringSchedulingIgnoredDuringExecution: { nodeSelectorTerms: terms } } };
+}
+
+/**
+ * latch's own etcd: the certificates' Job (with the ServiceAccount and Role that let it create Secrets), the headless
+ * Service of the members' names, the client Service, and the StatefulSet of members.
+ */
+function latchEtcd(image: string, etcdNodes: readonly string[] | undefined): Manifest[] {
+  const labels = { 'app.kubernetes.io/name': ETCD.name, 'app.kubernetes.io/part-of': NAME };
+  const certs = `${ETCD.name}-certs`;
+  const secretNames = Object.values(ETCD.secrets);
+  const peer = (member: string) => `https://${member}.${ETCD.name}.${NAMESPACE}.svc`;
+  const members = Array.from({ length: ETCD.members }, (_, i) => `${ETCD.name}-${i}`);
+  const tlsDir = '/etc/latch-etcd';
+  const dataDir = '/var/lib/latch-etcd';
+  const flags = [
+    '--name=$(POD_NAME)',
+    // One directory per member name: a member that comes back on this node finds its own data, never another's.
+    `--data-dir=${dataDir}/$(POD_NAME)`,
+    `--listen-client-urls=https://0.0.0.0:${ETCD.clientPort}`,
+    `--advertise-client-urls=${peer('$(POD_NAME)')}:${ETCD.clientPort}`,
+    `--listen-peer-urls=https://0.0.0.0:${ETCD.peerPort}`,
+    `--initial-advertise-peer-urls=${peer('$(POD_NAME)')}:${ETCD.peerPort}`,
+    `--initial-cluster=${members.map((m) => `${m}=${peer(m)}:${ETCD.peerPort}`).join(',')}`,
+    '--initial-cluster-state=new',
+    `--initial-cluster-token=${ETCD.name}`,
+    '--client-cert-auth',
+    `--trusted-ca-file=${tlsDir}/ca.crt`,
+    `--cert-file=${tlsDir}/tls.crt`,
+    `--key-file=${tlsDir}/tls.key`,
+    '--peer-client-cert-auth',
+    `--peer-trusted-ca-file=${tlsDir}/ca.crt`,
+    `--peer-cert-file=${tlsDir}/tls.crt`,
+    `--peer-key-file=${tlsDir}/tls.key`,
+    // Plain http for the probes only: /health and /metrics, no keys.
+    `--listen-metrics-urls=http://0.0.0.0:${ETCD.metricsPort}`,
+    // The ledger rewrites the same few keys: keep an hour of history, not all of it.
+    '--auto-compaction-mode=periodic',
+    '--auto-compaction-retention=1h',
+  ];
+  const pinned =
+    etcdNodes !== undefined
+      ? {
+          requiredDuringSchedulingIgnoredDuringExecution: {
+            nodeSelectorTerms: [{ matchExpressions: [{ key: 'kubernetes.io/hostname', operator: 'In', values: [...etcdNodes] }] }],
+          },
+        }
+      : {
+          preferredDuringSchedulingIgnoredDuringExecution: CONTROL_PLANE_LABELS.map((key) => ({
+            weight: 50,
+            preference: { matchExpressions: [{ key, operator: 'Exists' }] },
+          })),
+        };
+  return [
+    {
+      comment: "latch's etcd: the Job that makes its certificates creates Secrets in this namespace, as this account.",
+      object: {
+        apiVersion: 'v1',
+        kind: 'ServiceAccount',
+        metadata: { name: certs, namespace: NAMESPACE, labels: LABELS },
+      },
+    },
+    {
+      comment: 'It may create Secrets (Kubernetes cannot limit a create to names) and read only its own three.',
+      object: {
+        apiVersion: 'rbac.authorization.k8s.io/v1',
+        kind: 'Role',
+        metadata: { name: certs, namespace: NAMESPACE, labels: LABELS },
+        rules: [
+          { apiGroups: [''], resources: ['secrets'], verbs: ['create'] },
+          { apiGroups: [''], resources: ['secrets'], resourceNames: secretNames, verbs: ['get'] },
+        ],
+      },
+    },
+    {
+      comment: `Granted to ${certs}.`,
+      object: {
+        apiVersion: 'rbac.authorization.k8s.io/v1',
+        kind: 'RoleBinding',
+        metadata: { name: certs, namespace: NAMESPACE, labels: LABELS },
+        roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'Role', name: certs },
+        subjects: [{ kind: 'ServiceAccount', name: certs, namespace: NAMESPACE }],
+      },
+    },
+    {
+      comment:
+        "The members' names (latch-etcd-0.latch-etcd.latch-system.svc, ...), published before they are ready: a member\n" +
+        'must reach its peers to become ready at all.',
+      object: {
+        apiVersion: 'v1',
+        kind: 'Service',
+        metadata: { name: ETCD.name, namespace: NAMESPACE, labels },
+        spec: {
+          clusterIP: 'None',
+          publishNotReadyAddresses: true,
+          selector: labels,
+          ports: [
+            { name: 'client', port: ETCD.clientPort },
+            { name: 'peer', port: ETCD.peerPort },
+          ],
+        },
+      },
+    },
+    {
+      comment:
+        "The address nodes and kube-controller-manager reach the ledger at: a cluster IP, which the host's network\n" +
+        "reaches too. Create it before the pods that read it from their environment (this file's order does).",
+      object: {
+        apiVersion: 'v1',
+        kind: 'Service',
+        metadata: { name: ETCD.clientService, namespace: NAMESPACE, labels },
+        spec: { selector: labels, ports: [{ name: 'client', port: ETCD.clientPort }] },
+      },
+    },
+    {
+      comment:
+        "Makes latch's etcd's CA, its members' certificate and the client certificate, each only if its Secret is\n" +
+        'missing (latch-etcd-ca, latch-etcd-member, latch-etcd-client): running it again changes nothing. It removes\n' +
+        'itself once done, so that applying these manifests again (a new image) can create it anew.',
+      object: {
+        apiVersion: 'batch/v1',
+        kind: 'Job',
+        metadata: { name: certs, namespace: NAMESPACE, labels: LABELS },
+        spec: {
+          backoffLimit: 10,
+          ttlSecondsAfterFinished: 600,
+          template: {
+            metadata: { labels: LABELS },
+            spec: {
+              serviceAccountName: certs,
+              restartPolicy: 'Never',
+              containers: [
+                {
+                  name: 'make-certs',
+                  image,
+                  imagePullPolicy: 'IfNotPresent',
+                  command: ['latch', 'install', '--make-etcd-certs'],
+                  resources: { requests: { cpu: '10m', memory: '64Mi' }, limits: { memory: '256Mi' } },
+                },
+              ],
+            },
+          },
+        },
+      },
+    },
+    {
+      comment:
+        `latch's etcd: ${ETCD.members} members, one per node, each keeping its data in ${dataDir}/<member> on its node (a\n` +
+        "hostPath, never latch's own volumes). A member that moves to another node finds no data there and cannot\n" +
+        'rejoin by itself: pin them with --etcd-nodes (docs/operations.md, "The shared ledger"). Its pods wait for\n' +
+        'the Secret latch-etcd-member, which the Job above makes. Peers and clients use TLS with client certificates.',
+      object: {
+        apiVersion: 'apps/v1',
+        kind: 'StatefulSet',
+        metadata: { name: ETCD.name, namespace: NAMESPACE, labels },
+        spec: {
+          serviceName: ETCD.name,
+          replicas: ETCD.members,
+          // All at once: no member is ready before a quorum of them runs.
+          podManagementPolicy: 'Parallel',
+          selector: { matchLabels: labels },
+          template: {
+            metadata: { labels },
+            spec: {
+              // The latch account: on OpenShift, the one allowed the SCC that admits hostPath volumes.
+              serviceAccountName: NAME,
+              automountServiceAccountToken: false,
+              affinity: {
+                nodeAffinity: pinned,
+                podAntiAffinity: {
+                  requiredDuringSchedulingIgnoredDuringExecution: [
+                    { labelSelector: { matchLabels: labels }, topologyKey: 'kubernetes.io/hostname' },
+                  ],
+                },
+              },
+              tolerations: controlPlaneTolerations(),
+              terminationGracePeriodSeconds: 30,
+              containers: [
+                {
+                  name: 'etcd',
+                  image,
+                  imagePullPolicy: 'IfNotPresent',
+                  command: ['etcd'],
+                  args: flags,
+                  env: [{ name: 'POD_NAME', valueFrom: { fieldRef: { fieldPath: 'metadata.name' } } }],
+                  ports: [
+                    { name: 'client', containerPort: ETCD.clientPort },
+                    { name: 'peer', containerPort: ETCD.peerPort },
+                    { name: 'metrics', containerPort: ETCD.metricsPort },
+                  ],
+                  readinessProbe: { httpGet: { path: '/health', port: ETCD.metricsPort }, periodSeconds: 10 },
+                  resources: { requests: { cpu: '50m', memory: '128Mi' }, limits: { memory: '1Gi' } },
+                  volumeMounts: [
+                    { name: 'data', mountPath: dataDir },
+                    { name: 'tls', mountPath: tlsDir, readOnly: true },
+                  ],
+                },
+              ],
+              volumes: [
+                { name: 'data', hostPath: { path: dataDir, type: 'DirectoryOrCreate' } },
+                { name: 'tls', secret: { secretName: ETCD.secrets.member, defaultMode: 0o400 } },
+              ],
+            },
+          },
+        },
+      },
+    },
+  ];
 }
 
 /**
@@ -189,8 +468,11 @@ function privilegedSccRbac(): Manifest[] {
   ];
 }
 
-function daemonSet(options: ManifestOptions & { pluginDir: string | undefined; attach: boolean }): Manifest {
-  const { pluginDir } = options;
+function daemonSet(options: ManifestOptions & { pluginDir: string | undefined; attach: boolean; role: DaemonSetRole }): Manifest {
+  const { pluginDir, role } = options;
+  // The control plane's pods also write the configuration beside the driver, for a kube-controller-manager in a
+  // container (a single node may be the control plane too).
+  const besideDriver = options.attach && (role.kind === 'control-plane' || role.kind === 'single-node');
   const hostDir = (name: string, path: string, type = 'DirectoryOrCreate') => ({ name, hostPath: { path, type } });
   const env: Record<string, unknown>[] = [{ name: 'NODE_NAME', valueFrom: { fieldRef: { fieldPath: 'spec.nodeName' } } }];
   const mounts: Record<string, unknown>[] = [];
@@ -211,6 +493,13 @@ function daemonSet(options: ManifestOptions & { pluginDir: string | undefined; a
     { name: 'LATCH_CONFIG', value: '/etc/latch/config.json' },
     { name: 'LATCH_CONFIG_TEMPLATE', value: '/etc/latch-template/config.json' },
   );
+  if (besideDriver) env.push({ name: 'LATCH_CONFIG_BESIDE_DRIVER', value: 'true' });
+  if (options.ownEtcd) {
+    env.push(
+      { name: 'LATCH_ETCD_CLIENT_SECRET', value: ETCD_CLIENT_SECRET_MOUNT },
+      { name: 'LATCH_ETCD_SERVICE', value: ETCD.clientService },
+    );
+  }
   mounts.push(
     { name: 'config', mountPath: '/etc/latch' },
     { name: 'config-template', mountPath: '/etc/latch-template', readOnly: true },
@@ -225,12 +514,16 @@ function daemonSet(options: ManifestOptions & { pluginDir: string | undefined; a
     hostDir('log', '/var/log/latch'),
     hostDir('dev', '/dev', 'Directory'),
   );
+  if (options.ownEtcd) {
+    mounts.push({ name: 'etcd-client', mountPath: ETCD_CLIENT_SECRET_MOUNT, readOnly: true });
+    volumes.push({ name: 'etcd-client', secret: { secretName: ETCD.secrets.client, defaultMode: 0o400 } });
+  }
   // The agent (`latch agent`: jobs, reaping, metrics) beside the installer, with the same view of the host: its mounts
   // (the host's / under /host when detecting, HostToContainer: kubelet's mounts of pod volumes are seen, so a busy
   // device is never released and a mounted filesystem can be frozen for a snapshot; kubelet's dir when pinned), /dev
   // for loop devices, the state, config and log. It starts once the installer has written this node's config.
   const agentMounts: Record<string, unknown>[] = mounts
-    .filter((m) => m.name !== 'config-template' && m.name !== 'plugin-dir')
+    .filter((m) => m.name !== 'config-template' && m.name !== 'plugin-dir' && m.name !== 'etcd-client')
     .map((m) => (m.name === 'config' ? { ...m, readOnly: true } : m));
   if (pluginDir !== undefined) {
     agentMounts.push({ name: 'kubelet-dir', mountPath: KUBELET_DIR, mountPropagation: 'HostToContainer' });
@@ -252,11 +545,21 @@ function daemonSet(options: ManifestOptions & { pluginDir: string | undefined; a
         "config file, else the OpenShift 4 directory if it exists, else kubelet's default (hostPID for kubelet's\n" +
         "command line, the host's / at /host to read its files and write the driver)."
       : `The plugin dir is ${pluginDir}${options.preset ? ` (preset ${options.preset.name}: ${options.preset.title})` : ''}.`;
+  const whichNodes = {
+    all: 'latch on every node.\n',
+    workers: 'latch on every node but the control plane (the DaemonSet latch-control-plane serves those).\n',
+    'control-plane':
+      'latch on the control-plane nodes, where kube-controller-manager runs attach, isattached and detach: the pods also\n' +
+      'write the configuration and the etcd client certificate beside the driver (--config-beside-driver), where a\n' +
+      'kube-controller-manager in a container finds them. The DaemonSet latch serves the other nodes.\n',
+    'single-node': `latch on the one node ${role.kind === 'single-node' ? role.node : ''}${besideDriver ? ' (the configuration beside the driver too, for a kube-controller-manager in a container)' : ''}.\n`,
+  }[role.kind];
+  const name = role.kind === 'control-plane' ? `${NAME}-control-plane` : NAME;
+  const podLabels = { ...LABELS, 'app.kubernetes.io/component': role.kind === 'control-plane' ? 'control-plane' : 'node' };
+  const affinity = nodeAffinity(role);
   return {
     comment:
-      'latch on every node' +
-      (options.attach ? ', control-plane nodes included (in attach mode kube-controller-manager runs the driver there)' : '') +
-      '.\n' +
+      whichNodes +
       "The install container writes this node's /etc/latch/config.json (the ConfigMap plus nodeName), copies the\n" +
       "self-contained driver into kubelet's plugin dir atomically, prints `latch doctor`, and sleeps. kubelet runs the\n" +
       'driver from the host; stopping or deleting the pod never removes it (`latch uninstall` on a drained node does).\n' +
@@ -267,25 +570,20 @@ function daemonSet(options: ManifestOptions & { pluginDir: string | undefined; a
     object: {
       apiVersion: 'apps/v1',
       kind: 'DaemonSet',
-      metadata: { name: NAME, namespace: NAMESPACE, labels: LABELS },
+      metadata: { name, namespace: NAMESPACE, labels: LABELS },
       spec: {
-        selector: { matchLabels: LABELS },
+        selector: { matchLabels: podLabels },
         updateStrategy: { type: 'RollingUpdate', rollingUpdate: { maxUnavailable: 1 } },
         template: {
-          metadata: { labels: LABELS },
+          metadata: { labels: podLabels },
           spec: {
             serviceAccountName: NAME,
             automountServiceAccountToken: false,
             ...(pluginDir === undefined && { hostPID: true }),
             hostNetwork: true,
-            // Attach mode: KCM calls attach, isattached and detach on the control-plane nodes.
-            ...(options.attach && {
-              tolerations: ['node-role.kubernetes.io/control-plane', 'node-role.kubernetes.io/master'].map((key) => ({
-                key,
-                operator: 'Exists',
-                effect: 'NoSchedule',
-              })),
-            }),
+            ...(affinity && { affinity }),
+            // KCM calls attach, isattached and detach on the control-plane nodes; a single node may be one.
+            ...((role.kind === 'control-plane' || role.kind === 'single-node') && { tolerations: controlPlaneTolerations() }),
             terminationGracePeriodSeconds: 5,
             containers: [
               {

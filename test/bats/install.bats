@@ -400,6 +400,45 @@ start_entrypoint() {
   wait "$ENTRYPOINT_PID"
 }
 
+@test "entrypoint, control plane with latch's etcd: the client's files and the Service's address in the config, and the config beside the driver" {
+  local template="$LATCH_TMP/template/config.json" config="$LATCH_TMP/etc-latch/config.json" out="$LATCH_TMP/entrypoint.out"
+  local secret="$LATCH_TMP/secret" etcd_dir="$LATCH_TMP/etc-latch/etcd"
+  mkdir -p "$(dirname "$template")" "$secret"
+  # The Secret latch-etcd-client as the pod sees it: a CA and a client certificate that matches its key.
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$secret/tls.key" -out "$secret/tls.crt" -days 1 -subj /CN=latch 2>/dev/null
+  cp "$secret/tls.crt" "$secret/ca.crt"
+  # The generated ConfigMap's store, its files where the entrypoint puts them here; this test's paths otherwise.
+  run --separate-stderr "$BUILD_A" install --print-manifests -o json
+  assert_success
+  local store
+  store=$(jq -c --arg d "$etcd_dir" '.items[] | select(.kind == "ConfigMap") | .data["config.json"] | fromjson | .store
+      | .tls = {ca: "\($d)/ca.crt", cert: "\($d)/tls.crt", key: "\($d)/tls.key"}' <<<"$output")
+  jq --argjson store "$store" 'del(.nodeName) + {store: $store}' "$LATCH_CONFIG" >"$template"
+  # What the control-plane DaemonSet sets, and what Kubernetes puts in the pod's environment for the Service.
+  start_entrypoint LATCH_VOLUME_PLUGIN_DIR="$PLUGINS" LATCH_CONFIG_BESIDE_DRIVER=true LATCH_ETCD_CLIENT_SECRET="$secret" \
+    LATCH_ETCD_SERVICE=latch-etcd-client LATCH_ETCD_CLIENT_SERVICE_HOST=10.96.7.8 LATCH_ETCD_CLIENT_SERVICE_PORT=2379
+  jq -e '.nodeName == "node-7" and .store.endpoints == ["https://10.96.7.8:2379"]' "$config" || fail "config: $(cat "$config")"
+  local f
+  for f in ca.crt tls.crt tls.key; do
+    cmp "$secret/$f" "$etcd_dir/$f"
+    [[ $(stat -c %a "$etcd_dir/$f") == 600 ]] || fail "$etcd_dir/$f is not 0600"
+  done
+  [[ $(stat -c %a "$etcd_dir") == 700 ]] || fail "$etcd_dir is not 0700"
+  # Beside the driver, for a kube-controller-manager in a container: the configuration and the client's files.
+  local beside="$PLUGINS/latch~loop/.latch"
+  jq -e '.store.endpoints == ["https://10.96.7.8:2379"] and .store.tls == {ca: "etcd-ca.pem", cert: "etcd-cert.pem", key: "etcd-key.pem"}' \
+    "$beside/config.json" || fail "beside: $(cat "$beside/config.json")"
+  cmp "$secret/tls.key" "$beside/etcd-key.pem"
+  kill -TERM "$ENTRYPOINT_PID"
+  wait "$ENTRYPOINT_PID"
+
+  # Without the Service in its environment (created after the pod), the pod exits, to be restarted with it.
+  run env NODE_NAME=node-7 LATCH_CONFIG="$config" LATCH_CONFIG_TEMPLATE="$template" LATCH_READY_FILE="$LATCH_TMP/ready" \
+    LATCH="$BUILD_A" LATCH_ETCD_SERVICE=latch-etcd-client sh "$LATCH_REPO_ROOT/install/entrypoint.sh"
+  assert_failure 1
+  assert_output --partial 'the Service latch-etcd-client is not in this pod'"'"'s environment'
+}
+
 @test "install --print-manifests: the built executable prints install/daemonset.yaml; a preset pins its directory" {
   run --separate-stderr "$BUILD_A" install --print-manifests
   assert_success

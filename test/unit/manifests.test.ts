@@ -18,7 +18,7 @@ import {
   writeFileSync,
 } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import ts from 'typescript';
 import { parseAllDocuments } from 'yaml';
@@ -28,6 +28,12 @@ import { Namespace } from 'kubernetes-models/v1/Namespace';
 import { ServiceAccount } from 'kubernetes-models/v1/ServiceAccount';
 import { Role } from 'kubernetes-models/rbac.authorization.k8s.io/v1/Role';
 import { RoleBinding } from 'kubernetes-models/rbac.authorization.k8s.io/v1/RoleBinding';
+import { Job } from 'kubernetes-models/batch/v1/Job';
+import { StatefulSet } from 'kubernetes-models/apps/v1/StatefulSet';
+import { Service } from 'kubernetes-models/v1/Service';
+import { PersistentVolume } from 'kubernetes-models/v1/PersistentVolume';
+import { PersistentVolumeClaim } from 'kubernetes-models/v1/PersistentVolumeClaim';
+import { Pod } from 'kubernetes-models/v1/Pod';
 import { ValidatingAdmissionPolicy } from 'kubernetes-models/admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy';
 import { ValidatingAdmissionPolicyBinding } from 'kubernetes-models/admissionregistration.k8s.io/v1/ValidatingAdmissionPolicyBinding';
 import { run as runCel } from '@bufbuild/cel';
@@ -35,6 +41,10 @@ import { install } from '../../src/cli/install.js';
 import type { CommandIO } from '../../src/cli/io.js';
 import { installOrPrintManifests, printManifests, type PrintManifestsOptions } from '../../src/cli/manifests.js';
 import { parseConfig } from '../../src/config.js';
+import { parseOptions } from '../../src/contract/options.js';
+import { parseSize } from '../../src/size.js';
+import { buildProgram } from '../../src/cli/surface.js';
+import { ETCD } from '../../src/host/etcd-secrets.js';
 import { choosePluginDir, resolveUnderRoot } from '../../src/host/plugin-dir.js';
 import { PRESETS, PRESET_NAMES, presetNamed } from '../../src/host/presets.js';
 import { defined } from '../fixtures/defined.js';
@@ -50,6 +60,16 @@ const KINDS: Record<string, { model: new (data: any) => { validate(): void }; ty
   'v1/ServiceAccount': { model: ServiceAccount, type: 'IServiceAccount', module: 'kubernetes-models/v1/ServiceAccount' },
   'v1/ConfigMap': { model: ConfigMap, type: 'IConfigMap', module: 'kubernetes-models/v1/ConfigMap' },
   'apps/v1/DaemonSet': { model: DaemonSet, type: 'IDaemonSet', module: 'kubernetes-models/apps/v1/DaemonSet' },
+  'apps/v1/StatefulSet': { model: StatefulSet, type: 'IStatefulSet', module: 'kubernetes-models/apps/v1/StatefulSet' },
+  'v1/Service': { model: Service, type: 'IService', module: 'kubernetes-models/v1/Service' },
+  'batch/v1/Job': { model: Job, type: 'IJob', module: 'kubernetes-models/batch/v1/Job' },
+  'v1/PersistentVolume': { model: PersistentVolume, type: 'IPersistentVolume', module: 'kubernetes-models/v1/PersistentVolume' },
+  'v1/PersistentVolumeClaim': {
+    model: PersistentVolumeClaim,
+    type: 'IPersistentVolumeClaim',
+    module: 'kubernetes-models/v1/PersistentVolumeClaim',
+  },
+  'v1/Pod': { model: Pod, type: 'IPod', module: 'kubernetes-models/v1/Pod' },
   'rbac.authorization.k8s.io/v1/Role': { model: Role, type: 'IRole', module: 'kubernetes-models/rbac.authorization.k8s.io/v1/Role' },
   'rbac.authorization.k8s.io/v1/RoleBinding': {
     model: RoleBinding,
@@ -158,9 +178,9 @@ function typeErrors(docs: Doc[]): string[] {
   });
 }
 
-function daemonSet(docs: Doc[]): Doc {
-  const found = docs.find((d) => d.kind === 'DaemonSet');
-  assert.ok(found, 'no DaemonSet in the manifest');
+function daemonSet(docs: Doc[], name = 'latch'): Doc {
+  const found = docs.find((d) => d.kind === 'DaemonSet' && d.metadata.name === name);
+  assert.ok(found, `no DaemonSet ${name} in the manifest`);
   return found;
 }
 
@@ -171,8 +191,19 @@ describe('install/daemonset.yaml against the Kubernetes schemas', () => {
     assert.deepEqual(docs.map(kindOf), [
       'v1/Namespace',
       'v1/ServiceAccount',
+      // latch's own etcd: the certificates' Job and its RBAC, the Services, the members
+      'v1/ServiceAccount',
+      'rbac.authorization.k8s.io/v1/Role',
+      'rbac.authorization.k8s.io/v1/RoleBinding',
+      'v1/Service',
+      'v1/Service',
+      'batch/v1/Job',
+      'apps/v1/StatefulSet',
       'v1/ConfigMap',
+      // the nodes, and the control plane
       'apps/v1/DaemonSet',
+      'apps/v1/DaemonSet',
+      // pods may not use the driver inline
       'admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy',
       'admissionregistration.k8s.io/v1/ValidatingAdmissionPolicyBinding',
     ]);
@@ -267,13 +298,15 @@ describe('install/daemonset.yaml gives latch what it needs', () => {
     assert.deepEqual(env.get('NODE_NAME')?.valueFrom, { fieldRef: { fieldPath: 'spec.nodeName' } });
   });
 
-  test('it tolerates the control-plane taints, so attach mode has the driver where the controller runs', () => {
+  test('the control-plane DaemonSet tolerates the control-plane taints, so attach mode has the driver where the controller runs', () => {
+    const cp = daemonSet(docs, 'latch-control-plane').spec.template.spec;
     for (const key of ['node-role.kubernetes.io/control-plane', 'node-role.kubernetes.io/master']) {
       assert.ok(
-        pod.tolerations.some((t: Doc) => t.key === key && t.operator === 'Exists' && (t.effect === undefined || t.effect === 'NoSchedule')),
+        cp.tolerations.some((t: Doc) => t.key === key && t.operator === 'Exists' && (t.effect === undefined || t.effect === 'NoSchedule')),
         `no toleration for ${key}`,
       );
     }
+    assert.equal(pod.tolerations, undefined, "the nodes' DaemonSet leaves the control plane to the other");
   });
 
   test('nothing removes the driver when the pod stops', () => {
@@ -309,9 +342,322 @@ describe('install/daemonset.yaml gives latch what it needs', () => {
   });
 });
 
+/** The long options the CLI declares for `latch <command>` (commander's own surface, as main.ts runs it). */
+function declaredOptions(command: string): Set<string> {
+  const program = buildProgram(
+    { out: () => undefined, err: () => undefined, env: {}, context: () => assert.fail('no context') },
+    () => undefined,
+  );
+  const found = program.commands.find((c) => c.name() === command);
+  assert.ok(found, `latch has no command ${command}`);
+  return new Set(found.options.map((o) => o.long).filter((l): l is string => l !== undefined));
+}
+
+/** Checks a latch command line (argv after `latch`) against the CLI: the command exists and declares each option. */
+function assertAcceptedByCli(argv: string[]): void {
+  const [command, ...rest] = argv;
+  const declared = declaredOptions(defined(command));
+  for (const arg of rest.filter((a) => a.startsWith('--'))) {
+    assert.ok(declared.has(arg.split('=')[0] ?? arg), `latch ${command} does not accept ${arg}`);
+  }
+}
+
+const ENTRYPOINT = readFileSync(join(ROOT, 'install/entrypoint.sh'), 'utf8');
+
+describe('every container runs what the binaries accept, with the mounts and environment they read', () => {
+  const docs = loadManifest();
+  const containers = docs.flatMap((d) =>
+    ((d.spec?.template?.spec?.containers ?? []) as Doc[]).map((c) => ({
+      owner: `${d.kind}/${d.metadata.name}`,
+      container: c,
+      pod: d.spec.template.spec,
+    })),
+  );
+
+  test("each latch command line (the Job, the agent, the entrypoint's install) is one the CLI declares", () => {
+    const lines: string[][] = [];
+    for (const { container } of containers) {
+      const words: string[] = [...(container.command ?? []), ...(container.args ?? [])];
+      if (words[0] === 'latch') lines.push(words.slice(1));
+      const shell = words[0] === '/bin/sh' ? words.at(-1) : undefined;
+      const exec = shell && /exec latch ([^;&|]+)$/.exec(shell);
+      if (exec) lines.push(defined(exec[1]).trim().split(/\s+/));
+    }
+    assert.deepEqual(lines, [['install', '--make-etcd-certs'], ['agent'], ['agent']]);
+    // The image's entrypoint builds the install container's command line: `set -- install ...` and `set -- "$@" --x`.
+    const installArgs = [...ENTRYPOINT.matchAll(/set -- (?:"\$@" )?(--?[a-z-]+|install)/g)].map((m) => defined(m[1]));
+    assert.ok(installArgs.includes('--config-beside-driver') && installArgs.includes('--host-root'), installArgs.join(' '));
+    lines.push(['install', ...installArgs.filter((a) => a !== 'install')]);
+    for (const argv of lines) assertAcceptedByCli(argv);
+    assert.throws(() => assertAcceptedByCli(['install', '--make-etcd-cert']), /does not accept --make-etcd-cert/);
+  });
+
+  test('every volume mount names a volume of its pod, and every environment variable of the installer is one the entrypoint reads', () => {
+    for (const { owner, container, pod } of containers) {
+      const volumes = new Set((pod.volumes ?? []).map((v: Doc) => v.name));
+      for (const m of container.volumeMounts ?? []) assert.ok(volumes.has(m.name), `${owner} ${container.name}: no volume ${m.name}`);
+      if (container.name !== 'install') continue;
+      for (const e of container.env as Doc[])
+        assert.match(ENTRYPOINT, new RegExp(`\\$\\{?${e.name}\\b`), `${owner}: the entrypoint never reads ${e.name}`);
+    }
+  });
+
+  test("the etcd client's files: the Secret mounted where the entrypoint copies from, copied to where the ConfigMap names them", () => {
+    const config = JSON.parse(defined(docs.find((d) => d.kind === 'ConfigMap')).data['config.json']);
+    for (const name of ['latch', 'latch-control-plane']) {
+      const pod = daemonSet(docs, name).spec.template.spec;
+      const install = pod.containers[0];
+      const env = new Map<string, string>(install.env.map((e: Doc) => [e.name, e.value]));
+      const mount = install.volumeMounts.find((m: Doc) => m.mountPath === env.get('LATCH_ETCD_CLIENT_SECRET'));
+      assert.ok(mount, `${name}: the Secret is not mounted at $LATCH_ETCD_CLIENT_SECRET`);
+      assert.deepEqual(pod.volumes.find((v: Doc) => v.name === mount.name).secret, { secretName: ETCD.secrets.client, defaultMode: 0o400 });
+      assert.equal(env.get('LATCH_ETCD_SERVICE'), ETCD.clientService);
+      // The entrypoint writes them into <the config's directory>/etcd, a hostPath the driver reads on the host.
+      const etcdDir = join(dirname(defined(env.get('LATCH_CONFIG'))), 'etcd');
+      assert.match(ENTRYPOINT, /etcd_dir="\$\(dirname "\$config"\)\/etcd"/);
+      assert.deepEqual(config.store.tls, { ca: `${etcdDir}/ca.crt`, cert: `${etcdDir}/tls.crt`, key: `${etcdDir}/tls.key` });
+      assert.ok(install.volumeMounts.some((m: Doc) => m.mountPath === dirname(etcdDir) && m.readOnly !== true));
+    }
+    assert.deepEqual(config.store.endpoints, [`https://${ETCD.clientService}.latch-system.svc:${ETCD.clientPort}`]);
+  });
+});
+
+describe("item 6: the control plane's pods install the configuration beside the driver", () => {
+  const docs = loadManifest();
+  const cp = daemonSet(docs, 'latch-control-plane');
+  const nodes = daemonSet(docs, 'latch');
+  const env = (ds: Doc) => new Map<string, string>(ds.spec.template.spec.containers[0].env.map((e: Doc) => [e.name, e.value]));
+  const terms = (ds: Doc) =>
+    ds.spec.template.spec.affinity?.nodeAffinity?.requiredDuringSchedulingIgnoredDuringExecution?.nodeSelectorTerms;
+
+  test('latch-control-plane runs on control-plane nodes (either label) and asks the entrypoint for --config-beside-driver', () => {
+    assert.deepEqual(terms(cp), [
+      { matchExpressions: [{ key: 'node-role.kubernetes.io/control-plane', operator: 'Exists' }] },
+      { matchExpressions: [{ key: 'node-role.kubernetes.io/master', operator: 'Exists' }] },
+    ]);
+    assert.equal(env(cp).get('LATCH_CONFIG_BESIDE_DRIVER'), 'true');
+    assert.match(ENTRYPOINT, /if \[ "\$\{LATCH_CONFIG_BESIDE_DRIVER:-\}" = true \]; then set -- "\$@" --config-beside-driver; fi/);
+    assert.ok(declaredOptions('install').has('--config-beside-driver'));
+  });
+
+  test('latch runs everywhere else, without the configuration beside the driver; the two select disjoint pods', () => {
+    assert.deepEqual(terms(nodes), [
+      {
+        matchExpressions: [
+          { key: 'node-role.kubernetes.io/control-plane', operator: 'DoesNotExist' },
+          { key: 'node-role.kubernetes.io/master', operator: 'DoesNotExist' },
+        ],
+      },
+    ]);
+    assert.equal(env(nodes).get('LATCH_CONFIG_BESIDE_DRIVER'), undefined);
+    const selects = (ds: Doc, pod: Doc) =>
+      Object.entries(ds.spec.selector.matchLabels).every(([k, v]) => pod.spec.template.metadata.labels[k] === v);
+    assert.ok(selects(cp, cp) && selects(nodes, nodes));
+    assert.ok(!selects(cp, nodes) && !selects(nodes, cp), 'each DaemonSet selects only its own pods');
+  });
+});
+
+describe("latch's own etcd in the manifests", () => {
+  const docs = loadManifest();
+  const sts = defined(docs.find((d) => d.kind === 'StatefulSet'));
+  const pod = sts.spec.template.spec;
+
+  test('3 members, started together, one per node, data in a hostPath per member, TLS from the Secret the Job makes', () => {
+    assert.equal(sts.spec.replicas, 3);
+    assert.equal(sts.spec.podManagementPolicy, 'Parallel');
+    assert.deepEqual(pod.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution, [
+      { labelSelector: { matchLabels: sts.spec.selector.matchLabels }, topologyKey: 'kubernetes.io/hostname' },
+    ]);
+    assert.deepEqual(pod.volumes.find((v: Doc) => v.name === 'data').hostPath, { path: '/var/lib/latch-etcd', type: 'DirectoryOrCreate' });
+    assert.equal(pod.volumes.find((v: Doc) => v.name === 'tls').secret.secretName, ETCD.secrets.member);
+    const args: string[] = pod.containers[0].args;
+    assert.ok(args.includes('--data-dir=/var/lib/latch-etcd/$(POD_NAME)'));
+    for (const flag of ['--client-cert-auth', '--peer-client-cert-auth']) assert.ok(args.includes(flag), flag);
+    assert.ok(
+      args.every((a) => !a.startsWith('--') || !/http:\/\/0\.0\.0\.0:(2379|2380)/.test(a)),
+      'clients and peers over https only',
+    );
+  });
+
+  test('the headless Service names the members before they are ready; the client Service has a cluster IP', () => {
+    const services = docs.filter((d) => d.kind === 'Service');
+    const headless = defined(services.find((s) => s.metadata.name === sts.spec.serviceName));
+    assert.equal(headless.spec.clusterIP, 'None');
+    assert.equal(headless.spec.publishNotReadyAddresses, true);
+    const client = defined(services.find((s) => s.metadata.name === ETCD.clientService));
+    assert.equal(client.spec.clusterIP, undefined);
+    for (const s of [headless, client]) assert.deepEqual(s.spec.selector, sts.spec.selector.matchLabels);
+    // Created before the pods that read its address from their environment.
+    const index = (d: Doc) => docs.indexOf(d);
+    assert.ok(docs.filter((d) => d.kind === 'DaemonSet' || d.kind === 'Job').every((d) => index(d) > index(client)));
+  });
+
+  test("the Job's account may create Secrets and read only the three it makes, nothing else", () => {
+    const job = defined(docs.find((d) => d.kind === 'Job'));
+    const account = job.spec.template.spec.serviceAccountName;
+    const binding = defined(docs.find((d) => d.kind === 'RoleBinding' && d.subjects[0].name === account));
+    const role = defined(docs.find((d) => d.kind === 'Role' && d.metadata.name === binding.roleRef.name));
+    assert.deepEqual(role.rules, [
+      { apiGroups: [''], resources: ['secrets'], verbs: ['create'] },
+      { apiGroups: [''], resources: ['secrets'], resourceNames: Object.values(ETCD.secrets), verbs: ['get'] },
+    ]);
+    for (const d of docs.filter((d) => d.kind === 'DaemonSet' || d.kind === 'StatefulSet')) {
+      assert.equal(d.spec.template.spec.automountServiceAccountToken, false, `${d.metadata.name} never calls the API server`);
+    }
+  });
+
+  test('--etcd-nodes pins the members to three nodes; anything else is refused', async () => {
+    const text = await generated({ etcdNodes: 'cp-1, cp-2,cp-3' });
+    assert.match(text, /^# Generated by `latch install --print-manifests --etcd-nodes cp-1,cp-2,cp-3`/);
+    const pinned = loadManifest(text);
+    assert.deepEqual(defined(pinned.find((d) => d.kind === 'StatefulSet')).spec.template.spec.affinity.nodeAffinity, {
+      requiredDuringSchedulingIgnoredDuringExecution: {
+        nodeSelectorTerms: [{ matchExpressions: [{ key: 'kubernetes.io/hostname', operator: 'In', values: ['cp-1', 'cp-2', 'cp-3'] }] }],
+      },
+    });
+    await assert.rejects(generated({ etcdNodes: 'a,b' }), /--etcd-nodes names 3 different nodes, one per etcd member; got 2/);
+    await assert.rejects(generated({ etcdNodes: 'a,a,b' }), /3 different nodes/);
+    await assert.rejects(generated({ etcdNodes: 'a,B,c' }), /"B" is not a node name/);
+    await assert.rejects(generated({ etcdNodes: 'a,b,c', singleNode: 'a' }), /--etcd-nodes pins latch's own etcd/);
+  });
+
+  test('nothing suggests the etcd of Kubernetes itself (its client certificate would open every Secret of the cluster)', () => {
+    for (const file of ['install/daemonset.yaml', 'docs/operations.md', 'README.md']) {
+      const found = /Kubernetes' own etcd works|etcd of Kubernetes works|kube-apiserver's etcd works/i.exec(
+        readFileSync(join(ROOT, file), 'utf8'),
+      );
+      assert.equal(found?.[0], undefined, file);
+    }
+  });
+});
+
+describe('--single-node: a one-node installation is an explicit choice', () => {
+  test("that node's file store, non-attach mode, singleNode in the configuration, no etcd, one DaemonSet pinned to it", async () => {
+    const text = await generated({ singleNode: 'node-1' });
+    assert.match(text, /^# Generated by `latch install --print-manifests --single-node node-1`/);
+    const docs = loadManifest(text);
+    validateSchemas(docs);
+    assert.deepEqual(typeErrors(docs), []);
+    const raw = JSON.parse(defined(docs.find((d) => d.kind === 'ConfigMap')).data['config.json']);
+    assert.equal(raw.singleNode, 'node-1');
+    assert.deepEqual(raw.store, { type: 'file' });
+    assert.equal(raw.attach, false);
+    assert.equal(parseConfig({ ...raw, nodeName: 'node-1' }, 'ConfigMap').singleNode, 'node-1');
+    assert.ok(!docs.some((d) => ['StatefulSet', 'Job', 'Service'].includes(d.kind)));
+    assert.deepEqual(
+      docs.filter((d) => d.kind === 'DaemonSet').map((d) => d.metadata.name),
+      ['latch'],
+    );
+    const pod = daemonSet(docs).spec.template.spec;
+    assert.deepEqual(pod.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms, [
+      { matchExpressions: [{ key: 'kubernetes.io/hostname', operator: 'In', values: ['node-1'] }] },
+    ]);
+    assert.deepEqual(tolerationKeys(docs), CONTROL_PLANE_TOLERATIONS, 'a single node is often its own control plane');
+    const env = pod.containers[0].env.map((e: Doc) => e.name);
+    assert.ok(!env.includes('LATCH_ETCD_SERVICE') && !env.includes('LATCH_CONFIG_BESIDE_DRIVER'));
+  });
+
+  test('with --cluster-config it is added to that configuration; a bad node name or a contradiction is refused', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'latch-single-'));
+    try {
+      const file = join(dir, 'cluster.json');
+      writeFileSync(file, JSON.stringify({ attach: false, maxSize: '10Gi' }));
+      const docs = loadManifest(await generated({ clusterConfig: file, singleNode: 'node-2' }));
+      assert.deepEqual(JSON.parse(defined(docs.find((d) => d.kind === 'ConfigMap')).data['config.json']), {
+        attach: false,
+        maxSize: '10Gi',
+        singleNode: 'node-2',
+      });
+      writeFileSync(file, JSON.stringify({ singleNode: 'node-3' }));
+      await assert.rejects(
+        generated({ clusterConfig: file, singleNode: 'node-2' }),
+        /has "singleNode": "node-3", not --single-node node-2/,
+      );
+      await assert.rejects(generated({ singleNode: 'Node_1' }), /--single-node "Node_1" must be a node name/);
+      const io = captureIO();
+      await assert.rejects(installOrPrintManifests({ singleNode: 'n', output: 'table' }, io), {
+        message: '--single-node only applies with --print-manifests',
+      });
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+/** The ```yaml blocks of a Markdown file that hold Kubernetes objects. */
+function yamlExamples(file: string): { where: string; docs: Doc[] }[] {
+  const text = readFileSync(join(ROOT, file), 'utf8');
+  return [...text.matchAll(/^```yaml\n([\s\S]*?)^```$/gm)]
+    .filter((m) => /^kind: /m.test(defined(m[1])))
+    .map((m) => ({ where: `${file}:${text.slice(0, m.index).split('\n').length}`, docs: loadManifest(m[1]) }));
+}
+
+describe('the examples in README.md and docs/operations.md are objects a user can apply', () => {
+  const examples = ['README.md', 'docs/operations.md'].flatMap(yamlExamples);
+
+  test('each backend: a loop volume with nodeAffinity, and an rbd one without (its pod may move)', () => {
+    const pvs = examples.flatMap((e) => e.docs.filter((d) => d.kind === 'PersistentVolume'));
+    assert.ok(pvs.filter((pv) => pv.spec.nodeAffinity).length >= 2, 'loop examples in both files');
+    assert.ok(
+      pvs.some((pv) => !pv.spec.nodeAffinity),
+      'an rbd example',
+    );
+    for (const { where, docs } of examples) {
+      assert.deepEqual(
+        docs.map((d) => d.kind),
+        ['PersistentVolume', 'PersistentVolumeClaim', 'Pod'],
+        where,
+      );
+    }
+  });
+
+  for (const { where, docs } of examples) {
+    test(`${where}: valid objects; the claim binds the volume, the pod uses the claim, the options are latch's`, () => {
+      validateSchemas(docs);
+      assert.deepEqual(typeErrors(docs), []);
+      const [pv, pvc, pod] = docs as [Doc, Doc, Doc];
+      // The claim binds this volume and no other claim can: both ways named, the same (empty) class.
+      assert.equal(pvc.spec.volumeName, pv.metadata.name);
+      assert.deepEqual(pv.spec.claimRef, { namespace: pvc.metadata.namespace, name: pvc.metadata.name });
+      assert.equal(pv.spec.storageClassName, '');
+      assert.equal(pvc.spec.storageClassName, '');
+      for (const mode of pvc.spec.accessModes) assert.ok(pv.spec.accessModes.includes(mode), mode);
+      assert.ok(parseSize(pvc.spec.resources.requests.storage) <= parseSize(pv.spec.capacity.storage));
+      assert.equal(pod.metadata.namespace, pvc.metadata.namespace);
+      assert.deepEqual(
+        pod.spec.volumes.map((v: Doc) => v.persistentVolumeClaim?.claimName),
+        [pvc.metadata.name],
+      );
+      for (const c of pod.spec.containers) {
+        for (const m of c.volumeMounts)
+          assert.ok(
+            pod.spec.volumes.some((v: Doc) => v.name === m.name),
+            m.name,
+          );
+      }
+      // The driver of the default configuration; options as kubelet passes them, which latch accepts.
+      const config = JSON.parse(defined(loadManifest().find((d) => d.kind === 'ConfigMap')).data['config.json']);
+      assert.equal(pv.spec.flexVolume.driver, config.driverName);
+      const options = parseOptions(
+        JSON.stringify({
+          'kubernetes.io/fsType': pv.spec.flexVolume.fsType ?? '',
+          'kubernetes.io/pvOrVolumeName': pv.metadata.name,
+          'kubernetes.io/readwrite': 'rw',
+          ...pv.spec.flexVolume.options,
+        }),
+        parseConfig({ ...config, nodeName: 'node-1' }, 'ConfigMap'),
+      );
+      assert.equal(options.size, parseSize(pv.spec.capacity.storage), 'the volume is made of the size the PV says');
+    });
+  }
+});
+
 /** The plugin-dir volume of a pinned DaemonSet: its hostPath, its mount and the env the entrypoint reads. */
-function pinnedPluginDir(docs: Doc[]): { hostPath: Doc | undefined; mountPath: string | undefined; env: string | undefined } {
-  const pod = daemonSet(docs).spec.template.spec;
+function pinnedPluginDir(
+  docs: Doc[],
+  name?: string,
+): { hostPath: Doc | undefined; mountPath: string | undefined; env: string | undefined } {
+  const pod = daemonSet(docs, name).spec.template.spec;
   const container = pod.containers[0];
   const volume = pod.volumes.find((v: Doc) => v.name === 'plugin-dir');
   return {
@@ -321,8 +667,8 @@ function pinnedPluginDir(docs: Doc[]): { hostPath: Doc | undefined; mountPath: s
   };
 }
 
-function tolerationKeys(docs: Doc[]): string[] {
-  return (daemonSet(docs).spec.template.spec.tolerations ?? []).map((t: Doc) => `${t.key} ${t.operator} ${t.effect}`);
+function tolerationKeys(docs: Doc[], name?: string): string[] {
+  return (daemonSet(docs, name).spec.template.spec.tolerations ?? []).map((t: Doc) => `${t.key} ${t.operator} ${t.effect}`);
 }
 
 const CONTROL_PLANE_TOLERATIONS = [
@@ -370,11 +716,21 @@ describe('every preset generates valid manifests pinned to its plugin dir', () =
 
       const config = JSON.parse(defined(docs.find((d) => d.kind === 'ConfigMap')).data['config.json']);
       assert.equal(config.attach, !preset.managedControlPlane, 'managed control planes cannot run the driver: attach is off');
-      assert.deepEqual(tolerationKeys(docs), config.attach ? CONTROL_PLANE_TOLERATIONS : []);
+      assert.equal(config.store.type, 'etcd', "every preset shares latch's own etcd as the ledger");
+      assert.ok(docs.some((d) => d.kind === 'StatefulSet' && d.metadata.name === 'latch-etcd'));
+      assert.deepEqual(tolerationKeys(docs), []);
+      const daemonSets = docs.filter((d) => d.kind === 'DaemonSet').map((d) => d.metadata.name);
+      if (config.attach) {
+        assert.deepEqual(daemonSets, ['latch', 'latch-control-plane']);
+        assert.deepEqual(tolerationKeys(docs, 'latch-control-plane'), CONTROL_PLANE_TOLERATIONS);
+        assert.deepEqual(pinnedPluginDir(docs, 'latch-control-plane'), pinnedPluginDir(docs));
+      } else {
+        assert.deepEqual(daemonSets, ['latch'], 'a managed control plane: no DaemonSet of its own');
+      }
 
-      const kinds = docs.map(kindOf);
+      const roles = docs.filter((d) => d.kind === 'Role').map((d) => d.metadata.name);
       if (preset.privilegedScc) {
-        const role = defined(docs.find((d) => d.kind === 'Role'));
+        const role = defined(docs.find((d) => d.kind === 'Role' && d.metadata.name === 'latch-privileged-scc'));
         assert.deepEqual(role.rules, [
           {
             apiGroups: ['security.openshift.io'],
@@ -383,11 +739,11 @@ describe('every preset generates valid manifests pinned to its plugin dir', () =
             verbs: ['use'],
           },
         ]);
-        const binding = defined(docs.find((d) => d.kind === 'RoleBinding'));
+        const binding = defined(docs.find((d) => d.kind === 'RoleBinding' && d.metadata.name === 'latch-privileged-scc'));
         assert.equal(binding.roleRef.name, role.metadata.name);
         assert.deepEqual(binding.subjects, [{ kind: 'ServiceAccount', name: pod.serviceAccountName, namespace: role.metadata.namespace }]);
       } else {
-        assert.ok(!kinds.includes('rbac.authorization.k8s.io/v1/Role'), 'no RBAC where none is needed');
+        assert.deepEqual(roles, ['latch-etcd-certs'], "no RBAC but the certificates Job's where none is needed");
       }
     });
   }
@@ -400,7 +756,7 @@ describe('every preset generates valid manifests pinned to its plugin dir', () =
     assert.equal(env.find((e: Doc) => e.name === 'LATCH_DRIVER')?.value, 'acme/disk');
   });
 
-  test('--cluster-config: its content goes to every node, and "attach": false drops the control-plane tolerations', async () => {
+  test('--cluster-config: its content goes to every node, no etcd of latch\'s own, and "attach": false drops the control-plane DaemonSet', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'latch-manifests-'));
     try {
       const file = join(dir, 'cluster.json');
@@ -411,8 +767,13 @@ describe('every preset generates valid manifests pinned to its plugin dir', () =
         attach: false,
         maxSize: '10Gi',
       });
+      assert.deepEqual(
+        docs.filter((d) => d.kind === 'DaemonSet').map((d) => d.metadata.name),
+        ['latch'],
+      );
       assert.deepEqual(tolerationKeys(docs), []);
-      assert.deepEqual(tolerationKeys(loadManifest(await generated())), CONTROL_PLANE_TOLERATIONS);
+      assert.ok(!docs.some((d) => d.kind === 'StatefulSet' || d.kind === 'Job'), 'the operator names the ledger: no etcd of our own');
+      assert.deepEqual(tolerationKeys(loadManifest(await generated()), 'latch-control-plane'), CONTROL_PLANE_TOLERATIONS);
 
       writeFileSync(file, JSON.stringify({ nodeName: 'node-1' }));
       await assert.rejects(generated({ clusterConfig: file }), /sets nodeName: every node sets its own/);
