@@ -294,7 +294,10 @@ describe('RbdBackend on a one-host Ceph cluster', { skip }, () => {
     mkdirSync(join(sysRoot, 'bus/rbd/devices'), { recursive: true });
     const identityB = { cephConf: nodeB.confPath, clientId: nodeB.id, keyring: nodeB.keyringPath };
     const krbdB = new KernelRbdClient({ identity: identityB, pool: ceph.pool, timeoutMs: 30_000, sysRoot });
-    await assert.rejects(krbdB.map('vol-krbd'), /device map --device-type krbd --options noshare \S+\/vol-krbd failed/);
+    await assert.rejects(
+      krbdB.map('vol-krbd', { readOnly: false }),
+      /device map --device-type krbd --options noshare,exclusive \S+\/vol-krbd failed/,
+    );
     assert.deepEqual(await rbdLocks(identityB, ceph.pool, 'vol-krbd'), [lock], 'a live holder keeps its lock');
 
     await ceph.ceph(['osd', 'blocklist', 'add', lock.address, '600']);
@@ -305,7 +308,7 @@ describe('RbdBackend on a one-host Ceph cluster', { skip }, () => {
         assert.ok(Date.now() < deadline, "the fenced holder's watch is still there after 30 s");
         await sleep(100);
       }
-      await assert.rejects(krbdB.map('vol-krbd'), /map failed/);
+      await assert.rejects(krbdB.map('vol-krbd', { readOnly: false }), /map failed/);
       assert.deepEqual(await rbdLocks(identityB, ceph.pool, 'vol-krbd'), [], "broken by node-b's identity, which cannot blocklist");
       await a.cutOff('vol-krbd');
       await a.release('vol-krbd');
