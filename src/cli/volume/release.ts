@@ -24,7 +24,6 @@ export async function volumeRelease(options: VolumeReleaseOptions, io: CommandIO
         'make sure the node is down, then repeat with --node-is-down',
     );
   }
-  if (options.poweredOff && !options.nodeIsDown) throw new LatchError('--powered-off goes with --node-is-down');
   const config = configOf(io);
   const ctx = io.context(config);
   await getVolume(ctx.ledger, name);
