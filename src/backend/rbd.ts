@@ -123,7 +123,11 @@ export class RbdBackend implements Backend {
     const image = checkVolumeName(volume);
     return this.withMappingLock(image, async () => {
       const mapped = await this.client.isMapped(image);
-      if (!mapped && access && !access.readOnly) await this.refuseUnknownClients(image, access.knownClients);
+      if (!mapped && access && !access.readOnly) {
+        // This node's own record counts too: an attach that crashed after it and before the ledger's recordDevice.
+        const own = await this.recordedClient(image);
+        await this.refuseUnknownClients(image, [...access.knownClients, ...(own !== undefined ? [own] : [])]);
+      }
       const device = await this.client.map(image, { readOnly: access?.readOnly ?? false });
       if (mapped && (await this.recordedClient(image)) !== undefined) return device;
       // The instance serving the mapping is recorded before the device is handed out (and so before the ledger's

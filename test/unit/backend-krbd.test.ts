@@ -268,6 +268,7 @@ describe('KernelRbdClient on a fake /sys/bus/rbd', () => {
 
   describe('as the rbd backend', () => {
     const backendOnFakeSys = () => {
+      rmSync(join(work, 'mnt'), { recursive: true, force: true }); // no record left by an earlier test
       const backend = new RbdBackend({
         ...identity,
         pool: 'latch',
@@ -304,6 +305,17 @@ describe('KernelRbdClient on a fake /sys/bus/rbd', () => {
       // Known to the ledger (this node's client before a crash, or a fenced one): the dead lock is broken, the map made.
       assert.equal(await backend.attach('vol-a', readWrite([stale.address])), '/dev/rbd0');
       assert.deepEqual(JSON.parse(readFileSync(join(state, 'locks'), 'utf8')), []);
+    });
+
+    it("counts this node's own record of its client as known (an attach that crashed before the ledger recorded it)", async () => {
+      const backend = backendOnFakeSys();
+      const own = { id: 'auto 7', locker: 'client.4157', address: '10.0.0.9:0/77' };
+      writeFileSync(join(state, 'locks'), JSON.stringify([own]));
+      mkdirSync(join(work, 'mnt', '.clients'), { recursive: true });
+      writeFileSync(join(work, 'mnt', '.clients', 'vol-a'), `${own.address}\n`);
+      assert.equal(await backend.attach('vol-a', readWrite()), '/dev/rbd0');
+      assert.equal(await backend.clientOf('vol-a'), '10.0.0.5:0/4000', 'the new mapping recorded in its place');
+      await backend.release('vol-a');
     });
 
     it('fails the read-write map when the watchers cannot be listed, rather than taking it for nobody', async () => {
