@@ -129,13 +129,13 @@ export class RbdBackend implements Backend {
         await this.refuseUnknownClients(image, [...access.knownClients, ...(own !== undefined ? [own] : [])]);
       }
       const device = await this.client.map(image, { readOnly: access?.readOnly ?? false });
-      if (mapped && (await this.recordedClient(image)) !== undefined) return device;
       // The instance serving the mapping is recorded before the device is handed out (and so before the ledger's
-      // recordDevice): a fence must be able to name it even once the node has lost contact with the cluster.
+      // recordDevice): a fence must be able to name it even once the node has lost contact with the cluster. Asked
+      // again for a mapping found in place: the client may have replaced a dead one (a new instance).
       let client: string | undefined;
       try {
         client = await this.client.clientAddress(image);
-        if (client !== undefined) await this.rememberClient(image, client);
+        if (client !== undefined && client !== (await this.recordedClient(image))) await this.rememberClient(image, client);
       } catch (err) {
         await this.undoMapping(image, mapped);
         throw err;
