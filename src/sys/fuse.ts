@@ -111,7 +111,8 @@ export interface RbdFuseOptions {
 export async function startRbdFuse(options: RbdFuseOptions): Promise<void> {
   const { identity, pool, image, mountPoint, timeoutMs, logFile } = options;
   await rm(logFile, { force: true });
-  const log = ['--log-file', logFile, '--debug-monc', '5/5'];
+  // On the command line, so that no conf turns it off (log_to_file) or sends it elsewhere.
+  const log = ['--log-to-file', 'true', '--log-file', logFile, '--debug-monc', '5/5'];
   try {
     await startDaemon('rbd-fuse', [...cephClientArgs(identity), ...log, '-p', pool, '-r', image, mountPoint], { timeoutMs });
   } catch (err) {
