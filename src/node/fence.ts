@@ -51,7 +51,8 @@ export async function fenceNodeOffVolume(
   const recorded = (doc: VolumeDoc) => [doc.status.nodes[node]?.client, ...(doc.status.fences?.[node]?.clients ?? [])];
   // The recorded clients of the volume's other holders (read-only-many) are spared; every other client is the node's.
   const spare = (doc: VolumeDoc) => defined(Object.entries(doc.status.nodes).flatMap(([n, e]) => (n === node ? [] : [e.client])));
-  // What the storage would refuse, before anything is recorded: fenced in the first round even if it goes meanwhile.
+  // What the storage would refuse, looked at before anything is recorded; the intent records it, so a client found
+  // here is fenced even if it goes meanwhile.
   const found = await fencer.find(name, defined(recorded(start)), spare(start));
   const phase = start.status.nodes[node]?.phase;
   if (found.length === 0 && phase !== undefined && MAY_WRITE.has(phase) && !options.poweredOff) {
@@ -66,7 +67,7 @@ export async function fenceNodeOffVolume(
   let doc = await ledger.beginFence(name, node, reason, found);
   let clients: string[] = [];
   for (let round = 1; doc; round++) {
-    const fenced = await fencer.fence(name, defined([...recorded(doc), ...(round === 1 ? found : [])]), spare(doc));
+    const fenced = await fencer.fence(name, defined(recorded(doc)), spare(doc));
     const added = fenced.filter((c) => !clients.includes(c));
     clients = [...new Set([...clients, ...fenced])].sort();
     if (added.length === 0 || round >= MAX_FENCE_ROUNDS) break;
