@@ -367,6 +367,9 @@ describe('the rbd fencer fails closed (fake rbd and ceph tools)', () => {
       /volume pv-1: cannot fence client address\(es\) "v2:10\.0\.0\.7:0\/0" of latch\/pv-1: not a single Ceph client instance/,
     );
     await assert.rejects(fencer.fence('pv-1', ['10.0.0.1:0'], []), /"10\.0\.0\.1:0"/, 'a recorded address is held to the same');
+    // A watcher listed without an address is not dropped either.
+    writeFileSync(join(state, 'watchers'), JSON.stringify(['10.0.0.1:0/111', null]));
+    await assert.rejects(fencer.fence('pv-1', [], []), /cannot fence client address\(es\) "null"/);
     assert.deepEqual(blocklisted(), []);
   });
 
