@@ -31,7 +31,7 @@ function lazyRbdBackend(rbd: RbdBackendConfig, maxSize: number, timeoutMs: numbe
     create: async (volume, sizeBytes) => (await backend()).create(volume, sizeBytes),
     delete: async (volume) => (await backend()).delete(volume),
     size: async (volume) => (await backend()).size(volume),
-    attach: async (volume) => (await backend()).attach(volume),
+    attach: async (volume, access) => (await backend()).attach(volume, access),
     findDevice: async (volume) => (await backend()).findDevice(volume),
     hasMapping: async (volume) => (await backend()).hasMapping(volume),
     clientOf: async (volume) => (await backend()).clientOf?.(volume),

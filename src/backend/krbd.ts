@@ -10,9 +10,12 @@
 // Two map options matter (docs/design/rbd-backend.md, g):
 //  - noshare: without it every krbd mapping of the node shares one client instance, and fencing one volume's
 //    client (one blocklist entry, IP:PORT/NONCE) would cut off all of them;
-//  - not exclusive: `--exclusive` would also keep a live peer from taking the lock, but a read-only volume may be
-//    mapped on several nodes at once, and krbd only takes the lock to write. Which node may write is the ledger's,
-//    enforced by the fence, as with rbd-fuse.
+//  - exclusive, for a read-write mapping of an image with the exclusive-lock feature: the kernel takes the lock at
+//    map time and never hands it to a peer that asks, so a second writer that slipped past the ledger fails its
+//    writes instead of sharing the image (without it the lock goes back and forth between both). Not for a
+//    read-only mapping: several nodes map a read-only-many volume at once, and krbd takes the lock only to write.
+//    An image without the feature has no lock to take (the kernel refuses the option then); the fence and the
+//    backend's check of the image's watchers before a read-write map are what keep a second writer off it.
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { realpath } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -20,7 +23,16 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { LatchError } from '../errors.js';
 import { checkNoFilesystemLeft } from '../sys/blockdev.js';
 import { mountedSources } from '../sys/mounts.js';
-import { isClientInstance, rbdDeviceMap, rbdDeviceUnmap, rbdLockRemove, rbdLocks, rbdWatchers, type CephIdentity } from '../sys/rbd.js';
+import {
+  isClientInstance,
+  rbdDeviceMap,
+  rbdDeviceUnmap,
+  rbdInfo,
+  rbdLockRemove,
+  rbdLocks,
+  rbdWatchers,
+  type CephIdentity,
+} from '../sys/rbd.js';
 import { CommandError, run } from '../sys/run.js';
 import { deviceToUse, keepOneDevice } from './devices.js';
 import type { NodeClient } from './node-client.js';
@@ -56,7 +68,7 @@ export class KernelRbdClient implements NodeClient {
     this.devicesDir = join(this.busDir, 'devices');
   }
 
-  async map(image: string): Promise<string> {
+  async map(image: string, mode: { readOnly: boolean }): Promise<string> {
     const existing = this.mappingsOf(image);
     if (existing.length > 0) return this.keepOne(existing);
     if (!existsSync(this.busDir)) {
@@ -66,10 +78,15 @@ export class KernelRbdClient implements NodeClient {
           `load it (modprobe rbd), or set backend.client to "rbd-fuse" while no volume is mapped on this node`,
       );
     }
-    await this.breakDeadLocks(image);
     const { identity, pool, timeoutMs } = this.options;
+    const options = ['noshare'];
+    if (!mode.readOnly) {
+      await this.breakDeadLocks(image);
+      const info = await rbdInfo(identity, pool, image);
+      if (info?.features.includes('exclusive-lock')) options.push('exclusive');
+    }
     try {
-      await rbdDeviceMap(identity, pool, image, ['noshare'], timeoutMs);
+      await rbdDeviceMap(identity, pool, image, options, timeoutMs);
     } catch (err) {
       // A map that overran its deadline may still finish in the kernel: nothing of it may be handed out half-made,
       // and nothing mounts a mapping made by this call yet.

@@ -1,6 +1,9 @@
 // Fencing for the rbd backend: Ceph's OSD blocklist, one entry per client instance (IP:PORT/NONCE), never a whole
 // host or range (on a shared host, or for a node's other volumes, that would cut off clients that did nothing).
 // Measured facts behind it: docs/design/rbd-backend.md, a, d and e.
+//
+// It fails closed: an address it cannot read, or a watcher or lock listing that fails, fails the fence (a client it
+// cannot name is one it cannot cut off); and a fence completes only once the OSD map lists every target.
 import { checkVolumeName } from '../names.js';
 import { LatchError } from '../errors.js';
 import {
@@ -28,14 +31,28 @@ export class RbdFencer implements Fencer {
 
   constructor(private readonly options: RbdFencerOptions) {}
 
-  async fence(volume: string, known: string[], spare: string[]): Promise<string[]> {
+  async find(volume: string, known: string[], spare: string[]): Promise<string[]> {
     const image = checkVolumeName(volume);
     const { identity, pool } = this.options;
     // Before the volume moves, nothing but its other legitimate holders may have it open or hold its lock: every
     // watcher (a client with the image open) and every lock holder (the last writer, also a dead one) is the node's.
+    // A listing that fails throws: "nobody found" must mean the cluster said so.
     const [watchers, lockers] = await Promise.all([rbdWatchers(identity, pool, image), rbdLockers(identity, pool, image)]);
     const others = new Set(spare);
-    const targets = [...new Set([...known, ...[...watchers, ...lockers].filter((c) => !others.has(c))])].filter(isClientInstance).sort();
+    const targets = [...new Set([...known, ...[...watchers, ...lockers].filter((c) => !others.has(c))])].sort();
+    const unreadable = targets.filter((c) => !isClientInstance(c));
+    if (unreadable.length > 0) {
+      throw new LatchError(
+        `volume ${volume}: cannot fence client address(es) ${unreadable.map((c) => JSON.stringify(c)).join(', ')} of ${pool}/${image}: ` +
+          'not a single Ceph client instance (IP:PORT/NONCE); a client that cannot be named cannot be cut off, so the hold stays',
+      );
+    }
+    return targets;
+  }
+
+  async fence(volume: string, known: string[], spare: string[]): Promise<string[]> {
+    const targets = await this.find(volume, known, spare);
+    const { identity } = this.options;
     for (const client of targets) await cephBlocklistAdd(identity, client, FENCE_SECONDS);
     if (targets.length > 0) {
       // The fence is what lets the volume move: confirm it in the OSD map rather than trust the command's exit code.

@@ -7,7 +7,7 @@
 // else: a fenced rbd-fuse hangs every stat of its mount, beyond any signal. Whatever must touch the mount (the stat
 // that waits for the image file, losetup, umount) runs in a child under guardFuse, which aborts the connection
 // through fusectl when it overruns, so no driver call hangs on it.
-import { mkdir, realpath, rmdir } from 'node:fs/promises';
+import { mkdir, realpath, rm, rmdir } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { LatchError, errorMessage } from '../errors.js';
@@ -15,6 +15,7 @@ import { checkNoFilesystemLeft } from '../sys/blockdev.js';
 import {
   abortFuseConnection,
   fuseMountsAt,
+  rbdFuseGlobalIds,
   guardFuse,
   guardedFileSize,
   guardedUnmount,
@@ -34,7 +35,7 @@ import {
   type LoopDevice,
 } from '../sys/loop.js';
 import { mountedSources } from '../sys/mounts.js';
-import type { CephIdentity } from '../sys/rbd.js';
+import { isClientInstance, rbdWatcherList, type CephIdentity } from '../sys/rbd.js';
 import { run } from '../sys/run.js';
 import { deviceToUse, keepOneDevice } from './devices.js';
 import type { NodeClient } from './node-client.js';
@@ -55,6 +56,8 @@ const MAX_FUSE_WAIT_MS = 45_000;
 // After a clean umount rbd-fuse exits by itself, in 0.2-1.2 s here; a killed one takes up to ~1.4 s to go.
 const EXIT_WAIT_MS = 5_000;
 const LOOP_GONE_WAIT_MS = 5_000;
+// rbd-fuse's log thread writes its lines within milliseconds; the image's watch is there once its file showed.
+const CLIENT_REPORT_WAIT_MS = 5_000;
 
 export class RbdFuseLoopClient implements NodeClient {
   readonly kind = 'rbd-fuse+loop';
@@ -65,7 +68,7 @@ export class RbdFuseLoopClient implements NodeClient {
     this.fuseTimeoutMs = Math.min(options.timeoutMs, MAX_FUSE_WAIT_MS);
   }
 
-  async map(image: string): Promise<string> {
+  async map(image: string, _mode?: { readOnly: boolean }): Promise<string> {
     const dir = await this.mountDir(true);
     if (dir === undefined) throw new LatchError(`cannot create the rbd mount directory ${this.options.mountDir}`);
     const mountPoint = join(dir, image);
@@ -103,6 +106,29 @@ export class RbdFuseLoopClient implements NodeClient {
     const dir = await this.mountDir(false);
     if (dir === undefined) return undefined;
     return (await deviceToUse(await this.devicesOf(join(dir, image, image))))?.device;
+  }
+
+  /**
+   * The instance serving the image's mapping: the image's watcher whose session is one the mount's own rbd-fuse
+   * logged (its global id, startRbdFuse). Exactly one must match; a failing `rbd status` throws.
+   */
+  async clientAddress(image: string): Promise<string | undefined> {
+    const dir = await this.mountDir(false);
+    if (dir === undefined || (await rbdFusePids(join(dir, image))).length !== 1) return undefined;
+    const { identity, pool } = this.options;
+    const deadline = Date.now() + CLIENT_REPORT_WAIT_MS;
+    for (;;) {
+      const ids = await rbdFuseGlobalIds(this.logFile(dir, image));
+      const own = (await rbdWatcherList(identity, pool, image)).filter((w) => w.globalId !== undefined && ids.has(w.globalId));
+      if (own.length > 1)
+        throw new LatchError(
+          `${this.spec(image)} has several watchers of this node's one rbd-fuse: ${own.map((w) => w.address).join(', ')}`,
+        );
+      const address = own[0]?.address;
+      if (address !== undefined) return isClientInstance(address) ? address : undefined;
+      if (Date.now() >= deadline) return undefined;
+      await sleep(100);
+    }
   }
 
   async imageOf(device: string): Promise<string | undefined> {
@@ -178,6 +204,7 @@ export class RbdFuseLoopClient implements NodeClient {
     if (survivors.length > 0) await killAndWait(survivors, EXIT_WAIT_MS);
     await this.checkGone(image, mountPoint, file);
     await rmdir(mountPoint).catch(() => undefined); // only an empty, unmounted directory; anything else stays
+    await rm(this.logFile(dir, image), { force: true });
   }
 
   async abort(image: string): Promise<void> {
@@ -223,8 +250,15 @@ export class RbdFuseLoopClient implements NodeClient {
     if (mounts.length === 1 && pids.length === 1) return;
     if (mounts.length > 0 || pids.length > 0) await this.clearDeadMount(mountPoint, pids);
     await mkdir(mountPoint, { recursive: true, mode: 0o700 });
+    await mkdir(join(dirname(mountPoint), '.logs'), { recursive: true, mode: 0o700 });
     const { identity, pool } = this.options;
-    await startRbdFuse({ identity, pool, image, mountPoint, timeoutMs: this.options.timeoutMs });
+    const logFile = this.logFile(dirname(mountPoint), image);
+    await startRbdFuse({ identity, pool, image, mountPoint, timeoutMs: this.options.timeoutMs, logFile });
+  }
+
+  /** The log of the image's rbd-fuse (its sessions' global ids): beside the mount points, never below one. */
+  private logFile(dir: string, image: string): string {
+    return join(dir, '.logs', `${image}.log`);
   }
 
   /** rbd-fuse -r shows the image's file once it has opened the image; until then the mount is empty. */

@@ -4,7 +4,8 @@
 //
 // The node clients (rbd-fuse + loop, krbd), and the one still to come, are described in node-client.ts.
 // Fencing is the fencer's (rbd-fencer.ts); this side records which client instance serves each mapping, so that a
-// fence can name it even after the node lost contact with the cluster.
+// fence can name it even after the node lost contact with the cluster, and refuses a read-write map while a client
+// the ledger does not know of has the image open or locked.
 import { mkdir, readFile, rename, rm, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { RbdClientKind } from '../config.js';
@@ -19,6 +20,8 @@ import {
   rbdCreate,
   rbdExportSnapshot,
   rbdInfo,
+  rbdLockRemove,
+  rbdLocks,
   rbdRemove,
   rbdResize,
   rbdSnapCreate,
@@ -32,7 +35,7 @@ import {
 import { KernelRbdClient } from './krbd.js';
 import { RbdFuseLoopClient } from './rbd-fuse-loop.js';
 import type { NodeClient } from './node-client.js';
-import type { Backend, ReadableImage, SnapshotInfo } from './types.js';
+import type { AttachAccess, Backend, ReadableImage, SnapshotInfo } from './types.js';
 
 export interface RbdBackendOptions extends CephIdentity {
   pool: string;
@@ -116,25 +119,62 @@ export class RbdBackend implements Backend {
     return (await rbdInfo(this.identity, this.pool, checkVolumeName(volume)))?.size;
   }
 
-  async attach(volume: string): Promise<string> {
+  async attach(volume: string, access?: AttachAccess): Promise<string> {
     const image = checkVolumeName(volume);
     return this.withMappingLock(image, async () => {
-      if (await this.client.isMapped(image)) return this.client.map(image);
-      if (this.client.clientAddress) {
-        const device = await this.client.map(image);
-        const client = await this.client.clientAddress(image);
-        if (client !== undefined) await this.rememberClient(image, client);
-        return device;
+      const mapped = await this.client.isMapped(image);
+      if (!mapped && access && !access.readOnly) {
+        // This node's own record counts too: an attach that crashed after it and before the ledger's recordDevice.
+        const own = await this.recordedClient(image);
+        await this.refuseUnknownClients(image, [...access.knownClients, ...(own !== undefined ? [own] : [])]);
       }
-      // The client's instance address is random per process and Ceph tells it to nobody but the image's watchers:
-      // the watcher that appears while this node maps the image is this node's own (docs/design/rbd-backend.md, a).
-      const before = await rbdWatchers(this.identity, this.pool, image);
-      const device = await this.client.map(image);
-      const after = await rbdWatchers(this.identity, this.pool, image).catch(() => []);
-      const appeared = after.filter((w) => !before.includes(w) && isClientInstance(w));
-      if (appeared.length === 1 && appeared[0] !== undefined) await this.rememberClient(image, appeared[0]);
+      const device = await this.client.map(image, { readOnly: access?.readOnly ?? false });
+      // The instance serving the mapping is recorded before the device is handed out (and so before the ledger's
+      // recordDevice): a fence must be able to name it even once the node has lost contact with the cluster. Asked
+      // again for a mapping found in place: the client may have replaced a dead one (a new instance).
+      let client: string | undefined;
+      try {
+        client = await this.client.clientAddress(image);
+        if (client !== undefined && client !== (await this.recordedClient(image))) await this.rememberClient(image, client);
+      } catch (err) {
+        await this.undoMapping(image, mapped);
+        throw err;
+      }
+      if (client === undefined) {
+        await this.undoMapping(image, mapped);
+        throw new LatchError(
+          `${this.client.kind} mapped ${this.spec(image)}, but cannot tell which Ceph client instance serves the mapping: ` +
+            `a mapping that a fence could not name is not handed out${mapped ? '' : ', and it was undone'}`,
+        );
+      }
       return device;
     });
+  }
+
+  /**
+   * Defence in depth before a read-write map (the ledger's grant is the rule): nothing but this node's recorded client
+   * and fenced clients may have the image open or hold its lock. Anything else is a writer the ledger does not know
+   * of: a node cut off from the ledger but not from the cluster, or a client outside latch. A failing listing fails.
+   */
+  private async refuseUnknownClients(image: string, knownClients: string[]): Promise<void> {
+    const known = new Set(knownClients);
+    const [watchers, locks] = await Promise.all([rbdWatchers(this.identity, this.pool, image), rbdLocks(this.identity, this.pool, image)]);
+    const unknown = [
+      ...watchers.filter((w) => !known.has(w)).map((w) => `${w} (watcher)`),
+      ...locks.filter((l) => !known.has(l.address)).map((l) => `${l.address} (lock holder ${l.locker})`),
+    ];
+    if (unknown.length > 0) {
+      throw new LatchError(
+        `refusing to map ${this.spec(image)} read-write on this node: the image is open or locked by ${unknown.join(', ')}, ` +
+          'which the ledger does not record for this node. Another client may still write to it: find its node ' +
+          '(rbd status, latch node check) and release or fence it (latch node fence NODE) first',
+      );
+    }
+  }
+
+  /** After an attach that cannot be finished: a mapping this call made goes; one found in place stays (in use). */
+  private async undoMapping(image: string, foundInPlace: boolean): Promise<void> {
+    if (!foundInPlace) await this.client.unmap(image).catch(() => undefined);
   }
 
   async hasMapping(volume: string): Promise<boolean> {
@@ -149,8 +189,12 @@ export class RbdBackend implements Backend {
   async clientOf(volume: string): Promise<string | undefined> {
     const image = checkVolumeName(volume);
     if (!(await this.client.isMapped(image))) return undefined;
-    const recorded = await readFile(this.clientFile(image), 'utf8').catch(() => '');
-    return isClientInstance(recorded.trim()) ? recorded.trim() : undefined;
+    return this.recordedClient(image);
+  }
+
+  private async recordedClient(image: string): Promise<string | undefined> {
+    const recorded = (await readFile(this.clientFile(image), 'utf8').catch(() => '')).trim();
+    return isClientInstance(recorded) ? recorded : undefined;
   }
 
   async findDevice(volume: string): Promise<string | undefined> {
@@ -171,7 +215,15 @@ export class RbdBackend implements Backend {
   async release(volume: string): Promise<void> {
     const image = checkVolumeName(volume);
     await this.withMappingLock(image, async () => {
+      const client = await this.recordedClient(image);
       await this.client.unmap(image);
+      // A client that died (killed, crashed) leaves its exclusive lock in the image header: it is gone now, and the lock
+      // goes too, or the next node's read-write map would find an unknown lock holder and refuse. The record goes last.
+      if (client !== undefined) {
+        for (const lock of await rbdLocks(this.identity, this.pool, image)) {
+          if (lock.address === client) await rbdLockRemove(this.identity, this.pool, image, lock);
+        }
+      }
       await rm(this.clientFile(image), { force: true });
     });
   }

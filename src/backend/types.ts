@@ -10,8 +10,12 @@ export interface Backend {
   delete(volume: string): Promise<void>;
   /** Size in bytes, or undefined if the volume has no storage here. */
   size(volume: string): Promise<number | undefined>;
-  /** Sets up (or finds the already set up) block device of the volume and returns its path, e.g. /dev/loop3. Never two devices for one volume. */
-  attach(volume: string): Promise<string>;
+  /**
+   * Sets up (or finds the already set up) block device of the volume and returns its path, e.g. /dev/loop3. Never two
+   * devices for one volume. `access` is what the ledger granted this node; a backend on shared storage refuses a
+   * read-write set-up while a client the ledger does not know of has the volume open.
+   */
+  attach(volume: string, access?: AttachAccess): Promise<string>;
   /** The device currently set up for the volume, if any. Reads the kernel's state, spawns nothing. */
   findDevice(volume: string): Promise<string | undefined>;
   /** Which volume a device belongs to (undefined when it is not one of ours). */
@@ -49,6 +53,16 @@ export interface Backend {
   grow(volume: string, sizeBytes: number): Promise<void>;
 }
 
+/** What the ledger granted a node for one attach, as a backend on shared storage checks it (rbd.ts). */
+export interface AttachAccess {
+  readOnly: boolean;
+  /**
+   * Client instances that may still show on the volume without another writer being there: the one the ledger recorded
+   * for this node (from before a crash), and those fenced off it (the storage refuses them).
+   */
+  knownClients: string[];
+}
+
 /**
  * The storage's side of a fence (docs/ledger.md, "Fences"): it makes the storage refuse every operation of a node's
  * client instances, so nothing that node still has can write once a volume moves away from it. Only the machines that
@@ -58,9 +72,15 @@ export interface Fencer {
   /** What refuses the clients, for messages: "the Ceph cluster's OSD blocklist". */
   readonly kind: string;
   /**
+   * The clients `fence` would make the storage refuse, without changing anything: `known` and every other client that
+   * has the volume open or locked, except `spare`. Throws when the storage cannot say, or names a client in a form that
+   * cannot be fenced.
+   */
+  find(volume: string, known: string[], spare: string[]): Promise<string[]>;
+  /**
    * Makes the storage refuse the clients `known` (recorded in the ledger for the node) and every other client that has
    * the volume open or locked, except `spare` (the recorded clients of the other nodes that legitimately hold it).
-   * Returns every client it made the storage refuse. Repeating it is harmless.
+   * Returns every client it made the storage refuse, each confirmed; throws as `find` does. Repeating it is harmless.
    */
   fence(volume: string, known: string[], spare: string[]): Promise<string[]>;
   /** Lets the storage serve those clients again (after the node has cleared its mapping). Repeating it is harmless. */

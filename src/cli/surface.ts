@@ -256,6 +256,11 @@ function declareVolume(volume: Command, io: CommandIO, done: Done): void {
     .description('the admin fence: declare a node down so the volume can attach elsewhere (rbd: fences the node first)')
     .requiredOption('--node <node>', 'the node that is down')
     .option('--node-is-down', 'confirm the node is really down (powered off, or fenced): its device may still be set up')
+    .option(
+      '--powered-off',
+      'with --node-is-down, on shared storage (rbd): the node is powered off, not merely unreachable; its hold goes even ' +
+        'where the storage finds no client of it to fence',
+    )
     .action(async (name: string, opts) => done(await volumeRelease({ name, ...opts }, io)));
   // Jobs the node agent does (docs/jobs.md): restore, clone, and a person's attach.
   volume

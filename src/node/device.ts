@@ -1,6 +1,7 @@
 // A volume's block device on this node: set up after the ledger's grant, released once nothing mounts it, and each
 // step recorded in the ledger. What is set up is always read back from the kernel (through the backend), never
 // remembered, so both steps are safe to repeat after a crash.
+import type { AttachAccess } from '../backend/types.js';
 import type { Context } from '../context.js';
 import { LatchError, errorMessage } from '../errors.js';
 import type { VolumeDoc } from '../ledger/types.js';
@@ -26,7 +27,7 @@ export async function setUpDevice(ctx: Context, name: string, doc: VolumeDoc): P
       }
       await backend.create(name, doc.spec.sizeBytes);
     }
-    device = await backend.attach(name);
+    device = await backend.attach(name, attachAccess(doc, node));
   } catch (err) {
     // Setting up failed: if this node's kernel proves it has no device (nor a leftover mapping) of the volume, the
     // claim goes back now. Kept, it would become a fence nothing lifts: kubelet sends no unmountdevice for a device it
@@ -50,6 +51,17 @@ export async function setUpDevice(ctx: Context, name: string, doc: VolumeDoc): P
     throw new LatchError(`volume ${name} was detached from node ${node} while its device was being set up`);
   }
   return { device, doc: after };
+}
+
+/**
+ * What the ledger granted `node`, for a backend on shared storage to hold the storage against: read-only or not, and
+ * the clients that may show on the volume without another writer being there (this node's own recorded one, from
+ * before a crash; those the storage refuses, fenced).
+ */
+function attachAccess(doc: VolumeDoc, node: string): AttachAccess {
+  const entry = doc.status.nodes[node];
+  const fenced = Object.values(doc.status.fences ?? {}).flatMap((f) => (f.state === 'fenced' ? f.clients : []));
+  return { readOnly: entry?.readOnly ?? false, knownClients: [...(entry?.client !== undefined ? [entry.client] : []), ...fenced] };
 }
 
 /**

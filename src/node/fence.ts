@@ -5,7 +5,7 @@ import type { Fencer } from '../backend/types.js';
 import type { Context } from '../context.js';
 import { LatchError } from '../errors.js';
 import { isFencedOff } from '../ledger/arbitrate.js';
-import type { VolumeDoc } from '../ledger/types.js';
+import type { NodePhase, VolumeDoc } from '../ledger/types.js';
 
 // Clients that open the image while the fence is being put in place are fenced in further rounds, up to this many.
 const MAX_FENCE_ROUNDS = 3;
@@ -16,22 +16,58 @@ export interface FenceOutcome {
   clients: string[];
 }
 
+export interface FenceOptions {
+  /**
+   * The admin's word that the node is powered off (not merely cut off): where the storage finds no client of it to
+   * refuse, its hold goes all the same. Without it such a fence is refused and the ledger left as it was.
+   */
+  poweredOff?: boolean;
+}
+
+/** The phases in which a node may have a client that writes to the volume. */
+const MAY_WRITE: ReadonlySet<NodePhase> = new Set(['attaching', 'attached', 'detaching']);
+
 /**
  * Fences `node` off volume `name`: records the intent (the node is never granted the volume again from then on, and
  * cannot claim a grant it had), makes the storage refuse its clients, and only then releases its hold and tickets.
  * Safe to repeat: a repeat after a crash at any step finishes the job.
+ *
+ * Fails closed: when the node may have a client (attaching, attached, detaching) and the storage finds none (none
+ * recorded, none watching or locking: a partitioned client's watch expires, and an image without the exclusive-lock
+ * feature has no lock holder), nothing in the ledger changes and a LatchError says what the admin can do, unless the
+ * admin said the node is powered off.
  */
-export async function fenceNodeOffVolume(ctx: Context, fencer: Fencer, name: string, node: string, reason: string): Promise<FenceOutcome> {
+export async function fenceNodeOffVolume(
+  ctx: Context,
+  fencer: Fencer,
+  name: string,
+  node: string,
+  reason: string,
+  options: FenceOptions = {},
+): Promise<FenceOutcome> {
   const { ledger } = ctx;
   const start = await ledger.get(name);
   if (!start) throw new LatchError(`volume ${name} does not exist`);
   const recorded = (doc: VolumeDoc) => [doc.status.nodes[node]?.client, ...(doc.status.fences?.[node]?.clients ?? [])];
-  let doc = await ledger.beginFence(name, node, reason, defined(recorded(start)));
+  // The recorded clients of the volume's other holders (read-only-many) are spared; every other client is the node's.
+  const spare = (doc: VolumeDoc) => defined(Object.entries(doc.status.nodes).flatMap(([n, e]) => (n === node ? [] : [e.client])));
+  // What the storage would refuse, looked at before anything is recorded; the intent records it, so a client found
+  // here is fenced even if it goes meanwhile.
+  const found = await fencer.find(name, defined(recorded(start)), spare(start));
+  const phase = start.status.nodes[node]?.phase;
+  if (found.length === 0 && phase !== undefined && MAY_WRITE.has(phase) && !options.poweredOff) {
+    throw new LatchError(
+      `volume ${name}: node ${node} holds it (${phase}), but ${fencer.kind} has nothing of it to refuse: no client of it is ` +
+        'recorded in the ledger, and none has the image open or locked (a client cut off from the cluster loses its watch, ' +
+        'yet writes again once it is back). Its hold stays. Either let the node come back and release the volume itself ' +
+        `(or fence it then, when its client shows), or make sure the node is powered off and repeat with ` +
+        `latch volume release ${name} --node ${node} --node-is-down --powered-off`,
+    );
+  }
+  let doc = await ledger.beginFence(name, node, reason, found);
   let clients: string[] = [];
   for (let round = 1; doc; round++) {
-    // The recorded clients of the volume's other holders (read-only-many) are spared; every other client is the node's.
-    const spare = defined(Object.entries(doc.status.nodes).flatMap(([n, e]) => (n === node ? [] : [e.client])));
-    const fenced = await fencer.fence(name, defined(recorded(doc)), spare);
+    const fenced = await fencer.fence(name, defined(recorded(doc)), spare(doc));
     const added = fenced.filter((c) => !clients.includes(c));
     clients = [...new Set([...clients, ...fenced])].sort();
     if (added.length === 0 || round >= MAX_FENCE_ROUNDS) break;

@@ -2,7 +2,7 @@
 // for the mount (and its connection number), /proc/PID/cmdline for the daemon. Nothing here stats or opens anything
 // below a FUSE mount unless it goes through guardFuse(): a daemon that no longer answers (a fenced rbd-fuse) leaves
 // every such call in D state, beyond any signal, and only aborting the connection through fusectl ends the wait.
-import { readdir, readFile, writeFile } from 'node:fs/promises';
+import { readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { basename } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { LatchError } from '../errors.js';
@@ -95,6 +95,12 @@ export interface RbdFuseOptions {
   image: string;
   mountPoint: string;
   timeoutMs: number;
+  /**
+   * The daemon's own log, with the monitor client at level 5: each of its client instances logs the global id the
+   * monitor gave it ("authenticate success, global_id N"), which is how the node tells its watcher of the image from
+   * any other (rbdFuseGlobalIds). Written afresh by each daemon; nothing else is logged at that level.
+   */
+  logFile: string;
 }
 
 /**
@@ -103,9 +109,12 @@ export interface RbdFuseOptions {
  * monitors before it mounts, so a bad identity or keyring fails here with its message.
  */
 export async function startRbdFuse(options: RbdFuseOptions): Promise<void> {
-  const { identity, pool, image, mountPoint, timeoutMs } = options;
+  const { identity, pool, image, mountPoint, timeoutMs, logFile } = options;
+  await rm(logFile, { force: true });
+  // On the command line, so that no conf turns it off (log_to_file) or sends it elsewhere.
+  const log = ['--log-to-file', 'true', '--log-file', logFile, '--debug-monc', '5/5'];
   try {
-    await startDaemon('rbd-fuse', [...cephClientArgs(identity), '-p', pool, '-r', image, mountPoint], { timeoutMs });
+    await startDaemon('rbd-fuse', [...cephClientArgs(identity), ...log, '-p', pool, '-r', image, mountPoint], { timeoutMs });
   } catch (err) {
     throw redactedError(err);
   }
@@ -114,6 +123,12 @@ export async function startRbdFuse(options: RbdFuseOptions): Promise<void> {
       `rbd-fuse for ${pool}/${image} exited as if it had mounted ${mountPoint}, but mountinfo shows no FUSE mount there`,
     );
   }
+}
+
+/** The global ids of the client instances an rbd-fuse daemon started with `logFile` logged (startRbdFuse). */
+export async function rbdFuseGlobalIds(logFile: string): Promise<Set<number>> {
+  const text = await readFile(logFile, 'utf8').catch(() => '');
+  return new Set([...text.matchAll(/ monclient: authenticate success, global_id ([0-9]{1,19})$/gm)].map((m) => Number(m[1])));
 }
 
 /** The live rbd-fuse processes serving `mountPoint` (by their command line in /proc, never by the mount). */

@@ -142,12 +142,30 @@ function checkClientInstance(address: string): string {
   return address;
 }
 
-/** The client instances watching the image (every client that has it open), from `rbd status`; [] when it is gone. */
-export async function rbdWatchers(identity: CephIdentity, pool: string, image: string): Promise<string[]> {
+/** A client with the image open, as `rbd status` lists it: its instance address and the global id of its session. */
+export interface RbdWatcher {
+  address: string;
+  globalId?: number;
+}
+
+/**
+ * The image's watchers (every client that has it open), from `rbd status`; [] when the image is gone. Any other
+ * failure throws: an empty list must mean the cluster said nobody has it open.
+ */
+export async function rbdWatcherList(identity: CephIdentity, pool: string, image: string): Promise<RbdWatcher[]> {
   const { stdout, exitCode } = await rbd(identity, ['status', '--format', 'json', imageSpec(pool, image)], [ENOENT]);
   if (exitCode === ENOENT) return [];
-  const status = parseJson<{ watchers?: { address?: unknown }[] }>(`rbd status ${imageSpec(pool, image)}`, stdout);
-  return (status.watchers ?? []).map((w) => w.address).filter((a): a is string => typeof a === 'string');
+  const status = parseJson<{ watchers?: { address?: unknown; client?: unknown }[] }>(`rbd status ${imageSpec(pool, image)}`, stdout);
+  // A watcher whose address is not a string is kept as what it is, for the fencer to refuse by name, never dropped.
+  return (status.watchers ?? []).map((w) => ({
+    address: typeof w.address === 'string' ? w.address : JSON.stringify(w.address ?? null),
+    ...(typeof w.client === 'number' && { globalId: w.client }),
+  }));
+}
+
+/** The addresses of the image's watchers (rbdWatcherList). */
+export async function rbdWatchers(identity: CephIdentity, pool: string, image: string): Promise<string[]> {
+  return (await rbdWatcherList(identity, pool, image)).map((w) => w.address);
 }
 
 /** One lock on an image as `rbd lock ls` shows it: its id (`auto <handle>` for the exclusive lock), holder and address. */
@@ -168,11 +186,12 @@ export async function rbdLocks(identity: CephIdentity, pool: string, image: stri
   // Ceph 16 prints a list; older releases an object keyed by the lock id.
   const locks = parseJson<Listed[] | Record<string, Listed>>(`rbd lock ls ${imageSpec(pool, image)}`, stdout);
   const entries: [unknown, Listed][] = Array.isArray(locks) ? locks.map((l) => [l.id, l]) : Object.entries(locks);
-  return entries.flatMap(([id, l]) =>
-    typeof id === 'string' && typeof l.locker === 'string' && typeof l.address === 'string'
-      ? [{ id, locker: l.locker, address: l.address }]
-      : [],
-  );
+  // A lock whose address is not a string is kept as what it is, for the fencer to refuse by name, never dropped.
+  return entries.map(([id, l]) => ({
+    id: String(id),
+    locker: String(l.locker),
+    address: typeof l.address === 'string' ? l.address : JSON.stringify(l.address ?? null),
+  }));
 }
 
 /** The client instances holding a lock on the image (rbdLocks' addresses). */

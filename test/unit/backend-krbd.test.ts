@@ -14,6 +14,7 @@ import { RbdBackend } from '../../src/backend/rbd.js';
 
 const KEYRING = '/etc/ceph/ceph.client.node-a.keyring';
 const identity = { cephConf: '/etc/ceph/ceph.conf', clientId: 'node-a', keyring: KEYRING };
+const RW = { readOnly: false };
 
 // The fake rbd: node, so that it parses JSON and argv as the real one would be given them.
 const FAKE_RBD = `#!/usr/bin/env node
@@ -51,9 +52,13 @@ if (a === 'device' && b === 'map') {
   const id = /^\\/dev\\/rbd([0-9]+)$/.exec(args[2])[1];
   fs.rmSync(path.join(devices, id), { recursive: true });
 } else if (a === 'lock' && b === 'ls') {
+  if (fs.existsSync(path.join(state, 'status-fails'))) { process.stderr.write('rbd: listing locks failed: (110) Connection timed out\\n'); process.exit(110); }
   process.stdout.write(read('locks', '[]'));
 } else if (a === 'status') {
+  if (fs.existsSync(path.join(state, 'status-fails'))) { process.stderr.write('rbd: show status failed: (110) Connection timed out\\n'); process.exit(110); }
   process.stdout.write(JSON.stringify({ watchers: JSON.parse(read('watchers', '[]')).map((address) => ({ address })) }));
+} else if (a === 'info') {
+  process.stdout.write(JSON.stringify({ size: 1 << 30, features: JSON.parse(read('features', '["layering","exclusive-lock"]')) }));
 } else if (a === 'lock' && b === 'rm') {
   const locks = JSON.parse(read('locks', '[]')).filter((l) => !(l.id === args[3] && l.locker === args[4]));
   fs.writeFileSync(path.join(state, 'locks'), JSON.stringify(locks));
@@ -120,7 +125,7 @@ describe('KernelRbdClient on a fake /sys/bus/rbd', () => {
   };
 
   it('maps with its own client instance (noshare), as the node identity, the key only by its keyring file', async () => {
-    assert.equal(await client.map('vol-a'), '/dev/rbd0');
+    assert.equal(await client.map('vol-a', RW), '/dev/rbd0');
     const map = calls().find((argv) => argv.includes('map'));
     assert.deepEqual(map, [
       '--conf',
@@ -134,7 +139,7 @@ describe('KernelRbdClient on a fake /sys/bus/rbd', () => {
       '--device-type',
       'krbd',
       '--options',
-      'noshare',
+      'noshare,exclusive',
       'latch/vol-a',
     ]);
     assert.equal(await client.deviceOf('vol-a'), '/dev/rbd0');
@@ -145,9 +150,9 @@ describe('KernelRbdClient on a fake /sys/bus/rbd', () => {
 
   it('finds an existing mapping in sysfs and maps nothing again', async () => {
     addMapping(3, { name: 'vol-a' });
-    assert.equal(await client.map('vol-a'), '/dev/rbd3');
+    assert.equal(await client.map('vol-a', RW), '/dev/rbd3');
     assert.deepEqual(commands(), [], 'no rbd call: the kernel already maps it');
-    assert.equal(await client.map('vol-a'), '/dev/rbd3');
+    assert.equal(await client.map('vol-a', RW), '/dev/rbd3');
   });
 
   it('tells its own mappings from other pools, namespaces, snapshots and images', async () => {
@@ -161,13 +166,13 @@ describe('KernelRbdClient on a fake /sys/bus/rbd', () => {
     assert.equal(await client.imageOf('/dev/rbd4'), 'vol-b');
     assert.equal(await client.imageOf('/dev/loop4'), undefined);
     assert.equal(await client.imageOf('/dev/rbd9'), undefined, 'not mapped');
-    assert.equal(await client.map('vol-a'), '/dev/rbd3', 'a new mapping beside the others');
+    assert.equal(await client.map('vol-a', RW), '/dev/rbd3', 'a new mapping beside the others');
   });
 
   it('keeps one mapping of an image: duplicates (a crash between two maps) are unmapped', async () => {
     addMapping(2, {});
     addMapping(5, {});
-    assert.equal(await client.map('vol-a'), '/dev/rbd2');
+    assert.equal(await client.map('vol-a', RW), '/dev/rbd2');
     assert.deepEqual(readdirSync(join(sys, 'bus/rbd/devices')), ['2']);
     assert.deepEqual(commands(), ['device unmap']);
   });
@@ -177,8 +182,8 @@ describe('KernelRbdClient on a fake /sys/bus/rbd', () => {
     const live = { id: 'auto 140', locker: 'client.4200', address: '10.0.0.8:0/78' };
     writeFileSync(join(state, 'locks'), JSON.stringify([dead, live]));
     writeFileSync(join(state, 'watchers'), JSON.stringify([live.address]));
-    await client.map('vol-a');
-    assert.deepEqual(commands(), ['lock ls', 'status', 'lock rm', 'device map']);
+    await client.map('vol-a', RW);
+    assert.deepEqual(commands(), ['lock ls', 'status', 'lock rm', 'info', 'device map']);
     const rm = calls().find((argv) => argv[6] === 'lock' && argv[7] === 'rm');
     assert.deepEqual(rm?.slice(8), ['latch/vol-a', 'auto 139', 'client.4157']);
     assert.deepEqual(JSON.parse(readFileSync(join(state, 'locks'), 'utf8')), [live]);
@@ -187,7 +192,7 @@ describe('KernelRbdClient on a fake /sys/bus/rbd', () => {
   it('on a kernel without the rbd module: a clear error, before anything reaches the cluster', async () => {
     rmSync(join(sys, 'bus'), { recursive: true });
     writeFileSync(join(state, 'locks'), JSON.stringify([{ id: 'auto 1', locker: 'client.9', address: '10.0.0.9:0/77' }]));
-    await assert.rejects(client.map('vol-a'), /this kernel has no rbd module \(\S+\/bus\/rbd is missing\); load it \(modprobe rbd\)/);
+    await assert.rejects(client.map('vol-a', RW), /this kernel has no rbd module \(\S+\/bus\/rbd is missing\); load it \(modprobe rbd\)/);
     assert.deepEqual(commands(), [], 'no lock broken, no map tried');
     assert.equal(await client.isMapped('vol-a'), false);
     await client.unmap('vol-a');
@@ -195,14 +200,14 @@ describe('KernelRbdClient on a fake /sys/bus/rbd', () => {
 
   it('a failed map fails the call and leaves no mapping', async () => {
     writeFileSync(join(state, 'map-fails'), '');
-    await assert.rejects(client.map('vol-a'), /Connection timed out/);
+    await assert.rejects(client.map('vol-a', RW), /Connection timed out/);
     assert.equal(await client.isMapped('vol-a'), false);
   });
 
   it('on a kernel older than the image: says which features and what rbd suggests, not only its last line', async () => {
     writeFileSync(join(state, 'old-kernel'), '');
     await assert.rejects(
-      client.map('vol-a'),
+      client.map('vol-a', RW),
       /^LatchError: this kernel cannot map latch\/vol-a: it does not support some of the image's features; rbd suggests "rbd feature disable latch\/vol-a object-map fast-diff deep-flatten"/,
     );
   });
@@ -245,6 +250,103 @@ describe('KernelRbdClient on a fake /sys/bus/rbd', () => {
     await backend.release('vol-a');
     assert.equal(await backend.hasMapping('vol-a'), false);
     assert.equal(await backend.clientOf('vol-a'), undefined);
+  });
+
+  it('a read-only mapping takes no lock (no exclusive, no lock broken); a read-write one of a lock-less image maps without exclusive', async () => {
+    writeFileSync(join(state, 'locks'), JSON.stringify([{ id: 'auto 1', locker: 'client.9', address: '10.0.0.9:0/77' }]));
+    await client.map('vol-a', { readOnly: true });
+    assert.deepEqual(commands(), ['device map']);
+    assert.equal(calls()[0]?.[11], 'noshare');
+    await client.unmap('vol-a');
+    rmSync(join(state, 'calls'));
+    writeFileSync(join(state, 'locks'), '[]');
+    writeFileSync(join(state, 'features'), JSON.stringify(['layering']));
+    await client.map('vol-a', RW);
+    assert.deepEqual(commands(), ['lock ls', 'info', 'device map']);
+    assert.equal(calls().at(-1)?.[11], 'noshare', 'the kernel refuses exclusive for an image without the exclusive-lock feature');
+  });
+
+  describe('as the rbd backend', () => {
+    const backendOnFakeSys = () => {
+      rmSync(join(work, 'mnt'), { recursive: true, force: true }); // no record left by an earlier test
+      const backend = new RbdBackend({
+        ...identity,
+        pool: 'latch',
+        mountDir: join(work, 'mnt'),
+        maxSize: 2 ** 40,
+        timeoutMs: 5_000,
+        client: 'krbd',
+      });
+      // The backend's client reads the real /sys; give it this fake one.
+      Object.assign(backend, { client });
+      return backend;
+    };
+    const readWrite = (knownClients: string[] = []) => ({ readOnly: false, knownClients });
+
+    it('refuses a read-write map while a watcher the ledger does not record for this node has the image open', async () => {
+      const backend = backendOnFakeSys();
+      writeFileSync(join(state, 'watchers'), JSON.stringify(['10.0.0.7:0/700', '10.0.0.8:0/800']));
+      await assert.rejects(
+        backend.attach('vol-a', readWrite(['10.0.0.8:0/800'])),
+        /^LatchError: refusing to map latch\/vol-a read-write on this node: the image is open or locked by 10\.0\.0\.7:0\/700 \(watcher\), which the ledger does not record for this node/,
+      );
+      assert.equal(commands().includes('device map'), false, 'nothing mapped');
+      assert.equal(await backend.hasMapping('vol-a'), false);
+      // Read-only, the same image maps: other nodes may read it at once.
+      assert.equal(await backend.attach('vol-a', { readOnly: true, knownClients: [] }), '/dev/rbd0');
+    });
+
+    it('refuses a read-write map while an unknown client holds the lock; its own recorded or a fenced holder is fine', async () => {
+      const backend = backendOnFakeSys();
+      const stale = { id: 'auto 7', locker: 'client.4157', address: '10.0.0.9:0/77' };
+      writeFileSync(join(state, 'locks'), JSON.stringify([stale]));
+      await assert.rejects(backend.attach('vol-a', readWrite()), /by 10\.0\.0\.9:0\/77 \(lock holder client\.4157\), which the ledger/);
+      assert.equal(await backend.hasMapping('vol-a'), false);
+      // Known to the ledger (this node's client before a crash, or a fenced one): the dead lock is broken, the map made.
+      assert.equal(await backend.attach('vol-a', readWrite([stale.address])), '/dev/rbd0');
+      assert.deepEqual(JSON.parse(readFileSync(join(state, 'locks'), 'utf8')), []);
+    });
+
+    it("counts this node's own record of its client as known (an attach that crashed before the ledger recorded it)", async () => {
+      const backend = backendOnFakeSys();
+      const own = { id: 'auto 7', locker: 'client.4157', address: '10.0.0.9:0/77' };
+      writeFileSync(join(state, 'locks'), JSON.stringify([own]));
+      mkdirSync(join(work, 'mnt', '.clients'), { recursive: true });
+      writeFileSync(join(work, 'mnt', '.clients', 'vol-a'), `${own.address}\n`);
+      assert.equal(await backend.attach('vol-a', readWrite()), '/dev/rbd0');
+      assert.equal(await backend.clientOf('vol-a'), '10.0.0.5:0/4000', 'the new mapping recorded in its place');
+      await backend.release('vol-a');
+    });
+
+    it('fails the read-write map when the watchers cannot be listed, rather than taking it for nobody', async () => {
+      const backend = backendOnFakeSys();
+      writeFileSync(join(state, 'status-fails'), '');
+      await assert.rejects(backend.attach('vol-a', readWrite()), /Connection timed out/);
+      assert.equal(await backend.hasMapping('vol-a'), false);
+    });
+
+    it('an attach whose client instance cannot be told fails and leaves no mapping', async () => {
+      const backend = backendOnFakeSys();
+      // A kernel whose mapping shows no usable client_addr (here: the fake's attribute taken away as soon as it maps).
+      const unnamed = Object.assign(Object.create(client) as KernelRbdClient, { clientAddress: async () => undefined });
+      Object.assign(backend, { client: unnamed });
+      await assert.rejects(
+        backend.attach('vol-a', readWrite()),
+        /^LatchError: krbd mapped latch\/vol-a, but cannot tell which Ceph client instance serves the mapping: .* it was undone/,
+      );
+      assert.equal(await client.isMapped('vol-a'), false);
+      assert.equal(await backend.clientOf('vol-a'), undefined);
+    });
+
+    it("release breaks the lock its own (now gone) client left, and nobody else's", async () => {
+      const backend = backendOnFakeSys();
+      assert.equal(await backend.attach('vol-a', readWrite()), '/dev/rbd0');
+      const own = { id: 'auto 1', locker: 'client.4001', address: '10.0.0.5:0/4000' };
+      const other = { id: 'auto 2', locker: 'client.4002', address: '10.0.0.6:0/6000' };
+      writeFileSync(join(state, 'locks'), JSON.stringify([own, other]));
+      await backend.release('vol-a');
+      assert.deepEqual(JSON.parse(readFileSync(join(state, 'locks'), 'utf8')), [other]);
+    });
   });
 
   it(

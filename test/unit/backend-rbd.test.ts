@@ -113,6 +113,9 @@ describe('RbdBackend on a one-host Ceph cluster', { skip }, () => {
     assert.ok(key && !argv.join(' ').includes(key), 'the key is not on the command line');
     assert.equal(readFileSync(`/sys/block/${device.slice(5)}/loop/dio`, 'utf8').trim(), '1', 'direct I/O on the FUSE file');
     t.diagnostic(`attach: ${attachMs} ms; rbd-fuse memory (VmRSS) idle: ${memoryKiB(pid)} KiB`);
+    const identityA = { cephConf: nodeA.confPath, clientId: nodeA.id, keyring: nodeA.keyringPath };
+    const recorded = await a.clientOf('vol-map');
+    assert.deepEqual(await rbdWatchers(identityA, ceph.pool, 'vol-map'), [recorded], "the recorded client is the daemon's own watcher");
 
     await writeBlock(device, 0, 'hello from node-a');
     assert.equal(await readBlock(device, 0), block('hello from node-a'));
@@ -218,7 +221,32 @@ describe('RbdBackend on a one-host Ceph cluster', { skip }, () => {
 
   it("moves a volume between two node identities: what node-a wrote is read through node-b's device", async () => {
     await a.create('vol-move', 32 * MiB);
-    const onA = await a.attach('vol-move');
+    // Another client has the image open while node-a maps it: node-a still records its own instance, not that one
+    // (read-only: the guard against unknown watchers is for read-write maps).
+    const other = await ceph.startRbdFuse(nodeB, join(ceph.dir, 'mnt', 'other-vol-move'), { image: 'vol-move' });
+    const [otherWatcher] = await rbdWatchers(
+      { cephConf: nodeB.confPath, clientId: nodeB.id, keyring: nodeB.keyringPath },
+      ceph.pool,
+      'vol-move',
+    );
+    await a.attach('vol-move', { readOnly: true, knownClients: [] });
+    const recorded = await a.clientOf('vol-move');
+    assert.ok(recorded !== undefined && otherWatcher !== undefined && recorded !== otherWatcher, `${recorded} is not ${otherWatcher}`);
+    assert.deepEqual(
+      (await rbdWatchers({ cephConf: nodeA.confPath, clientId: nodeA.id, keyring: nodeA.keyringPath }, ceph.pool, 'vol-move')).sort(),
+      [recorded, otherWatcher].sort(),
+    );
+    await a.release('vol-move');
+    // Read-write, the other client's watch makes node-a refuse, naming it.
+    await assert.rejects(
+      a.attach('vol-move', { readOnly: false, knownClients: [] }),
+      new RegExp(
+        `refusing to map latch/vol-move read-write on this node: the image is open or locked by ${otherWatcher?.replace(/[.]/g, '\\.')} \\(watcher\\)`,
+      ),
+    );
+    assert.deepEqual(await mappingOf(optionsA.mountDir, 'vol-move'), { loops: [], mounts: 0, pids: [] }, 'nothing mapped');
+    await other.stop();
+    const onA = await a.attach('vol-move', { readOnly: false, knownClients: [] });
     for (const i of [0, 1023, 8191]) await writeBlock(onA, i, `written on node-a, block ${i}`);
     await a.release('vol-move');
     const onB = await b.attach('vol-move');
@@ -294,7 +322,7 @@ describe('RbdBackend on a one-host Ceph cluster', { skip }, () => {
     mkdirSync(join(sysRoot, 'bus/rbd/devices'), { recursive: true });
     const identityB = { cephConf: nodeB.confPath, clientId: nodeB.id, keyring: nodeB.keyringPath };
     const krbdB = new KernelRbdClient({ identity: identityB, pool: ceph.pool, timeoutMs: 30_000, sysRoot });
-    await assert.rejects(krbdB.map('vol-krbd'), /device map --device-type krbd --options noshare \S+\/vol-krbd failed/);
+    await assert.rejects(krbdB.map('vol-krbd', { readOnly: false }), /device map --device-type krbd --options noshare,exclusive .* failed/);
     assert.deepEqual(await rbdLocks(identityB, ceph.pool, 'vol-krbd'), [lock], 'a live holder keeps its lock');
 
     await ceph.ceph(['osd', 'blocklist', 'add', lock.address, '600']);
@@ -305,7 +333,7 @@ describe('RbdBackend on a one-host Ceph cluster', { skip }, () => {
         assert.ok(Date.now() < deadline, "the fenced holder's watch is still there after 30 s");
         await sleep(100);
       }
-      await assert.rejects(krbdB.map('vol-krbd'), /map failed/);
+      await assert.rejects(krbdB.map('vol-krbd', { readOnly: false }), /map failed/);
       assert.deepEqual(await rbdLocks(identityB, ceph.pool, 'vol-krbd'), [], "broken by node-b's identity, which cannot blocklist");
       await a.cutOff('vol-krbd');
       await a.release('vol-krbd');

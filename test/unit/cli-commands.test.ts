@@ -131,6 +131,7 @@ describe('volume and ticket commands, called as functions', () => {
     );
     await assert.rejects(volumeRelease({ name: 'x', node: 'node-b' }, io), /make sure the node is down, then repeat with --node-is-down/);
     await assert.rejects(volumeRelease({ name: 'x', node: 'node-b', nodeIsDown: true }, io), /volume x does not exist/);
+    await assert.rejects(volumeRelease({ name: 'x', node: 'node-b', poweredOff: true }, io), /repeat with --node-is-down/);
     assert.equal(io.take(), '');
   });
 

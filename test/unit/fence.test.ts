@@ -3,7 +3,11 @@
 // from its own kernel state, and only a cleared fence is lifted. The ledger rules run pure; the flows run the real
 // ops on fake nodes (test/fixtures) with a fencer that records what the storage was told.
 import assert from 'node:assert/strict';
-import { describe, it } from 'node:test';
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, afterEach, before, beforeEach, describe, it } from 'node:test';
+import { RbdFencer } from '../../src/backend/rbd-fencer.js';
 import type { Fencer } from '../../src/backend/types.js';
 import {
   addTicket,
@@ -95,7 +99,14 @@ class RecordingFencer implements Fencer {
   readonly calls: { known: string[]; spare: string[]; holdAtCall: string | undefined }[] = [];
   openers: string[] = [];
   failNext = false;
+  /** The storage cannot list who has the image open (rbd status fails). */
+  listingFails = false;
   constructor(private readonly cluster: Cluster) {}
+
+  async find(_volume: string, known: string[], spare: string[]): Promise<string[]> {
+    if (this.listingFails) throw new Error('rbd status: (110) Connection timed out');
+    return [...new Set([...known, ...this.openers.filter((c) => !spare.includes(c))])].sort();
+  }
 
   async fence(volume: string, known: string[], spare: string[]): Promise<string[]> {
     const doc = await this.cluster.doc(volume);
@@ -115,11 +126,11 @@ class RecordingFencer implements Fencer {
 }
 
 /** node-a has the volume staged (device mounted at kubelet's global path, client recorded), node-b asks for it. */
-async function movingVolume() {
+async function movingVolume(recordClient = true) {
   const cluster = new Cluster({ config: { waitForAttachTimeout: 1 }, clock: steppingClock(100) });
   const a = cluster.node('node-a');
   const b = cluster.node('node-b');
-  a.fake.clients.set('pv-1', '10.0.0.1:0/111');
+  if (recordClient) a.fake.clients.set('pv-1', '10.0.0.1:0/111');
   const staged = await stageVolume(a, a, 'pv-1');
   const json = staged.json;
   assert.equal((await a.call('attach', [json, 'node-b'])).reply.status, 'Failure', 'node-b waits while node-a holds it');
@@ -136,7 +147,9 @@ describe('fencing a node off a volume (node services on fake nodes)', () => {
     const { clients } = await fenceNodeOffVolume(a.context(), fencer, 'pv-1', 'node-a', 'test');
     assert.deepEqual(clients, ['10.0.0.1:0/111', '10.0.0.9:0/999']);
     assert.equal(fencer.calls[0]?.holdAtCall, 'attached', 'the storage was told while node-a still held the volume');
-    assert.deepEqual(fencer.calls[0]?.known, ['10.0.0.1:0/111']);
+    // The recorded client and what the storage showed before anything was recorded: a watcher that goes meanwhile is
+    // fenced all the same.
+    assert.deepEqual(fencer.calls[0]?.known, ['10.0.0.1:0/111', '10.0.0.9:0/999']);
     const doc = await cluster.mustDoc('pv-1');
     assert.equal(doc.status.nodes['node-a'], undefined);
     assert.equal(doc.status.fences?.['node-a']?.state, 'fenced');
@@ -159,6 +172,35 @@ describe('fencing a node off a volume (node services on fake nodes)', () => {
     assert.equal(doc.status.fences?.['node-a']?.state, 'fenced');
     assert.ok(fencer.refused.has('10.0.0.1:0/111'));
     succeeded(await b.call('waitforattach', ['', json]));
+  });
+
+  it('a fence that finds no client of an attached node refuses and leaves the ledger as it was', async () => {
+    // No client recorded (a ledger written before attaches recorded one) and none left on the image (its watch expired).
+    const { cluster, a, b, json, fencer } = await movingVolume(false);
+    assert.equal((await cluster.mustDoc('pv-1')).status.nodes['node-a']?.phase, 'attached');
+    const unchanged = await cluster.mustDoc('pv-1');
+    await assert.rejects(
+      fenceNodeOffVolume(a.context(), fencer, 'pv-1', 'node-a', 'test'),
+      /volume pv-1: node node-a holds it \(attached\), but the test blocklist has nothing of it to refuse: .*Its hold stays\. .*latch volume release pv-1 --node node-a --node-is-down --powered-off/,
+    );
+    assert.deepEqual(await cluster.mustDoc('pv-1'), unchanged, 'no fence begun, the hold kept');
+    assert.equal(fencer.calls.length, 0, 'the storage was told nothing');
+    assert.equal((await b.call('waitforattach', ['', json])).reply.status, 'Failure', 'node-b is not granted the volume');
+
+    // The admin's word that node-a is powered off lets the hold go, and records the fence (with no client).
+    const { clients, doc } = await fenceNodeOffVolume(a.context(), fencer, 'pv-1', 'node-a', 'test', { poweredOff: true });
+    assert.deepEqual(clients, []);
+    assert.equal(doc?.status.nodes['node-a'], undefined);
+    assert.equal(doc?.status.fences?.['node-a']?.state, 'fenced');
+    succeeded(await b.call('waitforattach', ['', json]));
+  });
+
+  it('a listing the storage cannot give fails the fence before anything is recorded', async () => {
+    const { cluster, a, fencer } = await movingVolume();
+    const unchanged = await cluster.mustDoc('pv-1');
+    fencer.listingFails = true;
+    await assert.rejects(fenceNodeOffVolume(a.context(), fencer, 'pv-1', 'node-a', 'test', { poweredOff: true }), /Connection timed out/);
+    assert.deepEqual(await cluster.mustDoc('pv-1'), unchanged);
   });
 
   it('spares the recorded clients of the other holders of a read-only-many volume', async () => {
@@ -242,6 +284,102 @@ describe('who may fence', () => {
       'admin.json',
     );
     assert.equal((await requireFencer(config)).kind, "the Ceph cluster's OSD blocklist");
+  });
+});
+
+// A fake `rbd` and `ceph` on PATH for the rbd fencer: `rbd status` and `rbd lock ls` answer from files (or fail when
+// told to), `ceph osd blocklist add|ls` keep the blocklist in a file. Every call is recorded.
+const FAKE_CEPH_TOOLS = `#!/usr/bin/env node
+const fs = require('fs');
+const path = require('path');
+const state = process.env.FAKE_CEPH_STATE;
+const argv = process.argv.slice(2);
+const tool = path.basename(process.argv[1]);
+fs.appendFileSync(path.join(state, 'calls'), JSON.stringify([tool, ...argv]) + '\\n');
+const args = [];
+for (let i = 0; i < argv.length; i++) {
+  if (['--conf', '--id', '--keyring', '--format'].includes(argv[i])) i++;
+  else args.push(argv[i]);
+}
+const read = (name, fallback) => { try { return fs.readFileSync(path.join(state, name), 'utf8'); } catch { return fallback; } };
+const fail = (what) => { process.stderr.write(what + ': (110) Connection timed out\\n'); process.exit(110); };
+if (tool === 'rbd' && args[0] === 'status') {
+  if (fs.existsSync(path.join(state, 'status-fails'))) fail('rbd: error getting image status');
+  process.stdout.write(JSON.stringify({ watchers: JSON.parse(read('watchers', '[]')).map((address) => ({ address })) }));
+} else if (tool === 'rbd' && args[0] === 'lock' && args[1] === 'ls') {
+  if (fs.existsSync(path.join(state, 'locks-fail'))) fail('rbd: listing locks failed');
+  process.stdout.write(read('locks', '[]'));
+} else if (tool === 'ceph' && args.join(' ').startsWith('osd blocklist add')) {
+  fs.appendFileSync(path.join(state, 'blocklist'), args[3] + '\\n');
+} else if (tool === 'ceph' && args.join(' ').startsWith('osd blocklist ls')) {
+  const entries = read('blocklist', '').split('\\n').filter(Boolean).map((addr) => ({ addr, until: 'later' }));
+  process.stdout.write(JSON.stringify(entries) + '[]');
+} else {
+  process.stderr.write('fake ' + tool + ': unexpected ' + argv.join(' ') + '\\n');
+  process.exit(22);
+}
+`;
+
+describe('the rbd fencer fails closed (fake rbd and ceph tools)', () => {
+  let work: string;
+  let state: string;
+  let path: string | undefined;
+  const fencer = new RbdFencer({ pool: 'latch', identity: { cephConf: '/etc/ceph/ceph.conf', clientId: 'fencer', keyring: '/k' } });
+  const blocklisted = () => (existsSync(join(state, 'blocklist')) ? readFileSync(join(state, 'blocklist'), 'utf8').trim().split('\n') : []);
+
+  before(() => {
+    work = mkdtempSync(join(tmpdir(), 'latch-fencer-'));
+    const bin = join(work, 'bin');
+    mkdirSync(bin);
+    for (const tool of ['rbd', 'ceph']) {
+      writeFileSync(join(bin, tool), FAKE_CEPH_TOOLS);
+      chmodSync(join(bin, tool), 0o755);
+    }
+    path = process.env.PATH;
+    process.env.PATH = `${bin}:${path ?? '/usr/bin:/bin'}`;
+  });
+  after(() => {
+    process.env.PATH = path;
+    rmSync(work, { recursive: true, force: true });
+  });
+  beforeEach(() => {
+    state = join(work, 'state');
+    rmSync(state, { recursive: true, force: true });
+    mkdirSync(state);
+    process.env.FAKE_CEPH_STATE = state;
+  });
+  afterEach(() => {
+    delete process.env.FAKE_CEPH_STATE;
+  });
+
+  it('blocklists the recorded client, every watcher and lock holder but the spared ones, and checks the OSD map', async () => {
+    writeFileSync(join(state, 'watchers'), JSON.stringify(['10.0.0.1:0/111', '10.0.0.2:0/222']));
+    writeFileSync(join(state, 'locks'), JSON.stringify([{ id: 'auto 1', locker: 'client.9', address: '10.0.0.3:0/333' }]));
+    const fenced = await fencer.fence('pv-1', ['10.0.0.4:0/444'], ['10.0.0.2:0/222']);
+    assert.deepEqual(fenced, ['10.0.0.1:0/111', '10.0.0.3:0/333', '10.0.0.4:0/444']);
+    assert.deepEqual(blocklisted(), fenced);
+  });
+
+  it('an address that does not parse fails the fence, naming it, and nothing is blocklisted', async () => {
+    writeFileSync(join(state, 'watchers'), JSON.stringify(['10.0.0.1:0/111', 'v2:10.0.0.7:0/0']));
+    await assert.rejects(
+      fencer.fence('pv-1', [], []),
+      /volume pv-1: cannot fence client address\(es\) "v2:10\.0\.0\.7:0\/0" of latch\/pv-1: not a single Ceph client instance/,
+    );
+    await assert.rejects(fencer.fence('pv-1', ['10.0.0.1:0'], []), /"10\.0\.0\.1:0"/, 'a recorded address is held to the same');
+    // A watcher listed without an address is not dropped either.
+    writeFileSync(join(state, 'watchers'), JSON.stringify(['10.0.0.1:0/111', null]));
+    await assert.rejects(fencer.fence('pv-1', [], []), /cannot fence client address\(es\) "null"/);
+    assert.deepEqual(blocklisted(), []);
+  });
+
+  it('a failing rbd status or lock listing fails the fence rather than counting as nobody', async () => {
+    writeFileSync(join(state, 'status-fails'), '');
+    await assert.rejects(fencer.find('pv-1', ['10.0.0.1:0/111'], []), /Connection timed out/);
+    rmSync(join(state, 'status-fails'));
+    writeFileSync(join(state, 'locks-fail'), '');
+    await assert.rejects(fencer.fence('pv-1', ['10.0.0.1:0/111'], []), /Connection timed out/);
+    assert.deepEqual(blocklisted(), []);
   });
 });
 

@@ -10,7 +10,7 @@ import type { Config } from '../../config.js';
 import type { Context } from '../../context.js';
 import { LatchError, errorMessage } from '../../errors.js';
 import type { VolumeDoc } from '../../ledger/types.js';
-import { clearOwnFence, fenceNodeOffVolume, liftClearedFence } from '../../node/fence.js';
+import { clearOwnFence, fenceNodeOffVolume, liftClearedFence, type FenceOptions } from '../../node/fence.js';
 import { checkNodeName, checkVolumeName } from '../../names.js';
 import { configOf, type CommandIO } from '../io.js';
 import { concernsNode } from '../volume/volume-doc.js';
@@ -52,12 +52,20 @@ async function volumesToVisit(ctx: Context, volume: string | undefined, concerns
 }
 
 /** Fences `node` off `volume` and says what the storage now refuses (volume release --node-is-down uses it too). */
-export async function fenceVolume(ctx: Context, fencer: Fencer, volume: string, node: string, reason: string): Promise<string> {
-  const { doc, clients } = await fenceNodeOffVolume(ctx, fencer, volume, node, reason);
+export async function fenceVolume(
+  ctx: Context,
+  fencer: Fencer,
+  volume: string,
+  node: string,
+  reason: string,
+  options: FenceOptions = {},
+): Promise<string> {
+  const { doc, clients } = await fenceNodeOffVolume(ctx, fencer, volume, node, reason, options);
   const refused =
     clients.length > 0
       ? `${fencer.kind} refuses its client(s) ${clients.join(', ')}`
-      : `no client of it had the image open or locked, and none was recorded: ${fencer.kind} had nothing to refuse`;
+      : `no client of it had the image open or locked, and none was recorded: ${fencer.kind} had nothing to refuse` +
+        (options.poweredOff ? " (the node is powered off, on the admin's word)" : '');
   return `volume ${volume}: node ${node} fenced off (${refused}); its hold and tickets released; state now ${doc?.status.state}`;
 }
 

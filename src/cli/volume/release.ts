@@ -11,6 +11,8 @@ export interface VolumeReleaseOptions {
   node: string;
   /** The admin's word that the node is powered off or fenced. */
   nodeIsDown?: boolean;
+  /** The admin's word that the node is powered off: on rbd its hold goes even where the fencer finds no client of it. */
+  poweredOff?: boolean;
 }
 
 export async function volumeRelease(options: VolumeReleaseOptions, io: CommandIO): Promise<void> {
@@ -28,7 +30,8 @@ export async function volumeRelease(options: VolumeReleaseOptions, io: CommandIO
   if (config.backend.type !== 'loop') {
     // The node may not be down at all, only cut off from the ledger: the storage must refuse it before the volume moves.
     const fencer = await requireFencer(config);
-    io.out(`${await fenceVolume(ctx, fencer, name, node, `latch volume release ${name} --node ${node} --node-is-down`)}\n`);
+    const reason = `latch volume release ${name} --node ${node} --node-is-down${options.poweredOff ? ' --powered-off' : ''}`;
+    io.out(`${await fenceVolume(ctx, fencer, name, node, reason, { poweredOff: options.poweredOff === true })}\n`);
     return;
   }
   const doc = await ctx.ledger.releaseDeadNode(name, node);
