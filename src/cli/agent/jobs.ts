@@ -71,7 +71,11 @@ export class JobRunner {
     const ctx = this.context();
     const node = ctx.config.nodeName;
     const seen = new Set<string>();
-    for (const doc of await ctx.ledger.list()) {
+    const { docs, damaged } = await ctx.ledger.list();
+    // A damaged document shows no tickets: its volume's jobs are neither started nor aborted until it reads again.
+    const unreadable = new Set(damaged.map((d) => d.name));
+    for (const d of damaged) this.log({ volume: d.name, error: `its jobs wait: ${d.reason}` });
+    for (const doc of docs) {
       const tickets = jobTicketsOfNode(doc, node);
       for (const ticket of tickets) seen.add(ticket.id);
       for (const ticket of tickets) {
@@ -84,7 +88,7 @@ export class JobRunner {
     }
     // A job whose ticket is gone (removed by a person, its volume deleted): stop it.
     for (const run of this.running.values()) {
-      if (!seen.has(run.ticket)) run.abort.abort(new Error('its ticket was removed'));
+      if (!seen.has(run.ticket) && !unreadable.has(run.volume)) run.abort.abort(new Error('its ticket was removed'));
     }
   }
 
