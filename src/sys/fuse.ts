@@ -105,7 +105,9 @@ export interface RbdFuseOptions {
 export async function startRbdFuse(options: RbdFuseOptions): Promise<void> {
   const { identity, pool, image, mountPoint, timeoutMs } = options;
   try {
-    await startDaemon('rbd-fuse', [...cephClientArgs(identity), '-p', pool, '-r', image, mountPoint], { timeoutMs });
+    // The scope's name says which volume the daemon serves (`systemctl status latch-rbd-fuse-POOL-IMAGE.scope`).
+    const scope = `latch-rbd-fuse-${pool}-${image}`;
+    await startDaemon('rbd-fuse', [...cephClientArgs(identity), '-p', pool, '-r', image, mountPoint], { timeoutMs, scope });
   } catch (err) {
     throw redactedError(err);
   }
