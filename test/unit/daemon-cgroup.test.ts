@@ -9,6 +9,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { after, describe, it } from 'node:test';
+import { checkDaemonCgroups } from '../../src/cli/doctor/daemons.js';
+import type { Finding } from '../../src/cli/doctor/report.js';
 import { cgroupsOf, OWN_CGROUP, serviceOf } from '../../src/sys/cgroup.js';
 import { daemonCommand } from '../../src/sys/run.js';
 
@@ -112,15 +114,26 @@ describe('a daemon started by a call outlives the cgroup of the call', { skip },
     }
   });
 
-  it("doctor's test: a process in a .service cgroup is named with its service, one elsewhere is not", async () => {
+  it('doctor names an rbd-fuse in a .service cgroup with its service, and says nothing of one elsewhere', async () => {
     const name = `latch-test-${process.pid}.service`;
     const service = testCgroup(name);
-    const child = spawn('sleep', ['600'], { stdio: 'ignore' });
+    // A stand-in for an rbd-fuse (its command line is what doctor finds it by) that a service started.
+    const child = spawn('sleep', ['600'], { stdio: 'ignore', argv0: 'rbd-fuse' });
     const pid = child.pid as number;
+    const findings = async () => {
+      const found: Finding[] = [];
+      await checkDaemonCgroups((f) => found.push(f));
+      return found.filter((f) => f.message.includes(`(pid ${pid},`));
+    };
     try {
       assert.equal(serviceOf(pid), serviceOf(process.pid), "a child is in its parent's service, or none");
+      if (serviceOf(pid) === undefined) assert.deepEqual(await findings(), [], 'doctor finds nothing to say of it');
       writeFileSync(join(service, 'cgroup.procs'), String(pid));
       assert.equal(serviceOf(pid), name);
+      const [finding, ...more] = await findings();
+      assert.deepEqual(more, []);
+      assert.equal(finding?.severity, 'warning');
+      assert.ok(finding?.message.includes(`runs in the cgroup of ${name}: restarting ${name} kills it`), finding?.message);
     } finally {
       child.kill('SIGKILL');
       await new Promise((resolve) => child.once('exit', resolve));

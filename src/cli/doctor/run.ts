@@ -4,6 +4,7 @@ import type { Config } from '../../config.js';
 import { createContext, type Context } from '../../context.js';
 import { reportAutomaticActions } from './automatic.js';
 import { checkConfig } from './config.js';
+import { checkDaemonCgroups } from './daemons.js';
 import { checkControllerManager } from './kcm.js';
 import { checkDetaching, DEFAULT_STUCK_AFTER_SECONDS } from './detaching.js';
 import { agreement, checkLedgerAgainstKernel, readInventory } from './ledger.js';
@@ -38,7 +39,10 @@ export async function runDoctor(options: DoctorOptions = {}): Promise<DoctorRepo
   await checkLoopSupport(add);
   await checkPlugin(config, options, env, add);
   const rbd = config?.backend.type === 'rbd' ? (config as RbdConfig) : undefined;
-  if (rbd) await checkRbd(rbd, env, add);
+  if (rbd) {
+    await checkRbd(rbd, env, add);
+    await checkDaemonCgroups(add);
+  }
   await checkControllerManager(config, env, add);
   if (config) {
     const ctx = (options.context ?? createContext)(config);
