@@ -3,6 +3,7 @@
 // read, identities with the wrong caps or settings, a missing pool, mappings left behind (an unheld one, a dead
 // one) whose printed fix is run and must clear them, and a cluster that does not answer.
 // The Ceph part needs root and Debian's ceph packages (scripts/setup.sh); it skips with a message otherwise.
+import { chooseRbdClient } from '../../src/backend/client-choice.js';
 import assert from 'node:assert/strict';
 import { chmodSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -271,7 +272,12 @@ describe('doctor on a one-host Ceph cluster', { skip }, () => {
       self,
       mountDir,
       ledger,
-      backend: new RbdBackend({ ...rbd, maxSize: 1024 ** 3, timeoutMs: 30_000 }),
+      backend: new RbdBackend({
+        ...rbd,
+        client: chooseRbdClient(rbd.client, mountDir, { record: false }),
+        maxSize: 1024 ** 3,
+        timeoutMs: 30_000,
+      }),
     };
   }
 

@@ -12,7 +12,7 @@ import { basename, dirname } from 'node:path';
 import { krbdMappings } from '../../backend/krbd.js';
 import { deviceInUse } from '../../backend/devices.js';
 import { RbdBackend } from '../../backend/rbd.js';
-import type { Config, RbdBackendConfig } from '../../config.js';
+import type { Config, RbdBackendConfig, RbdClientKind } from '../../config.js';
 import { errorMessage } from '../../errors.js';
 import type { Inventory } from '../../host/inventory.js';
 import { isInUse, nodeHoldsDevice } from '../../ledger/arbitrate.js';
@@ -52,7 +52,8 @@ const FUSECTL = '/sys/fs/fuse/connections';
 const ENOENT = 2;
 const EACCES = 13;
 
-export type RbdConfig = Config & { backend: RbdBackendConfig };
+/** An rbd configuration with the node client that "auto" stands for here (backend/client-choice.ts). */
+export type RbdConfig = Config & { backend: RbdBackendConfig & { client: RbdClientKind } };
 
 /** Everything about this node's Ceph side that needs no ledger. */
 export async function checkRbd(config: RbdConfig, env: NodeJS.ProcessEnv, add: AddFinding): Promise<void> {

@@ -1,6 +1,7 @@
 // latch doctor's runner: checks this node the way someone debugging a pod stuck in ContainerCreating would, one
 // concern per check, in the order the findings should be read (the configuration first: the rest depends on it).
-import type { Config } from '../../config.js';
+import { chooseRbdClient } from '../../backend/client-choice.js';
+import type { Config, RbdBackendConfig } from '../../config.js';
 import { createContext, type Context } from '../../context.js';
 import { reportAutomaticActions } from './automatic.js';
 import { checkConfig } from './config.js';
@@ -38,7 +39,7 @@ export async function runDoctor(options: DoctorOptions = {}): Promise<DoctorRepo
   await checkTools(config, env, add);
   await checkLoopSupport(add);
   await checkPlugin(config, options, env, add);
-  const rbd = config?.backend.type === 'rbd' ? (config as RbdConfig) : undefined;
+  const rbd = config?.backend.type === 'rbd' ? withChosenClient(config, config.backend) : undefined;
   if (rbd) {
     await checkRbd(rbd, env, add);
     await checkDaemonCgroups(add);
@@ -85,4 +86,9 @@ export async function runLedgerChecks(ctx: Context, config: Config, stuckAfterSe
     checkDetaching(held, stuckAfterSeconds, ctx.clock, add);
   }
   return findings;
+}
+
+/** The configuration with the node client "auto" stands for on this node, as recorded or as it would be chosen now. */
+function withChosenClient(config: Config, rbd: RbdBackendConfig): RbdConfig {
+  return { ...config, backend: { ...rbd, client: chooseRbdClient(rbd.client, rbd.mountDir, { record: false }) } };
 }
