@@ -51,6 +51,8 @@ export class JobRunner {
   /** Per volume, the end of the chain of looks at its tickets: one at a time, so a job is never started twice. */
   private readonly looks = new Map<string, Promise<void>>();
   private stopping = false;
+  /** The damaged documents the last pass logged: a pass runs on every ledger change, the log says each once. */
+  private damagedLogged = '';
 
   constructor(
     /** A context for one piece of work (a fresh log over the agent's store and backend). */
@@ -74,7 +76,9 @@ export class JobRunner {
     const { docs, damaged } = await ctx.ledger.list();
     // A damaged document shows no tickets: its volume's jobs are neither started nor aborted until it reads again.
     const unreadable = new Set(damaged.map((d) => d.name));
-    for (const d of damaged) this.log({ volume: d.name, error: `its jobs wait: ${d.reason}` });
+    const damagedNow = JSON.stringify(damaged);
+    if (damagedNow !== this.damagedLogged) for (const d of damaged) this.log({ volume: d.name, error: `its jobs wait: ${d.reason}` });
+    this.damagedLogged = damagedNow;
     for (const doc of docs) {
       const tickets = jobTicketsOfNode(doc, node);
       for (const ticket of tickets) seen.add(ticket.id);
