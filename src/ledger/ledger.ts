@@ -386,7 +386,10 @@ export class Ledger {
         try {
           read[i] = await this.get(name);
         } catch (err) {
-          if (!(err instanceof DamagedDocumentError)) throw err;
+          if (!(err instanceof DamagedDocumentError)) {
+            next = names.length; // the list fails: the other readers stop too
+            throw err;
+          }
           read[i] = { name, reason: errorMessage(err) };
         }
       }
