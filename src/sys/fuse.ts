@@ -105,8 +105,9 @@ export interface RbdFuseOptions {
 export async function startRbdFuse(options: RbdFuseOptions): Promise<void> {
   const { identity, pool, image, mountPoint, timeoutMs } = options;
   try {
-    // The scope's name says which volume the daemon serves (`systemctl status latch-rbd-fuse-POOL-IMAGE.scope`).
-    const scope = `latch-rbd-fuse-${pool}-${image}`;
+    // The scope's name says which volume the daemon serves (`systemctl list-units 'latch-rbd-fuse-*'`); the start
+    // time makes it unique: the scope of a daemon that just exited may not be gone yet when its volume is mapped again.
+    const scope = `latch-rbd-fuse-${pool}-${image}-${Date.now().toString(36)}`;
     await startDaemon('rbd-fuse', [...cephClientArgs(identity), '-p', pool, '-r', image, mountPoint], { timeoutMs, scope });
   } catch (err) {
     throw redactedError(err);

@@ -567,7 +567,7 @@ export interface DaemonOptions {
   timeoutMs?: number;
   /**
    * The name of the transient systemd scope (without `.scope`) the daemon runs in where systemd runs the host, e.g.
-   * `latch-rbd-fuse-POOL-IMAGE`: what `systemctl status` and the journal show. Letters, digits and `:_.-`; one
+   * `latch-rbd-fuse-POOL-IMAGE-TIME`: what `systemctl status` and the journal show. Letters, digits and `:_.-`; one
    * longer than a unit name may be is left to systemd to name.
    */
   scope?: string;
