@@ -137,8 +137,8 @@ describe('one damaged ledger document among good ones', () => {
     const before = JSON.stringify(await store.get(volumeKey('bad-shape')));
     // node-y holds no good volume, so the fencer is never called; the damaged ones cannot say.
     assert.equal(await nodeFence({ node: 'node-y' }, io), 1);
-    assert.match(printed(), /^volume bad-json: not fenced, nothing released: .*whether node node-y holds it is unknown/m);
-    assert.match(printed(), /^volume bad-shape: not fenced, nothing released: .*--volume bad-shape/m);
+    assert.match(printed(), /^volume bad-json: not fenced, nothing released: .*what it records of node node-y is unknown/m);
+    assert.match(printed(), /^volume bad-shape: not fenced, nothing released: .*repeat this with --volume bad-shape$/m);
     assert.doesNotMatch(printed(), /nothing to fence/);
     assert.equal(JSON.stringify(await store.get(volumeKey('bad-shape'))), before, 'the damaged document is left as it was');
   });

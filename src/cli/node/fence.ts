@@ -63,10 +63,10 @@ async function volumesToVisit(
 }
 
 /** Why a damaged document was left alone, and how to go on once it is repaired. */
-function unreadable(damaged: DamagedVolume, node: string): string {
+function unreadable(damaged: DamagedVolume, node: string, again = `repeat this with --volume ${damaged.name}`): string {
   return (
-    `its ledger document cannot be read, so whether node ${node} holds it is unknown (${damaged.reason}); ` +
-    `repair the document, then repeat this for --volume ${damaged.name}`
+    `its ledger document cannot be read, so what it records of node ${node} is unknown (${damaged.reason}); ` +
+    `repair the document, then ${again}`
   );
 }
 
@@ -131,7 +131,7 @@ export async function nodeClearFences(_options: object, io: CommandIO): Promise<
   const node = ctx.config.nodeName;
   const { docs, damaged } = await ctx.ledger.list();
   const fenced = docs.filter((d) => d.status.fences?.[node] && d.status.fences[node].clearedAt === undefined);
-  for (const d of damaged) io.out(`volume ${d.name}: nothing cleared: ${unreadable(d, node)}\n`);
+  for (const d of damaged) io.out(`volume ${d.name}: nothing cleared: ${unreadable(d, node, 'run this again')}\n`);
   let failed = damaged.length;
   for (const doc of fenced) {
     try {
