@@ -15,7 +15,7 @@ import { readLedger } from '../../src/cli/metrics.js';
 import { LogFollower, type CallLogLine } from '../../src/cli/metrics/call-log.js';
 import { LatchMetrics } from '../../src/cli/metrics/metrics.js';
 import { nodeCheck } from '../../src/cli/node/check.js';
-import { nodeFence } from '../../src/cli/node/fence.js';
+import { nodeClearFences, nodeFence } from '../../src/cli/node/fence.js';
 import { ticketList } from '../../src/cli/ticket/list.js';
 import { volumeList } from '../../src/cli/volume/list.js';
 import { loadConfig, parseConfig, type Config } from '../../src/config.js';
@@ -141,6 +141,13 @@ describe('one damaged ledger document among good ones', () => {
     assert.match(printed(), /^volume bad-shape: not fenced, nothing released: .*repeat this with --volume bad-shape$/m);
     assert.doesNotMatch(printed(), /nothing to fence/);
     assert.equal(JSON.stringify(await store.get(volumeKey('bad-shape'))), before, 'the damaged document is left as it was');
+  });
+
+  it('latch node clear-fences names it and fails, rather than say there is no fence to clear', async () => {
+    const { io, printed } = await damagedLedger();
+    assert.equal(await nodeClearFences({}, io), 1);
+    assert.match(printed(), /^volume bad-json: nothing cleared: .*then run this again$/m);
+    assert.doesNotMatch(printed(), /has no fence to clear/);
   });
 
   it("doctor's ledger checks name it as an error and still count the others", async () => {
