@@ -66,7 +66,7 @@ function buildSchema() {
       clientId: z.optional(cephxId),
       keyring: z.optional(absolutePath),
       mountDir: z._default(absolutePath, '/var/lib/latch/rbd'),
-      client: z._default(z.enum(['rbd-fuse', 'krbd']), 'rbd-fuse'),
+      client: z._default(z.enum(['auto', 'rbd-fuse', 'krbd']), 'auto'),
       fencer: z.optional(z.strictObject({ clientId: cephxId, keyring: absolutePath })),
     }),
   ]);

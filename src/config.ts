@@ -37,8 +37,11 @@ export interface RbdBackendConfig {
    * from PV secrets and exported snapshots.
    */
   mountDir: string;
-  /** How this node maps images: rbd-fuse + a loop device (the default), or the kernel client (docs/operations.md). */
-  client: RbdClientKind;
+  /**
+   * How this node maps images: rbd-fuse + a loop device, or the kernel client; "auto" (the default): the kernel client
+   * where the kernel has the rbd module, else rbd-fuse (backend/client-choice.ts, docs/operations.md).
+   */
+  client: RbdClientSetting;
   /**
    * The identity that may blocklist single client instances (docs/operations.md, "Fencing"): only on the machines
    * that run `latch node fence` and `latch volume release --node-is-down`, never in a node's configuration.
@@ -46,6 +49,7 @@ export interface RbdBackendConfig {
   fencer?: { clientId: string; keyring: string };
 }
 export type RbdClientKind = 'rbd-fuse' | 'krbd';
+export type RbdClientSetting = RbdClientKind | 'auto';
 type BackendConfig = { type: 'loop' } | RbdBackendConfig;
 
 /** Where `latch backup` writes: an existing directory, local or a shared mount (NFS, CephFS) every node sees. */

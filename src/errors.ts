@@ -19,6 +19,14 @@ export class StoreError extends LatchError {
   override name = 'StoreError';
 }
 
+/**
+ * One stored document cannot be read as what it should be: not JSON, or not the shape its reader expects. The store
+ * itself answers; only this document is damaged, so whoever reads many documents names it and goes on with the rest.
+ */
+export class DamagedDocumentError extends StoreError {
+  override name = 'DamagedDocumentError';
+}
+
 /** A compare-and-swap lost against a concurrent writer; the caller re-reads and tries again. */
 export class ConflictError extends StoreError {
   override name = 'ConflictError';

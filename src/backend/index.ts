@@ -1,6 +1,7 @@
 // The backend the configuration names. The rbd backend is imported on its first use, so a loop-backend call (and a
 // call that never touches the data plane) never loads it.
 import type { Config, RbdBackendConfig } from '../config.js';
+import { chooseRbdClient } from './client-choice.js';
 import { LoopBackend } from './loop.js';
 import type { RbdBackend } from './rbd.js';
 import type { Backend, Fencer, SnapshotBackend } from './types.js';
@@ -21,7 +22,7 @@ function lazyRbdBackend(rbd: RbdBackendConfig, maxSize: number, timeoutMs: numbe
           clientId: rbd.clientId,
           keyring: rbd.keyring,
           mountDir: rbd.mountDir,
-          client: rbd.client,
+          client: chooseRbdClient(rbd.client, rbd.mountDir, { record: true }),
           maxSize,
           timeoutMs,
         }),

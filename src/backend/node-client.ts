@@ -3,9 +3,9 @@
 //
 // Each finds its existing mapping from kernel state, so every call stays idempotent and crash-safe as with the loop
 // backend:
-//  - rbd-fuse + loop (RbdFuseLoopClient in rbd-fuse-loop.ts): the default, and the one that runs where latch is tested
-//    (no rbd or nbd module). One `rbd-fuse -r IMAGE` per volume at <mountDir>/<volume>, a loop device over
-//    <mountDir>/<volume>/<image>.
+//  - rbd-fuse + loop (RbdFuseLoopClient in rbd-fuse-loop.ts): what backend.client "auto" is without the rbd module
+//    (client-choice.ts), and the one that runs where latch is tested (no rbd or nbd module). One `rbd-fuse -r IMAGE`
+//    per volume at <mountDir>/<volume>, a loop device over <mountDir>/<volume>/<image>.
 //  - krbd (KernelRbdClient in krbd.ts), where the rbd module is loaded: `rbd device map -o noshare` (and `exclusive`
 //    for a read-write mapping of an image with the exclusive-lock feature) / `unmap`, device
 //    /dev/rbdID, found in /sys/bus/rbd/devices/ID/{pool,pool_ns,name,current_snap} ('-' for the head); `client_addr`

@@ -17,8 +17,11 @@ export async function metrics(_options: Record<string, never>, io: CommandIO): P
   io.out(await collected.text());
 }
 
-/** The ledger's gauges as of now; an unreadable ledger sets latch_ledger_up to 0 rather than failing the scrape. */
+/**
+ * The ledger's gauges as of now; an unreadable ledger sets latch_ledger_up to 0 rather than failing the scrape, and a
+ * damaged document is named (latch_ledger_damaged_documents) while the others are counted.
+ */
 export async function readLedger(collected: LatchMetrics, ctx: Pick<Context, 'ledger' | 'clock'>): Promise<void> {
-  const docs = await ctx.ledger.list().catch(() => undefined);
-  collected.setLedger(docs, ctx.clock());
+  const listing = await ctx.ledger.list().catch(() => undefined);
+  collected.setLedger(listing, ctx.clock());
 }

@@ -29,7 +29,7 @@ export async function uninstall(options: UninstallOptions, io: CommandIO): Promi
       );
     }
     const held = await inventory(io.context(config).ledger, config);
-    if (held.holds.length > 0 || held.devices.length > 0) {
+    if (held.holds.length > 0 || held.devices.length > 0 || held.damaged.length > 0) {
       const parts = [];
       if (held.holds.length > 0) {
         const volumes = held.holds.map((doc) => `${doc.name} (${doc.status.nodes[config.nodeName]?.phase})`);
@@ -38,6 +38,10 @@ export async function uninstall(options: UninstallOptions, io: CommandIO): Promi
       if (held.devices.length > 0) {
         const devices = held.devices.map((d) => `${d.device} (${basename(d.backingFile)}${d.deleted ? ', deleted' : ''})`);
         parts.push(`loop device(s) ${devices.join(', ')} of the pool ${config.poolDir}`);
+      }
+      if (held.damaged.length > 0) {
+        // A document that cannot be read may hold a volume here.
+        parts.push(`perhaps volume(s) ${held.damaged.map((d) => d.name).join(', ')}, whose ledger documents cannot be read`);
       }
       throw new LatchError(
         `refusing to uninstall: node ${config.nodeName} still holds ${parts.join(' and ')}. Without the driver ` +

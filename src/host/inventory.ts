@@ -7,7 +7,7 @@ import { volumeOfImageFile } from '../backend/loop.js';
 import type { Config } from '../config.js';
 import { LatchError, errorMessage } from '../errors.js';
 import { nodeHoldsDevice } from '../ledger/arbitrate.js';
-import type { Ledger } from '../ledger/ledger.js';
+import type { DamagedVolume, Ledger } from '../ledger/ledger.js';
 import type { VolumeDoc } from '../ledger/types.js';
 import { listLoopDevices, type LoopDevice } from '../sys/loop.js';
 import { readMountInfo, type MountInfo } from '../sys/mounts.js';
@@ -23,8 +23,10 @@ export interface Inventory {
   node: string;
   /** The pool's real path; undefined when it does not exist (then no device is the pool's). */
   pool: string | undefined;
-  /** Every volume in the ledger. */
+  /** Every volume in the ledger whose document reads. */
   volumes: VolumeDoc[];
+  /** The volumes whose documents cannot be read: whether this node holds them is unknown. */
+  damaged: DamagedVolume[];
   /** The volumes whose device the ledger says this node holds. */
   holds: VolumeDoc[];
   /** Loop devices over files in the pool (over deleted images too), lowest number first. */
@@ -39,8 +41,9 @@ export class LedgerReadError extends LatchError {
 export async function inventory(ledger: Ledger, config: Pick<Config, 'nodeName' | 'poolDir'>): Promise<Inventory> {
   const node = config.nodeName;
   let volumes: VolumeDoc[];
+  let damaged: DamagedVolume[];
   try {
-    volumes = await ledger.list();
+    ({ docs: volumes, damaged } = await ledger.list());
   } catch (err) {
     throw new LedgerReadError(errorMessage(err), { cause: err });
   }
@@ -63,6 +66,7 @@ export async function inventory(ledger: Ledger, config: Pick<Config, 'nodeName' 
     node,
     pool,
     volumes,
+    damaged,
     holds: volumes.filter((doc) => nodeHoldsDevice(doc, node)),
     devices: loops.map((d) => ({
       ...d,

@@ -2,7 +2,7 @@
 // change from arbitrate.ts applied inside a compare-and-swap loop, so concurrent processes never lose each other's
 // tickets. Nothing outside this file writes a volume document.
 import { setTimeout as sleep } from 'node:timers/promises';
-import { ConflictError, LatchError, StoreError } from '../errors.js';
+import { ConflictError, DamagedDocumentError, LatchError, StoreError, errorMessage } from '../errors.js';
 import type { FsType } from '../filesystems.js';
 import { formatSize } from '../size.js';
 import type { Store } from '../store/types.js';
@@ -35,6 +35,26 @@ import { pvKey, volumeKey } from './keys.js';
 import type { AutomaticAction, VolumeAllowed, VolumeDoc, VolumeOwner } from './types.js';
 
 const MAX_ATTEMPTS = 500;
+/**
+ * Documents list() reads at once: a ledger of thousands of volumes must not open thousands of etcd requests together
+ * (every metrics scrape and agent round lists), and more than a few in flight gains nothing.
+ */
+const LIST_CONCURRENCY = 8;
+
+/** A volume whose document cannot be read as one (not JSON, or not a latch/v1 volume), and why. */
+export interface DamagedVolume {
+  name: string;
+  reason: string;
+}
+
+/**
+ * Every volume: the documents that read, and the damaged ones by name. One damaged document must not stop what
+ * looks at all volumes (reaping, metrics, doctor, a node fence); each caller decides what a damaged one means to it.
+ */
+export interface VolumeListing {
+  docs: VolumeDoc[];
+  damaged: DamagedVolume[];
+}
 
 export interface VolumeRef {
   volume?: string;
@@ -416,10 +436,37 @@ export class Ledger {
     return this.update(name, (d) => (d && d.spec.sizeBytes < sizeBytes ? { ...d, spec: { ...d.spec, sizeBytes } } : d));
   }
 
-  async list(): Promise<VolumeDoc[]> {
+  /**
+   * Every volume, read LIST_CONCURRENCY at a time, in name order. A document that is damaged is named in `damaged`;
+   * any other failure (the store cannot be reached) fails the whole list.
+   */
+  async list(): Promise<VolumeListing> {
     const names = await this.store.list('volumes');
-    const docs = await Promise.all(names.map((n) => this.get(n)));
-    return docs.filter((d): d is VolumeDoc => d !== undefined);
+    const read: Array<VolumeDoc | DamagedVolume | undefined> = names.map(() => undefined);
+    let next = 0;
+    const worker = async (): Promise<void> => {
+      while (next < names.length) {
+        const i = next++;
+        const name = names[i] as string;
+        try {
+          read[i] = await this.get(name);
+        } catch (err) {
+          if (!(err instanceof DamagedDocumentError)) {
+            next = names.length; // the list fails: the other readers stop too
+            throw err;
+          }
+          read[i] = { name, reason: errorMessage(err) };
+        }
+      }
+    };
+    await Promise.all(Array.from({ length: Math.min(LIST_CONCURRENCY, names.length) }, worker));
+    const listing: VolumeListing = { docs: [], damaged: [] };
+    for (const entry of read) {
+      if (entry === undefined) continue;
+      if ('apiVersion' in entry) listing.docs.push(entry);
+      else listing.damaged.push(entry);
+    }
+    return listing;
   }
 }
 
@@ -439,7 +486,7 @@ function checkDoc(value: unknown, name: string): VolumeDoc {
     typeof doc.spec?.tickets !== 'object' ||
     typeof doc.status?.nodes !== 'object'
   ) {
-    throw new StoreError(`the ledger document of volume ${name} is not a latch/v1 volume; inspect it before repairing`);
+    throw new DamagedDocumentError(`the ledger document of volume ${name} is not a latch/v1 volume; inspect it before repairing`);
   }
   return doc;
 }

@@ -108,7 +108,8 @@ async function checkMayCreate(ctx: Context, name: string, sizeBytes: number, nam
   const quota = config.namespaceQuota;
   if (namespace === undefined || quota === undefined || (quota.volumes === undefined && quota.bytes === undefined)) return;
   // Counted before the write: creations racing in one namespace may pass the quota by as many as race (docs/operations.md).
-  const used = namespaceUsage(await ledger.list(), namespace);
+  // A damaged document is not counted (its namespace cannot be read); doctor names it.
+  const used = namespaceUsage((await ledger.list()).docs, namespace);
   if (quota.volumes !== undefined && used.volumes + 1 > quota.volumes) {
     throw new LatchError(
       `volume ${name} is not created: namespace ${namespace} has ${used.volumes} volume(s) created for its pods, ` +

@@ -4,7 +4,7 @@ import { readFileSync } from 'node:fs';
 import * as http from 'node:http';
 import * as https from 'node:https';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { ConflictError, LatchError, StoreError } from '../errors.js';
+import { ConflictError, DamagedDocumentError, LatchError, StoreError } from '../errors.js';
 import { parseKey, type Store, type Versioned } from './types.js';
 import { ChangeSignal } from './watch.js';
 
@@ -373,7 +373,7 @@ export class EtcdStore implements Store {
     try {
       return JSON.parse(text);
     } catch (err) {
-      throw new StoreError(
+      throw new DamagedDocumentError(
         `etcd store: the value of ${this.prefix}${key} is not JSON (${reason(err)}); something other than latch wrote it`,
         { cause: err },
       );

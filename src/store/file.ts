@@ -19,7 +19,7 @@ import {
 } from 'node:fs';
 import type * as NodeFs from 'node:fs/promises';
 import { join, resolve } from 'node:path';
-import { ConflictError, LatchError, StoreError } from '../errors.js';
+import { ConflictError, DamagedDocumentError, LatchError, StoreError } from '../errors.js';
 import { tempTag } from '../hash.js';
 import { parseKey, type Store, type Versioned } from './types.js';
 import { ChangeSignal } from './watch.js';
@@ -175,7 +175,15 @@ export class FileStore implements Store {
       } catch {
         continue; // not one of ours (an editor's backup, lost+found...)
       }
-      const cur = await this.current(join(kindDir, name));
+      let cur;
+      try {
+        cur = await this.current(join(kindDir, name));
+      } catch (err) {
+        // Listed all the same: reading the key says what is wrong with it, and the other keys are still listed.
+        if (!(err instanceof DamagedDocumentError)) throw err;
+        names.push(name);
+        continue;
+      }
       if (!cur.absent) names.push(name);
     }
     return names.sort();
@@ -454,7 +462,7 @@ export class FileStore implements Store {
 
 function parseDocument(text: string, file: string, revision: number): Doc {
   const corrupt = (why: string, cause?: unknown) =>
-    new StoreError(
+    new DamagedDocumentError(
       `file store: state file ${file} is corrupt (${why}); inspect it: moving it away makes the previous revision ` + `current again`,
       { cause },
     );

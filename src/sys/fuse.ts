@@ -114,7 +114,10 @@ export async function startRbdFuse(options: RbdFuseOptions): Promise<void> {
   // On the command line, so that no conf turns it off (log_to_file) or sends it elsewhere.
   const log = ['--log-to-file', 'true', '--log-file', logFile, '--debug-monc', '5/5'];
   try {
-    await startDaemon('rbd-fuse', [...cephClientArgs(identity), ...log, '-p', pool, '-r', image, mountPoint], { timeoutMs });
+    // The scope's name says which volume the daemon serves (`systemctl list-units 'latch-rbd-fuse-*'`); the start
+    // time makes it unique: the scope of a daemon that just exited may not be gone yet when its volume is mapped again.
+    const scope = `latch-rbd-fuse-${pool}-${image}-${Date.now().toString(36)}`;
+    await startDaemon('rbd-fuse', [...cephClientArgs(identity), ...log, '-p', pool, '-r', image, mountPoint], { timeoutMs, scope });
   } catch (err) {
     throw redactedError(err);
   }

@@ -12,6 +12,7 @@ import { JobRunner } from '../../src/cli/agent/jobs.js';
 import { JobInterruptedError } from '../../src/errors.js';
 import { jobNode, jobRequest, requestAndWait } from '../../src/cli/jobs/request.js';
 import { finishedJob } from '../../src/ledger/arbitrate.js';
+import { volumeKey } from '../../src/ledger/keys.js';
 import type { JobSpec } from '../../src/ledger/types.js';
 import { setUpDevice } from '../../src/node/device.js';
 import { backupJob } from '../../src/node/jobs/backup.js';
@@ -179,6 +180,55 @@ describe('the job runner, when a ticket is removed while its job runs', () => {
         signals.join(' | '),
       );
       assert.deepEqual(await listBackups({ type: 'dir', path: target }), [], 'nothing was published');
+    } finally {
+      rmSync(target, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('the job runner, when the document of a volume whose job runs cannot be read', () => {
+  it('neither aborts the job nor starts it again, says so once, and the job goes on once the document reads again', async () => {
+    const target = mkdtempSync(join(tmpdir(), 'latch-jobs-damaged-'));
+    try {
+      const cluster = new Cluster({ config: { backupTarget: { type: 'dir', path: target } } });
+      const a = cluster.node('node-a');
+      await volume(cluster, 'v8');
+      const request = jobRequest(a.context(), 'v8', { kind: 'backup', backup: 'b8' }, 'node-a');
+      await a.context().ledger.requestJob('v8', request);
+      let reached!: () => void;
+      const atCheck = new Promise<void>((resolve) => (reached = resolve));
+      let goOn!: () => void;
+      const held = new Promise<void>((resolve) => (goOn = resolve));
+      a.fake.intercept('isDeviceMounted', async () => {
+        reached();
+        await held;
+      });
+      const logged: Array<Record<string, unknown>> = [];
+      const runner = new JobRunner(
+        () => a.context(),
+        (entry) => logged.push(entry),
+      );
+      await runner.pass();
+      await atCheck;
+      // Damaged under the running job: JSON, but not a latch/v1 volume.
+      const good = await cluster.store.get(volumeKey('v8'));
+      assert.ok(good);
+      const revision = await cluster.store.put(volumeKey('v8'), { apiVersion: 'latch/v0' }, good.revision);
+      await runner.pass();
+      await runner.pass();
+      assert.equal(runner.active, 1, 'the job still runs');
+      assert.equal(logged.filter((e) => e.volume === 'v8' && /^its jobs wait: /.test(String(e.error))).length, 1, JSON.stringify(logged));
+      assert.ok(!logged.some((e) => /interrupted/.test(String(e.message))), JSON.stringify(logged));
+      // Repaired: the job finishes as usual.
+      await cluster.store.put(volumeKey('v8'), good.value, revision);
+      goOn();
+      await runner.settle();
+      assert.deepEqual(Object.keys((await cluster.mustDoc('v8')).spec.tickets), [], 'the job finished');
+      // It ran to its own end (here the fake device cannot be read), in its first attempt, never interrupted.
+      const [outcome, ...others] = (await cluster.mustDoc('v8')).status.jobs ?? [];
+      assert.deepEqual(others, []);
+      assert.equal(outcome?.status.attempts, 1);
+      assert.match(outcome?.status.message ?? '', /\/dev\/fake0 does not exist/);
     } finally {
       rmSync(target, { recursive: true, force: true });
     }

@@ -177,7 +177,7 @@ describe('the node agent runs jobs through tickets', { skip }, () => {
     }
     // Only the volumes of this test's pool.
     if (nodes.a)
-      for (const v of await nodes.a.ctx.ledger.list().catch(() => []))
+      for (const v of (await nodes.a.ctx.ledger.list().catch(() => undefined))?.docs ?? [])
         await backend()
           .release(v.name)
           .catch(() => undefined);

@@ -56,7 +56,7 @@ before(async () => {
   await ask('attached-e', 'node-e', 'workload', { pvName: 'pv-e' });
   await attach('attached-e', 'node-e');
 
-  const states = Object.fromEntries((await ledger.list()).map((d) => [d.name, d.status.nodes]));
+  const states = Object.fromEntries((await ledger.list()).docs.map((d) => [d.name, d.status.nodes]));
   assert.deepEqual(
     Object.fromEntries(Object.entries(states).map(([v, nodes]) => [v, Object.entries(nodes).map(([n, e]) => `${n}:${e.phase}`)])),
     {
@@ -91,7 +91,7 @@ describe('latch node check', () => {
   test('a node no volume names may go: exit 0', async () => {
     assert.equal(await nodeCheck({ node: 'node-z', output: 'table' }, io), 0);
     assert.equal(io.take(), 'node node-z may be drained or deleted: no volume has a ticket for it or lists it\n');
-    assert.deepEqual(await checkJson('node-z'), { code: 0, check: { node: 'node-z', mayGo: true, volumes: [] } });
+    assert.deepEqual(await checkJson('node-z'), { code: 0, check: { node: 'node-z', mayGo: true, volumes: [], damaged: [] } });
   });
 
   test('a granted admin ticket keeps the node: the ticket, who asked, and the ticket remove that clears it', async () => {

@@ -8,6 +8,7 @@ import { chmodSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, s
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it, test } from 'node:test';
+import { chooseRbdClient } from '../../src/backend/client-choice.js';
 import { RbdBackend } from '../../src/backend/rbd.js';
 import { krbdMappingFindings, rbdMappingFindings, type RbdNodeState } from '../../src/cli/doctor/rbd.js';
 import type { DoctorReport, Finding } from '../../src/cli/doctor/report.js';
@@ -15,6 +16,7 @@ import { runDoctor } from '../../src/cli/doctor/run.js';
 import { parseConfig } from '../../src/config.js';
 import { addTicket, newVolume } from '../../src/ledger/arbitrate.js';
 import { ticketId } from '../../src/ledger/ids.js';
+import { volumeKey } from '../../src/ledger/keys.js';
 import { Ledger } from '../../src/ledger/ledger.js';
 import type { NodePhase, VolumeDoc } from '../../src/ledger/types.js';
 import { openStore } from '../../src/store/index.js';
@@ -271,7 +273,12 @@ describe('doctor on a one-host Ceph cluster', { skip }, () => {
       self,
       mountDir,
       ledger,
-      backend: new RbdBackend({ ...rbd, maxSize: 1024 ** 3, timeoutMs: 30_000 }),
+      backend: new RbdBackend({
+        ...rbd,
+        client: chooseRbdClient(rbd.client, mountDir, { record: false }),
+        maxSize: 1024 ** 3,
+        timeoutMs: 30_000,
+      }),
     };
   }
 
@@ -310,6 +317,18 @@ describe('doctor on a one-host Ceph cluster', { skip }, () => {
     assert.match(messages, /node client rbd-fuse\+loop/);
     assert.match(messages, /ledger and kernel agree on node node-a: 1 rbd mapping/);
     assert.ok(device.startsWith('/dev/loop'));
+
+    // Its ledger document damaged: one error naming it, and its mapping is not called stale (nor cleared).
+    const stored = await s.ledger.store.get(volumeKey('vol-healthy'));
+    assert.ok(stored);
+    await s.ledger.store.put(volumeKey('vol-healthy'), { apiVersion: 'latch/v0' }, stored.revision);
+    const damaged = problems(await doctor(s));
+    assert.deepEqual(
+      damaged.map((f) => [f.check, f.severity]),
+      [['ledger', 'error']],
+      show(damaged),
+    );
+    assert.match(damaged[0]?.message ?? '', /the ledger document of volume vol-healthy cannot be read/);
     await s.backend.release('vol-healthy');
   });
 

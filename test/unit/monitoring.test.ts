@@ -45,7 +45,7 @@ function sample(text: string, series: string): number | undefined {
 describe('the metrics', () => {
   it('gauges from the ledger: volumes by state, tickets by type and condition, waiting and detaching seconds', async () => {
     const m = await LatchMetrics.create();
-    m.setLedger([detachingVolume(), newVolume('v2', 1024, 'ext4', at(0))], T0 + 400_000);
+    m.setLedger({ docs: [detachingVolume(), newVolume('v2', 1024, 'ext4', at(0))], damaged: [] }, T0 + 400_000);
     const text = await m.text();
     assert.equal(sample(text, 'latch_volumes{state="detaching"}'), 1);
     assert.equal(sample(text, 'latch_volumes{state="detached"}'), 1);

@@ -211,7 +211,7 @@ describe('configuration', () => {
       clientId: 'latch-node-7',
       keyring: '/etc/ceph/ceph.client.latch-node-7.keyring',
       mountDir: '/var/lib/latch/rbd',
-      client: 'rbd-fuse',
+      client: 'auto',
     });
     const own = parseConfig({ backend: { type: 'rbd', pool: 'k8s', clientId: 'node-a', mountDir: '/run/latch/./rbd' } }, 'test');
     assert.deepEqual(own.backend.type === 'rbd' && [own.backend.pool, own.backend.keyring, own.backend.mountDir], [

@@ -257,7 +257,7 @@ describe('etcd store', { skip }, () => {
       // Read-write-once: exactly one of the two is granted.
       assert.equal([isSatisfied(doc, 'workload-node-a'), isSatisfied(doc, 'workload-node-b')].filter(Boolean).length, 1);
       assert.ok(a && b);
-      assert.deepEqual(await ledger.list(), [doc]);
+      assert.deepEqual((await ledger.list()).docs, [doc]);
     });
   });
 

@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { FileStore, STALE_TEMP_MS, type FileStoreFs } from '../../src/store/file.js';
 import { openStore } from '../../src/store/index.js';
 import { parseConfig } from '../../src/config.js';
-import { ConflictError, LatchError, StoreError } from '../../src/errors.js';
+import { ConflictError, DamagedDocumentError, LatchError, StoreError } from '../../src/errors.js';
 
 let base: string;
 let n = 0;
@@ -300,7 +300,7 @@ describe('file store: files on disk', () => {
     assert.deepEqual(await fs.readdir(dir).then((f) => f.sort()), ['3.json', '4.json']);
   });
 
-  it('reports a corrupt revision file as a StoreError naming the file', async () => {
+  it('reports a corrupt revision file as a DamagedDocumentError (a StoreError) naming the file, and still lists it', async () => {
     const s = new FileStore(stateDir());
     await s.put('volumes/a', 1, 0);
     await s.put('volumes/b', 1, 0);
@@ -316,14 +316,15 @@ describe('file store: files on disk', () => {
     for (const [content, why] of cases) {
       await fs.writeFile(file, content);
       const check = (e: unknown) => {
-        assert.ok(e instanceof StoreError && !(e instanceof ConflictError), String(e));
+        assert.ok(e instanceof DamagedDocumentError && !(e instanceof ConflictError), String(e));
         assert.ok(e.message.includes(file), e.message);
         assert.match(e.message, why);
         return true;
       };
       await assert.rejects(s.get('volumes/a'), check);
       await assert.rejects(s.put('volumes/a', 2, 1), check);
-      await assert.rejects(s.list('volumes'), check);
+      // Listed all the same (reading it says what is wrong), with the other keys: one damaged key does not hide them.
+      assert.deepEqual(await s.list('volumes'), ['a', 'b']);
     }
     // Other keys are unaffected.
     assert.deepEqual(await s.get('volumes/b'), { value: 1, revision: 1 });

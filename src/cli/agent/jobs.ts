@@ -51,6 +51,8 @@ export class JobRunner {
   /** Per volume, the end of the chain of looks at its tickets: one at a time, so a job is never started twice. */
   private readonly looks = new Map<string, Promise<void>>();
   private stopping = false;
+  /** The damaged documents the last pass logged: a pass runs on every ledger change, the log says each once. */
+  private damagedLogged = '';
 
   constructor(
     /** A context for one piece of work (a fresh log over the agent's store and backend). */
@@ -71,7 +73,13 @@ export class JobRunner {
     const ctx = this.context();
     const node = ctx.config.nodeName;
     const seen = new Set<string>();
-    for (const doc of await ctx.ledger.list()) {
+    const { docs, damaged } = await ctx.ledger.list();
+    // A damaged document shows no tickets: its volume's jobs are neither started nor aborted until it reads again.
+    const unreadable = new Set(damaged.map((d) => d.name));
+    const damagedNow = JSON.stringify(damaged);
+    if (damagedNow !== this.damagedLogged) for (const d of damaged) this.log({ volume: d.name, error: `its jobs wait: ${d.reason}` });
+    this.damagedLogged = damagedNow;
+    for (const doc of docs) {
       const tickets = jobTicketsOfNode(doc, node);
       for (const ticket of tickets) seen.add(ticket.id);
       for (const ticket of tickets) {
@@ -84,7 +92,7 @@ export class JobRunner {
     }
     // A job whose ticket is gone (removed by a person, its volume deleted): stop it.
     for (const run of this.running.values()) {
-      if (!seen.has(run.ticket)) run.abort.abort(new Error('its ticket was removed'));
+      if (!seen.has(run.ticket) && !unreadable.has(run.volume)) run.abort.abort(new Error('its ticket was removed'));
     }
   }
 

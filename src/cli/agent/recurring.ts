@@ -127,7 +127,8 @@ export async function runRecurringJobs(ctx: Context, log: Log): Promise<void> {
   const schedules = await parseSchedules(ctx.config);
   if (schedules.length === 0) return;
   const now = ctx.clock();
-  const docs = await ctx.ledger.list();
+  const { docs, damaged } = await ctx.ledger.list();
+  for (const d of damaged) log({ volume: d.name, error: `recurring jobs skipped it: ${d.reason}` });
   for (const { job, cron } of schedules) {
     const slot = latestSlot(cron, now);
     if (!slot) continue;

@@ -6,7 +6,7 @@ import type { Context } from '../../context.js';
 import { errorMessage } from '../../errors.js';
 import type { AutomaticAction } from '../../ledger/types.js';
 import { writeLog, type CallLog } from '../../log.js';
-import { Ledger } from '../../ledger/ledger.js';
+import { Ledger, type DamagedVolume } from '../../ledger/ledger.js';
 import { releaseHoldWithoutDevice } from '../../node/self-release.js';
 import { runLedgerChecks } from '../doctor/run.js';
 import { runRecurringJobs } from './recurring.js';
@@ -31,7 +31,9 @@ const reapTickets: AgentTask = {
   name: 'reap-tickets',
   async run({ ctx, log }) {
     const abandonedMs = ctx.config.abandonedTicketSeconds > 0 ? ctx.config.abandonedTicketSeconds * 1000 : undefined;
-    for (const doc of await ctx.ledger.list()) {
+    const { docs, damaged } = await ctx.ledger.list();
+    logDamaged(damaged, log);
+    for (const doc of docs) {
       const reaped = await ctx.ledger.reapTickets(doc.name, abandonedMs);
       for (const action of reaped) log({ volume: doc.name, automatic: [action] satisfies AutomaticAction[] });
     }
@@ -43,7 +45,9 @@ const releaseStaleHolds: AgentTask = {
   name: 'release-stale-holds',
   async run({ ctx, log }) {
     const node = ctx.config.nodeName;
-    for (const doc of await ctx.ledger.list()) {
+    const { docs, damaged } = await ctx.ledger.list();
+    logDamaged(damaged, log);
+    for (const doc of docs) {
       const phase = doc.status.nodes[node]?.phase;
       if (phase !== 'attaching' && phase !== 'detaching') continue;
       try {
@@ -56,6 +60,11 @@ const releaseStaleHolds: AgentTask = {
     }
   },
 };
+
+/** Each damaged document, named in the log: the task did the other volumes, and skipped this one. */
+function logDamaged(damaged: DamagedVolume[], log: (entry: Record<string, unknown>) => void): void {
+  for (const d of damaged) log({ volume: d.name, error: `skipped: ${d.reason}` });
+}
 
 /** The cheap doctor checks, for the latch_doctor_findings gauge. */
 const doctorFindings: AgentTask = {

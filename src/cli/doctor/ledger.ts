@@ -25,6 +25,16 @@ export async function readInventory(ctx: Context, config: Config, add: AddFindin
     return undefined;
   }
   add({ check: 'ledger', severity: 'ok', message: `${held.volumes.length} volume(s) in the ledger` });
+  for (const d of held.damaged) {
+    add({
+      check: 'ledger',
+      severity: 'error',
+      message: `the ledger document of volume ${d.name} cannot be read: ${d.reason}`,
+      note:
+        `nothing that lists volumes (reaping, jobs, fencing, this check of its devices) acts on ${d.name} until it is repaired; ` +
+        `the other volumes are checked as usual`,
+    });
+  }
   return held;
 }
 
@@ -52,9 +62,11 @@ export function checkLedgerAgainstKernel(held: Inventory, add: AddFinding): numb
   }
 
   const holds = new Set(held.holds.map((doc) => doc.name));
+  // A damaged document may hold its device here: reported above, and its devices are not called orphans.
+  const unreadable = new Set(held.damaged.map((d) => d.name));
   // Mounts of pool devices the ledger does not know about.
   for (const d of held.devices) {
-    if (holds.has(d.volume)) continue;
+    if (holds.has(d.volume) || unreadable.has(d.volume)) continue;
     for (const target of d.mountPoints) {
       problems++;
       add({
@@ -69,7 +81,7 @@ export function checkLedgerAgainstKernel(held: Inventory, add: AddFinding): numb
 
   // Loop devices over pool images without a hold in the ledger.
   for (const d of held.devices) {
-    if (holds.has(d.volume) && !d.deleted) continue;
+    if ((holds.has(d.volume) && !d.deleted) || unreadable.has(d.volume)) continue;
     problems++;
     const why = d.deleted
       ? `its image ${d.backingFile} was deleted`

@@ -12,7 +12,7 @@ import { basename, dirname } from 'node:path';
 import { krbdMappings } from '../../backend/krbd.js';
 import { deviceInUse } from '../../backend/devices.js';
 import { RbdBackend } from '../../backend/rbd.js';
-import type { Config, RbdBackendConfig } from '../../config.js';
+import type { Config, RbdBackendConfig, RbdClientKind } from '../../config.js';
 import { errorMessage } from '../../errors.js';
 import type { Inventory } from '../../host/inventory.js';
 import { isInUse, nodeHoldsDevice } from '../../ledger/arbitrate.js';
@@ -52,7 +52,8 @@ const FUSECTL = '/sys/fs/fuse/connections';
 const ENOENT = 2;
 const EACCES = 13;
 
-export type RbdConfig = Config & { backend: RbdBackendConfig };
+/** An rbd configuration with the node client that "auto" stands for here (backend/client-choice.ts). */
+export type RbdConfig = Config & { backend: RbdBackendConfig & { client: RbdClientKind } };
 
 /** Everything about this node's Ceph side that needs no ledger. */
 export async function checkRbd(config: RbdConfig, env: NodeJS.ProcessEnv, add: AddFinding): Promise<void> {
@@ -541,17 +542,28 @@ export async function checkRbdMappings(
   let mapped: number;
   let where: string;
   const rbd = config.backend;
+  // A volume whose ledger document cannot be read may be held here: its mappings are neither stale nor cleared
+  // (readInventory reported the document).
+  const unreadable = new Set(held.damaged.map((d) => d.name));
   if (rbd.client === 'krbd') {
     const table = await readMountInfo();
-    const mappings = krbdMappings(rbd.pool).map((m) => ({
-      ...m,
-      mountPoints: table.filter((t) => t.source === m.device).map((t) => t.mountPoint),
-    }));
+    const mappings = krbdMappings(rbd.pool)
+      .filter((m) => !unreadable.has(m.image))
+      .map((m) => ({
+        ...m,
+        mountPoints: table.filter((t) => t.source === m.device).map((t) => t.mountPoint),
+      }));
     findings = krbdMappingFindings(mappings, held.node, held.volumes);
     mapped = new Set(mappings.map((m) => m.image)).size;
     where = `of pool ${rbd.pool} in /sys/bus/rbd`;
   } else {
-    const state = await readRbdNodeState(rbd.mountDir);
+    const read = await readRbdNodeState(rbd.mountDir);
+    const state = read && {
+      ...read,
+      mounts: read.mounts.filter((m) => !unreadable.has(basename(m.mountPoint))),
+      processes: read.processes.filter((p) => !unreadable.has(basename(p.mountPoint))),
+      loops: read.loops.filter((l) => !unreadable.has(basename(dirname(l.backingFile)))),
+    };
     findings = rbdMappingFindings(state, held.node, held.volumes);
     mapped = new Set((state?.loops ?? []).map((l) => basename(dirname(l.backingFile)))).size;
     where = `under ${rbd.mountDir}`;

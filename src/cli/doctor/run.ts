@@ -1,9 +1,11 @@
 // latch doctor's runner: checks this node the way someone debugging a pod stuck in ContainerCreating would, one
 // concern per check, in the order the findings should be read (the configuration first: the rest depends on it).
-import type { Config } from '../../config.js';
+import { chooseRbdClient } from '../../backend/client-choice.js';
+import type { Config, RbdBackendConfig } from '../../config.js';
 import { createContext, type Context } from '../../context.js';
 import { reportAutomaticActions } from './automatic.js';
 import { checkConfig } from './config.js';
+import { checkDaemonCgroups } from './daemons.js';
 import { checkControllerManager } from './kcm.js';
 import { checkDetaching, DEFAULT_STUCK_AFTER_SECONDS } from './detaching.js';
 import { checkFreezes } from './freezes.js';
@@ -38,8 +40,11 @@ export async function runDoctor(options: DoctorOptions = {}): Promise<DoctorRepo
   await checkTools(config, env, add);
   await checkLoopSupport(add);
   await checkPlugin(config, options, env, add);
-  const rbd = config?.backend.type === 'rbd' ? (config as RbdConfig) : undefined;
-  if (rbd) await checkRbd(rbd, env, add);
+  const rbd = config?.backend.type === 'rbd' ? withChosenClient(config, config.backend) : undefined;
+  if (rbd) {
+    await checkRbd(rbd, env, add);
+    await checkDaemonCgroups(add);
+  }
   await checkControllerManager(config, env, add);
   if (config) {
     await checkFreezes(config, add, options.now?.());
@@ -84,4 +89,9 @@ export async function runLedgerChecks(ctx: Context, config: Config, stuckAfterSe
     checkDetaching(held, stuckAfterSeconds, ctx.clock, add);
   }
   return findings;
+}
+
+/** The configuration with the node client "auto" stands for on this node, as recorded or as it would be chosen now. */
+function withChosenClient(config: Config, rbd: RbdBackendConfig): RbdConfig {
+  return { ...config, backend: { ...rbd, client: chooseRbdClient(rbd.client, rbd.mountDir, { record: false }) } };
 }

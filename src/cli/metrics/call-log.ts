@@ -27,14 +27,26 @@ export async function readWholeLog(
   if (!options.skipCurrent) await readFrom(logFile, 0, onLine);
 }
 
-/** Follows the log file: each `readNew` hands over the lines appended since the last one. */
+/**
+ * Follows the log file: each `readNew` hands over the lines appended since the last one. Calls run one after another
+ * (two scrapes at once must not both read from the same offset and count the same lines twice).
+ */
 export class LogFollower {
   private ino: number | undefined;
   private offset = 0;
+  /** The end of the chain of reads: each starts where the one before left the offset. */
+  private reading: Promise<void> = Promise.resolve();
 
   constructor(private readonly logFile: string) {}
 
-  async readNew(onLine: (line: CallLogLine) => void): Promise<void> {
+  readNew(onLine: (line: CallLogLine) => void): Promise<void> {
+    const next = this.reading.then(() => this.readNewNow(onLine));
+    // A failed read leaves the offset where it was; the next one goes on from there.
+    this.reading = next.catch(() => undefined);
+    return next;
+  }
+
+  private async readNewNow(onLine: (line: CallLogLine) => void): Promise<void> {
     const now = await stat(this.logFile).catch(() => undefined);
     if (this.ino !== undefined && now?.ino !== this.ino) {
       // Rotated: finish the file we were reading, wherever rotation moved it.

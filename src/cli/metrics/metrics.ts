@@ -4,7 +4,7 @@
 // METRIC_NAMES; test/unit/metrics.test.ts checks that the shipped dashboard and alert rules use only these.
 import type * as PromClient from 'prom-client';
 import type { Finding } from '../doctor/report.js';
-import type { VolumeDoc } from '../../ledger/types.js';
+import type { VolumeListing } from '../../ledger/ledger.js';
 import type { CallLogLine } from './call-log.js';
 
 export const METRIC_NAMES = {
@@ -13,6 +13,7 @@ export const METRIC_NAMES = {
   ticketWaiting: 'latch_ticket_waiting_seconds',
   detaching: 'latch_node_detaching_seconds',
   ledgerUp: 'latch_ledger_up',
+  damaged: 'latch_ledger_damaged_documents',
   calls: 'latch_driver_calls_total',
   callDuration: 'latch_driver_call_duration_seconds',
   reaped: 'latch_reaped_tickets_total',
@@ -31,6 +32,7 @@ export class LatchMetrics {
   private readonly ticketWaiting: PromClient.Gauge;
   private readonly detaching: PromClient.Gauge;
   private readonly ledgerUp: PromClient.Gauge;
+  private readonly damaged: PromClient.Gauge;
   private readonly calls: PromClient.Counter;
   private readonly callDuration: PromClient.Histogram;
   private readonly reaped: PromClient.Counter;
@@ -66,6 +68,12 @@ export class LatchMetrics {
       registers,
     });
     this.ledgerUp = new Gauge({ name: METRIC_NAMES.ledgerUp, help: '1 when the ledger could be read for this scrape', registers });
+    this.damaged = new Gauge({
+      name: METRIC_NAMES.damaged,
+      help: 'Volumes whose ledger document cannot be read (not JSON, or not a latch/v1 volume): 1 each; the other volumes are counted',
+      labelNames: ['volume'],
+      registers,
+    });
     this.calls = new Counter({
       name: METRIC_NAMES.calls,
       help: 'Driver calls on this host, by op and result (from the call log)',
@@ -114,10 +122,12 @@ export class LatchMetrics {
   }
 
   /** The ledger as it is now (undefined: it could not be read). */
-  setLedger(docs: VolumeDoc[] | undefined, nowMs: number): void {
-    for (const gauge of [this.volumes, this.tickets, this.ticketWaiting, this.detaching]) gauge.reset();
-    this.ledgerUp.set(docs ? 1 : 0);
-    if (!docs) return;
+  setLedger(listing: VolumeListing | undefined, nowMs: number): void {
+    for (const gauge of [this.volumes, this.tickets, this.ticketWaiting, this.detaching, this.damaged]) gauge.reset();
+    this.ledgerUp.set(listing ? 1 : 0);
+    if (!listing) return;
+    const { docs, damaged } = listing;
+    for (const d of damaged) this.damaged.set({ volume: d.name }, 1);
     for (const state of VOLUME_STATES) this.volumes.set({ state }, 0);
     const secondsSince = (iso: string) => Math.max(0, (nowMs - Date.parse(iso)) / 1000);
     for (const doc of docs) {

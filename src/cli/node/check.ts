@@ -3,6 +3,7 @@
 // in status.nodes, whatever the phase. Otherwise, per volume, what ties the node and what clears each tie.
 import { ticketsOfNode } from '../../ledger/arbitrate.js';
 import { shortTicketId } from '../../ledger/ids.js';
+import type { DamagedVolume } from '../../ledger/ledger.js';
 import type { NodePhase, Ticket, TicketType, VolumeDoc } from '../../ledger/types.js';
 import { checkNodeName } from '../../names.js';
 import { configOf, type CommandIO } from '../io.js';
@@ -35,22 +36,25 @@ interface NodeCheck {
   node: string;
   mayGo: boolean;
   volumes: VolumeTie[];
+  /** Volumes whose documents cannot be read: whether they name the node is unknown. */
+  damaged: DamagedVolume[];
 }
 
 /** Exit status: 0 when the node may be drained or deleted now, 1 when a volume still names it (or on a refusal). */
 export async function nodeCheck(options: NodeCheckOptions, io: CommandIO): Promise<number> {
   const { node } = options;
   checkNodeName(node);
-  const docs = await io.context(configOf(io)).ledger.list();
-  const check = checkNode(docs, node);
+  const { docs, damaged } = await io.context(configOf(io)).ledger.list();
+  const check = checkNode(docs, damaged, node);
   io.out(options.output === 'json' ? formatJson(check) : formatNodeCheck(check));
   return check.mayGo ? 0 : 1;
 }
 
 /** What the ledger says about the node (pure). */
-function checkNode(docs: VolumeDoc[], node: string): NodeCheck {
+function checkNode(docs: VolumeDoc[], damaged: DamagedVolume[], node: string): NodeCheck {
   const volumes = docs.filter((d) => concernsNode(d, node)).map((d) => volumeTie(d, node));
-  return { node, mayGo: volumes.length === 0, volumes };
+  // A damaged document may name the node: it may not go until the document is repaired.
+  return { node, mayGo: volumes.length === 0 && damaged.length === 0, volumes, damaged };
 }
 
 function volumeTie(doc: VolumeDoc, node: string): VolumeTie {
@@ -104,7 +108,9 @@ function ifDown(volume: string, node: string): string {
 /** The report for people: the verdict, then each volume with its hold and tickets and what clears them. */
 function formatNodeCheck(check: NodeCheck): string {
   if (check.mayGo) return `node ${check.node} may be drained or deleted: no volume has a ticket for it or lists it\n`;
-  const lines = [`node ${check.node} may not be drained or deleted yet: ${check.volumes.length} volume(s) still name it`];
+  const unread = check.damaged.length > 0 ? `, and ${check.damaged.length} volume document(s) cannot be read` : '';
+  const lines = [`node ${check.node} may not be drained or deleted yet: ${check.volumes.length} volume(s) still name it${unread}`];
+  for (const d of check.damaged) lines.push(`volume ${d.name}: its document cannot be read, repair it first: ${d.reason}`);
   for (const v of check.volumes) {
     const hold = v.hold
       ? `${v.hold.phase}${v.hold.readOnly ? ' read-only' : ''} since ${v.hold.since}${v.hold.device ? ` (device ${v.hold.device})` : ''}`

@@ -9,6 +9,7 @@ import { configuredFencer } from '../../backend/index.js';
 import type { Config } from '../../config.js';
 import type { Context } from '../../context.js';
 import { LatchError, errorMessage } from '../../errors.js';
+import type { DamagedVolume } from '../../ledger/ledger.js';
 import type { VolumeDoc } from '../../ledger/types.js';
 import { clearOwnFence, fenceNodeOffVolume, liftClearedFence, type FenceOptions } from '../../node/fence.js';
 import { checkNodeName, checkVolumeName } from '../../names.js';
@@ -28,12 +29,14 @@ export async function nodeFence(options: NodeFenceOptions, io: CommandIO): Promi
   const config = configOf(io);
   const fencer = await requireFencer(config);
   const ctx = io.context(config);
-  const volumes = await volumesToVisit(ctx, options.volume, (d) => concernsNode(d, node));
-  if (volumes.length === 0) {
+  const { volumes, damaged } = await volumesToVisit(ctx, options.volume, (d) => concernsNode(d, node));
+  // A damaged document may name the node: it is neither fenced nor released blindly, and the command fails.
+  for (const d of damaged) io.out(`volume ${d.name}: not fenced, nothing released: ${unreadable(d, node)}\n`);
+  if (volumes.length === 0 && damaged.length === 0) {
     io.out(`no volume names node ${node}: nothing to fence\n`);
     return 0;
   }
-  let failed = 0;
+  let failed = damaged.length;
   for (const volume of volumes) {
     try {
       io.out(`${await fenceVolume(ctx, fencer, volume, node, `latch node fence ${node}`)}\n`);
@@ -45,10 +48,26 @@ export async function nodeFence(options: NodeFenceOptions, io: CommandIO): Promi
   return failed === 0 ? 0 : 1;
 }
 
-/** The volume a command names, else every volume in the ledger that `concerns` picks. */
-async function volumesToVisit(ctx: Context, volume: string | undefined, concerns: (doc: VolumeDoc) => boolean): Promise<string[]> {
-  if (volume !== undefined) return [checkVolumeName(volume)];
-  return (await ctx.ledger.list()).filter(concerns).map((d) => d.name);
+/**
+ * The volume a command names, else every volume in the ledger that `concerns` picks, and the damaged documents, which
+ * cannot say whether they concern the node.
+ */
+async function volumesToVisit(
+  ctx: Context,
+  volume: string | undefined,
+  concerns: (doc: VolumeDoc) => boolean,
+): Promise<{ volumes: string[]; damaged: DamagedVolume[] }> {
+  if (volume !== undefined) return { volumes: [checkVolumeName(volume)], damaged: [] };
+  const { docs, damaged } = await ctx.ledger.list();
+  return { volumes: docs.filter(concerns).map((d) => d.name), damaged };
+}
+
+/** Why a damaged document was left alone, and how to go on once it is repaired. */
+function unreadable(damaged: DamagedVolume, node: string, again = `repeat this with --volume ${damaged.name}`): string {
+  return (
+    `its ledger document cannot be read, so what it records of node ${node} is unknown (${damaged.reason}); ` +
+    `repair the document, then ${again}`
+  );
 }
 
 /** Fences `node` off `volume` and says what the storage now refuses (volume release --node-is-down uses it too). */
@@ -99,8 +118,9 @@ export async function nodeUnfence(options: NodeUnfenceOptions, io: CommandIO): P
   const config = configOf(io);
   const fencer = await requireFencer(config);
   const ctx = io.context(config);
-  const volumes = await volumesToVisit(ctx, options.volume, (d) => d.status.fences?.[node] !== undefined);
-  let waiting = 0;
+  const { volumes, damaged } = await volumesToVisit(ctx, options.volume, (d) => d.status.fences?.[node] !== undefined);
+  for (const d of damaged) io.out(`volume ${d.name}: no fence lifted: ${unreadable(d, node)}\n`);
+  let waiting = damaged.length;
   for (const volume of volumes) {
     const outcome = await liftClearedFence(ctx, fencer, volume, node);
     if (outcome === undefined) io.out(`volume ${volume}: node ${node} is not fenced off it\n`);
@@ -109,7 +129,7 @@ export async function nodeUnfence(options: NodeUnfenceOptions, io: CommandIO): P
       io.out(`volume ${volume}: fence kept: ${outcome.waiting} (run latch node clear-fences on ${node})\n`);
     } else io.out(`volume ${volume}: fence of node ${node} lifted (${outcome.lifted.join(', ') || 'no client entries'})\n`);
   }
-  if (volumes.length === 0) io.out(`node ${node} is not fenced off any volume\n`);
+  if (volumes.length === 0 && damaged.length === 0) io.out(`node ${node} is not fenced off any volume\n`);
   return waiting === 0 ? 0 : 1;
 }
 
@@ -117,8 +137,10 @@ export async function nodeUnfence(options: NodeUnfenceOptions, io: CommandIO): P
 export async function nodeClearFences(_options: object, io: CommandIO): Promise<number> {
   const ctx = io.context(configOf(io));
   const node = ctx.config.nodeName;
-  const fenced = (await ctx.ledger.list()).filter((d) => d.status.fences?.[node] && d.status.fences[node].clearedAt === undefined);
-  let failed = 0;
+  const { docs, damaged } = await ctx.ledger.list();
+  const fenced = docs.filter((d) => d.status.fences?.[node] && d.status.fences[node].clearedAt === undefined);
+  for (const d of damaged) io.out(`volume ${d.name}: nothing cleared: ${unreadable(d, node, 'run this again')}\n`);
+  let failed = damaged.length;
   for (const doc of fenced) {
     try {
       const after = await clearOwnFence(ctx, doc.name, doc);
@@ -135,6 +157,6 @@ export async function nodeClearFences(_options: object, io: CommandIO): Promise<
       io.out(`volume ${doc.name}: not cleared: ${errorMessage(err)}\n`);
     }
   }
-  if (fenced.length === 0) io.out(`node ${node} has no fence to clear\n`);
+  if (fenced.length === 0 && damaged.length === 0) io.out(`node ${node} has no fence to clear\n`);
   return failed === 0 ? 0 : 1;
 }

@@ -13,11 +13,13 @@ export interface TicketListOptions {
   output: OutputFormat;
 }
 
-export async function ticketList(options: TicketListOptions, io: CommandIO): Promise<void> {
+/** Exit 1 when a volume's document cannot be read: its tickets are unknown; it is named after the table (in JSON, as `{ volume, damaged }`). */
+export async function ticketList(options: TicketListOptions, io: CommandIO): Promise<number> {
   const { node } = options;
   if (node !== undefined) checkNodeName(node);
   const { ledger } = io.context(configOf(io));
-  const docs = options.volume ? [await getVolume(ledger, options.volume)] : await ledger.list();
+  const { docs, damaged } = options.volume ? { docs: [await getVolume(ledger, options.volume)], damaged: [] } : await ledger.list();
+  const status = damaged.length > 0 ? 1 : 0;
   const rows = docs.flatMap((d) =>
     Object.values(d.spec.tickets)
       .filter((t) => node === undefined || t.nodeID === node)
@@ -30,8 +32,8 @@ export async function ticketList(options: TicketListOptions, io: CommandIO): Pro
       })),
   );
   if (options.output === 'json') {
-    io.out(formatJson(rows));
-    return;
+    io.out(formatJson([...rows, ...damaged.map((d) => ({ volume: d.name, damaged: d.reason }))]));
+    return status;
   }
   io.out(
     formatTable(
@@ -51,6 +53,8 @@ export async function ticketList(options: TicketListOptions, io: CommandIO): Pro
       ]),
     ),
   );
+  for (const d of damaged) io.out(`volume ${d.name}: its tickets cannot be read: ${d.reason}\n`);
+  return status;
 }
 
 /** A job ticket's job and how far it got, e.g. "snapshot: running (attempt 2)" or "backup: not started". */
