@@ -70,6 +70,9 @@ function buildSchema() {
       fencer: z.optional(z.strictObject({ clientId: cephxId, keyring: absolutePath })),
     }),
   ]);
+  const nodeName = z
+    .string()
+    .check(z.regex(/^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$/, 'must be a lower-case host name as kubelet reports it'), z.maxLength(253));
   const recurringJob = z.strictObject({
     // Lower-case letters, digits and '-' (no '.'): the job's name starts the names of what it makes.
     name: z
@@ -89,11 +92,9 @@ function buildSchema() {
       z.string().check(z.regex(DRIVER_NAME_PATTERN, `must look like vendor/driver, e.g. ${DEFAULT_DRIVER_NAME}`)),
       DEFAULT_DRIVER_NAME,
     ),
-    nodeName: z.optional(
-      z
-        .string()
-        .check(z.regex(/^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$/, 'must be a lower-case host name as kubelet reports it'), z.maxLength(253)),
-    ),
+    nodeName: z.optional(nodeName),
+    singleNode: z.optional(nodeName),
+    oneHost: z.optional(z.boolean()),
     attach: z._default(z.boolean(), true),
     poolDir: z._default(absolutePath, '/var/lib/latch/pool'),
     stateDir: z._default(absolutePath, '/var/lib/latch/state'),
