@@ -9,18 +9,19 @@ import type { VolumeDoc, VolumeHome } from '../ledger/types.js';
 
 /** What deciding where the volume lives needs of a context. */
 interface HomeView {
-  config: Pick<Config, 'oneHost'>;
+  config: Pick<Config, 'oneHost' | 'nodeName'>;
   backend: Pick<Backend, 'localPool'>;
 }
 
 /**
- * Whether `node` reaches the image at `home`: it is the home node, or (simulated nodes of one host, `oneHost`) its
- * pool is the same directory. Always, where the storage is shared (no localPool).
+ * Whether `node` reaches the image at `home`: it is the home node, or it is this node, whose pool (simulated nodes of
+ * one host, `oneHost`) is the home's directory; another node's pool is not known here. Always, where the storage is
+ * shared (no localPool).
  */
 export function reachesHome(view: HomeView, home: VolumeHome | undefined, node: string): boolean {
   const pool = view.backend.localPool;
-  if (pool === undefined || home === undefined) return true;
-  return home.node === node || (view.config.oneHost === true && home.pool === pool);
+  if (pool === undefined || home === undefined || home.node === node) return true;
+  return view.config.oneHost === true && node === view.config.nodeName && home.pool === pool;
 }
 
 /** Why `node` cannot have the volume (its image lives in another node's pool), or undefined. */

@@ -311,6 +311,22 @@ describe('where a volume lives, and configurations that cannot keep it safe', { 
       assert.ok(!existsSync(join(pools['node-a'], 'vol-del.img')));
     });
 
+    it('a job on an idle volume goes to its home node; --node naming a node that does not reach the image is refused', () => {
+      const a = config('job-a', 'node-a', { oneHost: true });
+      const b = config('job-b', 'node-b', { oneHost: true });
+      assert.equal(run(a, ['volume', 'create', 'vol-job', '--size', '64Mi']).status, 0);
+      unchangedBy(() =>
+        refusedCommand(
+          a,
+          ['snapshot', 'create', 'vol-job', 'snap-1', '--node', 'node-b', '--no-wait'],
+          /^latch: volume vol-job lives on node node-a .*: a job on it runs there, not on node node-b$/,
+        ),
+      );
+      const asked = run(b, ['snapshot', 'create', 'vol-job', 'snap-1', '--no-wait']);
+      assert.equal(asked.status, 0, asked.stderr);
+      assert.match(asked.stdout, /asked node node-a for it/);
+    });
+
     it('doctor reports an image without a document, and a volume whose image is missing from its home pool', () => {
       const a = config('doc-a', 'node-a', { oneHost: true });
       assert.equal(run(a, ['volume', 'create', 'vol-gone', '--size', '64Mi']).status, 0);
