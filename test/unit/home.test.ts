@@ -171,6 +171,7 @@ describe('where a volume lives, and configurations that cannot keep it safe', { 
           assert.match(reply.message ?? '', /use the etcd store .*"singleNode": "node-b"/);
         }
       }
+      assert.ok(existsSync(join(root, 'configs', '.nonattach-own.json.validated')), 'the second round ran from the remembered validation');
       assert.ok(!existsSync(join(root, 'state-b')), 'no ledger was made');
     });
 
