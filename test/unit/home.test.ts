@@ -313,8 +313,9 @@ describe('where a volume lives, and configurations that cannot keep it safe', { 
     });
 
     it('a job on an idle volume goes to its home node; --node naming a node that does not reach the image is refused', () => {
-      const a = config('job-a', 'node-a', { oneHost: true });
-      const b = config('job-b', 'node-b', { oneHost: true });
+      // Attach mode on the shared file store (no oneHost: node-b's pool is not node-a's, as on two hosts).
+      const a = config('job-a', 'node-a');
+      const b = config('job-b', 'node-b');
       assert.equal(run(a, ['volume', 'create', 'vol-job', '--size', '64Mi']).status, 0);
       unchangedBy(() =>
         refusedCommand(

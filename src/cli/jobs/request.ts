@@ -72,7 +72,8 @@ export function jobNode(ctx: Context, volume: string, doc: VolumeDoc | undefined
   // An idle node-local volume: the job runs where its image lives (node/home.ts), never on a node that would refuse it.
   const home = doc?.status.home;
   if (home !== undefined && ctx.backend.localPool !== undefined) {
-    if (wanted !== undefined && !reachesHome(ctx, home, wanted)) {
+    // Under oneHost another node name may share this pool: its agent's set-up is then what refuses, if it does not.
+    if (wanted !== undefined && !reachesHome(ctx, home, wanted) && ctx.config.oneHost !== true) {
       throw new LatchError(
         `volume ${volume} lives on node ${home.node} (its image is in the pool ${home.pool} there): a job on it runs there, not on node ${wanted}`,
       );
