@@ -29,8 +29,8 @@ export async function volumeDelete(options: { name: string }, io: CommandIO): Pr
   else if (backend.localPool !== undefined && !home) {
     // A document older than homes, whose image is not here: it may be in another node's pool.
     io.out(
-      `volume ${name} deleted from the ledger; its image is not in ${backend.storage}, and the ledger did not record ` +
-        `which node's pool holds it: \`latch doctor\` on each node lists images that have no volume\n`,
+      `volume ${name} deleted from the ledger; no image of it in ${backend.storage}, and the ledger recorded no home for ` +
+        `it: if another node's pool holds one, \`latch doctor\` there lists it as an image without a volume\n`,
     );
   } else io.out(`volume ${name} deleted; it had no image in ${backend.storage}\n`);
 }
