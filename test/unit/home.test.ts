@@ -13,6 +13,8 @@ import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
+import { loadConfig } from '../../src/config.js';
+import { createContext } from '../../src/context.js';
 
 const LATCH = join(__dirname, '..', '..', 'bin', 'latch');
 const skip =
@@ -281,6 +283,36 @@ describe('where a volume lives, and configurations that cannot keep it safe', { 
         assert.ok(Date.now() - started < 20_000, `${args[0]} did not wait for a grant that cannot come`);
       }
       assert.ok(!existsSync(join(pools['node-b'], `${pv}.img`)));
+    });
+
+    it('a document older than homes: another node makes no image for it; the node whose pool has it adopts it', async () => {
+      const a = config('old-a', 'node-a', { oneHost: true });
+      const b = config('old-b', 'node-b', { oneHost: true });
+      const pv = 'pv-old';
+      // As an earlier latch left it: no home, the image in node-a's pool, a filesystem recorded.
+      const ctxA = createContext(loadConfig({ LATCH_CONFIG: a }));
+      await ctxA.ledger.createVolume(pv, { sizeBytes: 64 * 1024 * 1024, fsType: 'ext4' });
+      await ctxA.backend.create(pv, 64 * 1024 * 1024);
+      await ctxA.ledger.recordFilesystem(pv, 'ext4');
+      assert.equal((await ctxA.ledger.get(pv))?.status.home, undefined);
+
+      ok(b, ['attach', options(pv), 'node-b']);
+      const refused = driver(b, ['waitforattach', '', options(pv)]);
+      assert.equal(refused.status, 'Failure');
+      assert.match(refused.message ?? '', /missing from the pool .*pool-b.* held a ext4 filesystem; refusing to create an empty one/);
+      assert.ok(!existsSync(join(pools['node-b'], `${pv}.img`)), 'no empty image on node-b');
+      assert.equal((await ctxA.ledger.get(pv))?.status.home, undefined, 'node-b did not become its home');
+      ok(b, ['detach', pv, 'node-b']);
+
+      ok(a, ['attach', options(pv), 'node-a']);
+      ok(a, ['waitforattach', '', options(pv)]);
+      assert.equal((await ctxA.ledger.get(pv))?.status.home?.node, 'node-a', 'node-a found the image and adopted it');
+      const mount = join(root, 'kubelet-node-a', 'plugins', pv);
+      mkdirSync(mount, { recursive: true });
+      ok(a, ['unmountdevice', mount]);
+      ok(a, ['detach', pv, 'node-a']);
+      const away = unchangedBy(() => driver(b, ['attach', options(pv), 'node-b']));
+      assert.match(away.message ?? '', /volume pv-old lives on node node-a/);
     });
 
     it('with a ledger each, the same pod move is refused by the configuration before anything happens', () => {
