@@ -94,6 +94,7 @@ function buildSchema() {
     ),
     nodeName: z.optional(nodeName),
     singleNode: z.optional(nodeName),
+    oneHost: z.optional(z.boolean()),
     attach: z._default(z.boolean(), true),
     poolDir: z._default(absolutePath, '/var/lib/latch/pool'),
     stateDir: z._default(absolutePath, '/var/lib/latch/state'),

@@ -70,6 +70,11 @@ export interface Config {
    * node name is refused (unsafeConfigReason).
    */
   singleNode?: string;
+  /**
+   * Every node name that uses this configuration runs on this one host (simulated nodes: `latch demo`, tests): they
+   * share its file store, and where their poolDir is the same, its pool (docs/operations.md, "Where a volume lives").
+   */
+  oneHost?: boolean;
   attach: boolean;
   poolDir: string;
   stateDir: string;
@@ -166,7 +171,47 @@ export interface ConfigLocations {
 /** Reads and validates the configuration; throws ConfigError naming the file and the field. */
 export function loadConfig(env: NodeJS.ProcessEnv = process.env, locations: ConfigLocations = {}): Config {
   const { raw, source } = readConfigFile(env, locations);
-  return parseConfig(raw, source);
+  return refuseUnsafe(parseConfig(raw, source));
+}
+
+/**
+ * Why volumes are not safe under this configuration, or undefined: the one rule every entry point applies (driver
+ * calls, the agent and every admin command through loadDriverConfig and loadConfig, install's manifests, doctor).
+ * Pure and cheap, so that a driver call applies it also to a configuration it remembers as validated.
+ * docs/operations.md, "Configurations latch refuses".
+ */
+export function unsafeConfigReason(config: Config): string | undefined {
+  const { source, nodeName, singleNode } = config;
+  if (singleNode !== undefined && singleNode !== nodeName) {
+    return (
+      `invalid configuration in ${source}: it is for node ${singleNode} alone ("singleNode"), but this is node ${nodeName}; ` +
+      'more than one node needs a store they all share (the etcd store) and no "singleNode"'
+    );
+  }
+  // The file store is one host's ledger: shared among node names only when the configuration says they are one node,
+  // or simulated nodes of one host.
+  if (config.store.type !== 'file' || singleNode !== undefined || config.oneHost === true) return undefined;
+  const fix = `use the etcd store that every node shares ("store": {"type": "etcd", ...}), or, if no other node ever uses it, set "singleNode": "${nodeName}"`;
+  if (config.backend.type === 'rbd') {
+    return (
+      `invalid configuration in ${source}: the rbd backend keeps volumes where every node reaches them, but the file store is ` +
+      `this node's own ledger, so two nodes could each map one image read-write; ${fix}`
+    );
+  }
+  if (!config.attach) {
+    return (
+      `invalid configuration in ${source}: non-attach mode ("attach": false) with the file store gives every node a ledger of its ` +
+      `own, so a pod that moves to another node would get a new, empty volume there; ${fix}`
+    );
+  }
+  return undefined;
+}
+
+/** The configuration, or the ConfigError that unsafeConfigReason gives. */
+export function refuseUnsafe(config: Config): Config {
+  const reason = unsafeConfigReason(config);
+  if (reason !== undefined) throw new ConfigError(reason);
+  return config;
 }
 
 /** Replaced at build time (build.mjs) by a digest of the code; undefined when run from source. */
@@ -194,14 +239,16 @@ export function loadDriverConfig(
   build = typeof LATCH_BUILD === 'string' ? LATCH_BUILD : undefined,
 ): Config {
   const { raw, source, text } = readConfigFile(env, {});
-  if (text === undefined || build === undefined) return parseConfig(raw, source);
+  if (text === undefined || build === undefined) return refuseUnsafe(parseConfig(raw, source));
   const copyPath = join(dirname(source), `.${basename(source)}.validated`);
   const host = hostName();
   const copy = readRemembered(copyPath);
-  if (copy && copy.build === build && copy.hostname === host && copy.text === text && copy.config.source === source) return copy.config;
+  // The safety rule is applied to the remembered copy too: it costs nothing, and a copy never vouches for it.
+  if (copy && copy.build === build && copy.hostname === host && copy.text === text && copy.config.source === source)
+    return refuseUnsafe(copy.config);
   const config = parseConfig(raw, source);
   if (remember) writeRemembered(copyPath, { build, hostname: host, text, config });
-  return config;
+  return refuseUnsafe(config);
 }
 
 /**

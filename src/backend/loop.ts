@@ -62,6 +62,11 @@ export class LoopBackend implements Backend, SnapshotBackend {
     return `the pool (${this.poolDir})`;
   }
 
+  /** The pool is this node's alone: each volume has a home (Backend.localPool). */
+  get localPool(): string {
+    return this.poolDir;
+  }
+
   /** Where the volume's image lives (whether or not it exists). */
   imagePath(volume: string): string {
     return join(this.poolDir, imageFileName(volume));

@@ -4,6 +4,11 @@
 export interface Backend {
   /** Where this backend keeps volumes' bytes, for messages: "the pool (/var/lib/latch/pool)", "the rbd pool latch". */
   readonly storage: string;
+  /**
+   * Where the images live when only this node reaches them (loop: the pool directory), so that the ledger records each
+   * volume's home there (node/home.ts); undefined for storage every node reaches (rbd).
+   */
+  readonly localPool?: string;
   /** Creates the volume's storage of `sizeBytes`; Success if it already exists with at least that size. Refuses above maxSize or the pool's free space. */
   create(volume: string, sizeBytes: number): Promise<void>;
   /** Removes the volume's storage; refuses while a device is set up for it. Missing volume: no-op. */

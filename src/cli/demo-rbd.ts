@@ -50,6 +50,8 @@ export async function demoRbd(options: DemoOptions, io: CommandIO): Promise<numb
       await writeFile(confPath, `${conf}\n${section.join('\n')}\n`, { mode: 0o600 });
       const config = {
         nodeName: who === 'fencer' ? 'admin' : who,
+        // The simulated nodes share this host's file store (docs/operations.md, "Configurations latch refuses").
+        oneHost: true,
         stateDir: join(work, 'state'),
         logFile: join(work, `latch-${who}.log`),
         waitForAttachTimeout: 10,

@@ -114,6 +114,8 @@ export async function demo(options: DemoOptions, io: CommandIO): Promise<number>
       const path = join(work, `config-${node}.json`);
       const config = {
         nodeName: node,
+        // Both node names run on this host and share its ledger and pool (docs/operations.md, "Where a volume lives").
+        oneHost: true,
         stateDir: join(work, 'state'),
         poolDir: join(work, 'pool'),
         logFile: join(work, 'latch.log'),

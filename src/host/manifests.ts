@@ -21,7 +21,7 @@
 //   `latch install --host-root /host` reads the host's files and writes the driver.
 // - a preset or --plugin-dir: the DaemonSet is pinned to that directory, the only host directory of kubelet's it
 //   mounts, at the same path (no host root, no host pid namespace).
-import { parseConfig } from '../config.js';
+import { parseConfig, refuseUnsafe } from '../config.js';
 import { LatchError } from '../errors.js';
 import { ETCD, LATCH_NAMESPACE } from './etcd-secrets.js';
 import type { Preset } from './presets.js';
@@ -101,8 +101,10 @@ export function buildManifests(options: ManifestOptions): Manifest[] {
   if ('nodeName' in options.clusterConfig) {
     throw new LatchError(`${options.clusterConfigSource} sets nodeName: every node sets its own; remove it`);
   }
-  // The same validation a node applies, with a stand-in node name: a mistake shows now, not on every node.
-  const config = parseConfig({ ...options.clusterConfig, nodeName: 'node-name' }, options.clusterConfigSource);
+  // The same validation a node applies, with a stand-in node name (the single node's, when there is one): a mistake
+  // shows now, not on every node.
+  const standIn = options.clusterConfig.singleNode ?? 'node-name';
+  const config = refuseUnsafe(parseConfig({ ...options.clusterConfig, nodeName: standIn }, options.clusterConfigSource));
   const pluginDir = options.pluginDir ?? options.preset?.pluginDir;
   const manifests: Manifest[] = [
     {

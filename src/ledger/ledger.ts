@@ -431,6 +431,14 @@ export class Ledger {
     return this.update(name, (d) => (d && d.status.filesystem !== fsType ? { ...d, status: { ...d.status, filesystem: fsType } } : d));
   }
 
+  /**
+   * Records where the volume's image lives, unless a home is recorded already (the first one stays: an image is made
+   * once). Returns the document, whose home the caller compares with its own; undefined when the volume does not exist.
+   */
+  recordHome(name: string, node: string, pool: string): Promise<VolumeDoc | undefined> {
+    return this.update(name, (d) => (d && !d.status.home ? { ...d, status: { ...d.status, home: { node, pool, since: this.now() } } } : d));
+  }
+
   /** Records a new size; never lowers it. */
   recordSize(name: string, sizeBytes: number): Promise<VolumeDoc | undefined> {
     return this.update(name, (d) => (d && d.spec.sizeBytes < sizeBytes ? { ...d, spec: { ...d.spec, sizeBytes } } : d));

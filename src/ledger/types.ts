@@ -223,7 +223,19 @@ export interface VolumeDoc {
     lastAttachedBy?: { ticket: string; type: TicketType; node: string; at: string };
     /** The latest finished jobs, newest last (bounded). */
     jobs?: FinishedJob[];
+    /**
+     * Where the volume's image lives, for a backend whose images only one node reaches (loop): set when the image is
+     * first made or first found (docs/ledger.md, "Home"). Absent for shared storage (rbd).
+     */
+    home?: VolumeHome;
   };
+}
+
+/** The node whose pool holds a node-local volume's image, and that pool's directory. */
+export interface VolumeHome {
+  node: string;
+  pool: string;
+  since: string;
 }
 
 // ---- automatic actions (issue 15; rules in automatic.ts) ----

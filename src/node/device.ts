@@ -6,10 +6,11 @@ import type { Context } from '../context.js';
 import { LatchError, errorMessage } from '../errors.js';
 import type { VolumeDoc } from '../ledger/types.js';
 import { clearOwnFence } from './fence.js';
+import { claimHome, refuseAwayFromHome } from './home.js';
 import { releaseIfProvenFree } from './self-release.js';
 
 /**
- * After the grant, under the node's volume lock (so that no self-release runs meanwhile): makes sure the storage exists (created only for a volume that never held a filesystem), sets up
+ * After the grant, under the node's volume lock (so that no self-release runs meanwhile): makes sure the storage exists (created only for a volume that never held a filesystem, in its home node's pool), sets up
  * (or finds) its device and records it on the node's entry. If the grant was withdrawn meanwhile, undoes the device
  * unless something already mounted it, and fails. Logs the device as soon as it is known.
  */
@@ -18,6 +19,8 @@ export async function setUpDevice(ctx: Context, name: string, doc: VolumeDoc): P
   const node = config.nodeName;
   let device: string;
   try {
+    // A node-local image in another node's pool: this node must not make an empty one of its own (node/home.ts).
+    refuseAwayFromHome(ctx, doc, node);
     if ((await backend.size(name)) === undefined) {
       if (doc.status.filesystem) {
         throw new LatchError(
@@ -25,7 +28,11 @@ export async function setUpDevice(ctx: Context, name: string, doc: VolumeDoc): P
             `${doc.status.filesystem} filesystem; refusing to create an empty one in its place`,
         );
       }
+      // The home is recorded before the image is made: a node racing to make one in its own pool is refused.
+      await claimHome(ctx, doc);
       await backend.create(name, doc.spec.sizeBytes);
+    } else {
+      await claimHome(ctx, doc);
     }
     device = await backend.attach(name, attachAccess(doc, node));
   } catch (err) {

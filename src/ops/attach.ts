@@ -3,6 +3,7 @@
 import { nodeName, volumeOptions } from '../contract/args.js';
 import { failure, success } from '../contract/reply.js';
 import { isSatisfied } from '../ledger/arbitrate.js';
+import { awayFromHome } from '../node/home.js';
 import { workloadRequest } from '../node/tickets.js';
 import { defineOp } from './op.js';
 
@@ -11,6 +12,11 @@ export const op = defineOp({
   attachModeOnly: true,
   async run(ctx, { json, nodeName: node }) {
     const { name, ticket, create, caller } = await workloadRequest(ctx, json, node);
+    // A volume whose image lives in another node's pool is refused before any ticket is written (node/home.ts).
+    if (ctx.backend.localPool !== undefined) {
+      const away = awayFromHome(ctx, await ctx.ledger.get(name), node);
+      if (away !== undefined) return failure(away);
+    }
     const doc = await ctx.ledger.addTicket(name, ticket, create, caller);
     if (doc && isSatisfied(doc, ticket.id)) return success();
     // Still wanted: the controller retries a failed attach, and each retry keeps the waiting ticket from being reaped.

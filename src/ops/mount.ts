@@ -6,6 +6,7 @@ import { LatchError, NotSupportedError, errorMessage } from '../errors.js';
 import { isFencedOff, isInUse, ticketsOfNode } from '../ledger/arbitrate.js';
 import { setUpDevice } from '../node/device.js';
 import { clearOwnFence } from '../node/fence.js';
+import { awayFromHome } from '../node/home.js';
 import { contextForSecrets } from '../node/secrets.js';
 import { withVolumeLock } from '../node/lock.js';
 import { bindVolumeAt, ensureDirectory, mountVolumeAt } from '../node/mount.js';
@@ -54,6 +55,12 @@ export const op = defineOp({
       const staged = (await system.mountsAt(staging)).at(-1)?.fsType;
       if (json.fsType && staged && staged !== json.fsType) {
         return failure(`volume ${name} holds a ${staged} filesystem, but ${json.fsType} was asked for; latch never reformats a volume`);
+      }
+
+      // A volume whose image lives in another node's pool is refused before anything is written (node/home.ts).
+      if (backend.localPool !== undefined) {
+        const away = awayFromHome(ctx, await ledger.get(name), node);
+        if (away !== undefined) return failure(away);
       }
 
       // Arbitrate in the compare-and-swap, and write only a granted ticket: a refused mount leaves the ledger as it

@@ -8,6 +8,7 @@ import { isFencedOff, isInUse } from '../ledger/arbitrate.js';
 import { ticketId } from '../ledger/ids.js';
 import { setUpDevice } from '../node/device.js';
 import { clearOwnFence } from '../node/fence.js';
+import { awayFromHome } from '../node/home.js';
 import { withVolumeLock } from '../node/lock.js';
 import { clearHoldToCheck, markHoldToCheck } from '../node/self-release.js';
 import { checkCaller } from '../node/tickets.js';
@@ -35,6 +36,9 @@ export const op = defineOp({
     let doc = await ledger.touchTicket(name, id, touchMs);
     if (doc) await checkCaller(ctx, json, name, doc);
     while (!doc || !isGrantedHere(doc.status.nodes[node]?.phase)) {
+      // Its image lives in another node's pool: no grant will ever make it reachable here (node/home.ts).
+      const away = awayFromHome(ctx, doc, node);
+      if (away !== undefined) return failure(away);
       // Fenced off the volume earlier: clear the old mapping first, then the ledger may grant it here again.
       if (doc && isFencedOff(doc, node)) await clearOwnFence(ctx, name, doc);
       if (ctx.clock() >= deadline) {

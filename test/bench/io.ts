@@ -227,6 +227,8 @@ function mountVolume(config: string, nodeName: string, pv: string, mountPoint: s
 function writeConfig(dir: string, backend?: Record<string, string>): string {
   const config = {
     nodeName: 'node-a',
+    // One node: the rbd backend on its own file store is safe only so (docs/operations.md, "Configurations latch refuses").
+    singleNode: 'node-a',
     stateDir: join(dir, 'state'),
     poolDir: join(dir, 'pool'),
     logFile: join(dir, 'latch.log'),

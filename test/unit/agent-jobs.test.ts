@@ -60,6 +60,7 @@ describe('the node agent runs jobs through tickets', { skip }, () => {
   function makeNode(name: string): Node {
     const raw = {
       nodeName: name,
+      oneHost: true,
       poolDir: join(root, 'pool'),
       // The file store lives in stateDir: the simulated nodes share it (their locks are named after the node).
       stateDir: join(root, 'state'),

@@ -250,6 +250,7 @@ describe('doctor on a one-host Ceph cluster', { skip }, () => {
     const mountDir = join(ceph.dir, 'mnt', `doctor-${n}`);
     const raw = {
       nodeName: 'node-a',
+      singleNode: 'node-a', // the rbd backend on this node's own file store: one node only
       stateDir: join(dir, 'state'),
       poolDir: join(dir, 'pool'),
       logFile: join(dir, 'latch.log'),

@@ -73,6 +73,7 @@ describe('the driver with the rbd backend under faults', { skip }, () => {
         logFiles[node] = join(ceph.dir, node, 'latch.log');
         const config = {
           nodeName: node,
+          oneHost: true, // the simulated nodes share this host's file store
           poolDir: join(ceph.dir, node, 'pool'),
           stateDir,
           logFile: logFiles[node],

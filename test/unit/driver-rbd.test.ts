@@ -47,6 +47,7 @@ describe('the driver with the rbd backend: the pod moves from node-a to node-b, 
         mountDirs[node] = join(ceph.dir, 'mnt', node); // under the cluster's dir: its teardown sweeps leftovers
         const config = {
           nodeName: node,
+          oneHost: true, // the simulated nodes share this host's file store
           poolDir: join(ceph.dir, node, 'pool'),
           stateDir,
           logFile: join(ceph.dir, node, 'latch.log'),
@@ -72,6 +73,7 @@ describe('the driver with the rbd backend: the pod moves from node-a to node-b, 
       const nodeA = JSON.parse(readFileSync(configs['node-a'] ?? '', 'utf8')) as { backend: Record<string, unknown> };
       const nodeK = {
         nodeName: 'node-k',
+        oneHost: true,
         stateDir,
         logFile: join(ceph.dir, 'node-k', 'latch.log'),
         commandTimeout: 60,
@@ -86,6 +88,7 @@ describe('the driver with the rbd backend: the pod moves from node-a to node-b, 
       const nodeC = {
         nodeName: 'node-c',
         attach: false,
+        oneHost: true,
         stateDir,
         logFile: join(ceph.dir, 'node-c', 'latch.log'),
         commandTimeout: 60,
@@ -105,6 +108,7 @@ describe('the driver with the rbd backend: the pod moves from node-a to node-b, 
       adminConfig = join(ceph.dir, 'admin', 'config.json');
       const admin = {
         nodeName: 'admin',
+        oneHost: true,
         stateDir,
         logFile: join(ceph.dir, 'admin', 'latch.log'),
         backend: {

@@ -134,6 +134,7 @@ describe('three nodes, one etcd ledger, concurrent pod lifecycles', { skip, time
         path,
         JSON.stringify({
           nodeName: node,
+          oneHost: true, // simulated nodes on one host share the pool
           poolDir: join(work, 'pool'),
           stateDir: join(work, node, 'state'),
           logFile: join(work, node, 'latch.log'),

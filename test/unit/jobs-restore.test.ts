@@ -61,6 +61,7 @@ class TwoNodes {
     for (const node of ['node-a', 'node-b'] as const) {
       const raw = {
         nodeName: node,
+        oneHost: true, // simulated nodes on one host: they share the pool and the ledger
         poolDir: this.pool,
         stateDir: join(this.root, 'state'),
         logFile: join(this.root, `${node}.log`),

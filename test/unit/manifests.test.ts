@@ -760,12 +760,14 @@ describe('every preset generates valid manifests pinned to its plugin dir', () =
     const dir = mkdtempSync(join(tmpdir(), 'latch-manifests-'));
     try {
       const file = join(dir, 'cluster.json');
-      writeFileSync(file, JSON.stringify({ attach: false, maxSize: '10Gi' }));
+      const store = { type: 'etcd', endpoints: ['https://etcd.example:2379'] };
+      writeFileSync(file, JSON.stringify({ attach: false, maxSize: '10Gi', store }));
       const docs = loadManifest(await generated({ clusterConfig: file }));
       validateSchemas(docs);
       assert.deepEqual(JSON.parse(defined(docs.find((d) => d.kind === 'ConfigMap')).data['config.json']), {
         attach: false,
         maxSize: '10Gi',
+        store,
       });
       assert.deepEqual(
         docs.filter((d) => d.kind === 'DaemonSet').map((d) => d.metadata.name),
@@ -777,6 +779,9 @@ describe('every preset generates valid manifests pinned to its plugin dir', () =
 
       writeFileSync(file, JSON.stringify({ nodeName: 'node-1' }));
       await assert.rejects(generated({ clusterConfig: file }), /sets nodeName: every node sets its own/);
+      // Non-attach mode on the file store gives every node a ledger of its own (config.ts, unsafeConfigReason).
+      writeFileSync(file, JSON.stringify({ attach: false }));
+      await assert.rejects(generated({ clusterConfig: file }), /non-attach mode .* a new, empty volume there/);
       writeFileSync(file, JSON.stringify({ attach: 'yes' }));
       await assert.rejects(generated({ clusterConfig: file }), (err: Error) => err.message.includes(file) && /attach/.test(err.message));
       writeFileSync(file, '{"attach":');

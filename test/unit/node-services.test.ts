@@ -8,6 +8,9 @@ import { withVolumeLock } from '../../src/node/lock.js';
 import { podKeyOf, stagingPath } from '../../src/node/staging.js';
 import { hasCapability, parseCapEff } from '../../src/sys/capabilities.js';
 import { LatchError } from '../../src/errors.js';
+import { Ledger } from '../../src/ledger/ledger.js';
+import { awayFromHome, reachesHome } from '../../src/node/home.js';
+import { MemoryStore } from '../fixtures/memory-store.js';
 
 describe('pod keys and pod tickets (non-attach mode)', () => {
   it("takes the pod UID from kubelet's pod volume dir, else the whole path", () => {
@@ -109,5 +112,33 @@ describe('the node-local volume lock', () => {
     } finally {
       child.kill('SIGKILL');
     }
+  });
+});
+
+describe("a node-local volume's home (node/home.ts)", () => {
+  const view = (nodeName: string, localPool: string | undefined, oneHost?: boolean) => ({
+    config: { nodeName, ...(oneHost !== undefined && { oneHost }) },
+    backend: { localPool },
+  });
+
+  it('is recorded once: a second node racing to record its own keeps the first, and is then refused', async () => {
+    const ledger = new Ledger(new MemoryStore());
+    await ledger.createVolume('vol', { sizeBytes: 1024, fsType: 'ext4' });
+    assert.equal((await ledger.recordHome('vol', 'node-a', '/pool/a'))?.status.home?.node, 'node-a');
+    const after = await ledger.recordHome('vol', 'node-b', '/pool/b');
+    assert.deepEqual([after?.status.home?.node, after?.status.home?.pool], ['node-a', '/pool/a']);
+    assert.match(awayFromHome(view('node-b', '/pool/b'), after, 'node-b') ?? '', /lives on node node-a .* not on node node-b/);
+    assert.equal(awayFromHome(view('node-a', '/pool/a'), after, 'node-a'), undefined);
+    assert.equal(await ledger.recordHome('missing', 'node-a', '/pool/a'), undefined, 'no document, nothing recorded');
+  });
+
+  it('is reached by its node, by this node under oneHost with the same pool, and always on shared storage', () => {
+    const home = { node: 'node-a', pool: '/pool', since: '2026-11-27T00:00:00.000Z' };
+    assert.equal(reachesHome(view('node-b', '/pool'), home, 'node-b'), false, 'same path, but not declared one host');
+    assert.equal(reachesHome(view('node-b', '/pool', true), home, 'node-b'), true);
+    assert.equal(reachesHome(view('node-b', '/other', true), home, 'node-b'), false, 'one host, another pool');
+    assert.equal(reachesHome(view('node-a', '/pool', true), home, 'node-c'), false, "another node's pool is not known here");
+    assert.equal(reachesHome(view('node-b', undefined), home, 'node-b'), true, 'rbd: no home');
+    assert.equal(reachesHome(view('node-b', '/pool'), undefined, 'node-b'), true, 'no home recorded yet');
   });
 });

@@ -146,7 +146,15 @@ describe('the recurring-jobs agent task', () => {
     const logs: Record<string, unknown>[] = [];
     const node = (name: string): Context =>
       createContext(
-        config({ nodeName: name, poolDir, stateDir: join(dir, name), logFile: join(dir, `${name}.log`), recurringJobs: jobs, ...extra }),
+        config({
+          nodeName: name,
+          oneHost: true,
+          poolDir,
+          stateDir: join(dir, name),
+          logFile: join(dir, `${name}.log`),
+          recurringJobs: jobs,
+          ...extra,
+        }),
         {
           store,
           clock: () => now,

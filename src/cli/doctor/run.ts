@@ -12,7 +12,7 @@ import { checkFreezes } from './freezes.js';
 import { agreement, checkLedgerAgainstKernel, readInventory } from './ledger.js';
 import { checkLoopSupport } from './loop.js';
 import { checkPlugin } from './plugin.js';
-import { checkPool } from './pool.js';
+import { checkImages, checkPool } from './pool.js';
 import { checkRbd, checkRbdMappings, type RbdConfig } from './rbd.js';
 import { doctorReport, type DoctorReport, type Finding } from './report.js';
 import { checkTools } from './tools.js';
@@ -59,7 +59,7 @@ export async function runDoctor(options: DoctorOptions = {}): Promise<DoctorRepo
         if (mappings.problems + detaching() === 0) add(mappings.agreement);
       } else {
         await checkPool(config, held, add);
-        if (checkLedgerAgainstKernel(held, add) + detaching() === 0) add(agreement(held));
+        if ((await checkImages(config, held, add)) + checkLedgerAgainstKernel(held, add) + detaching() === 0) add(agreement(held));
       }
       reportAutomaticActions(held, add);
     }

@@ -9,6 +9,7 @@ import { jobTicketId } from '../../ledger/ids.js';
 import type { NewVolumeSpec } from '../../ledger/ledger.js';
 import type { FinishedJob, JobSpec, JobStatus, JobTicketType, Ticket, VolumeDoc } from '../../ledger/types.js';
 import { checkNodeName } from '../../names.js';
+import { reachesHome } from '../../node/home.js';
 import type { CommandIO } from '../io.js';
 import { formatJson, type OutputFormat } from '../output.js';
 
@@ -55,7 +56,8 @@ export function holdersOf(doc: VolumeDoc): string[] {
 
 /**
  * Which node does the job (docs/jobs.md, "Which node"): the node that holds the volume when it is in use; else the
- * one asked for; else this node. Asking for another node than the holder is refused.
+ * one asked for; else this node, or the volume's home when this node does not reach its image. Asking for another node
+ * than the holder, or than the home, is refused.
  */
 export function jobNode(ctx: Context, volume: string, doc: VolumeDoc | undefined, asked?: string): string {
   const holders = doc ? holdersOf(doc) : [];
@@ -66,6 +68,17 @@ export function jobNode(ctx: Context, volume: string, doc: VolumeDoc | undefined
       throw new LatchError(`volume ${volume} is in use on node ${holders.join(', ')}: a job on it runs there, not on node ${wanted}`);
     }
     return wanted ?? holder;
+  }
+  // An idle node-local volume: the job runs where its image lives (node/home.ts), never on a node that would refuse it.
+  const home = doc?.status.home;
+  if (home !== undefined && ctx.backend.localPool !== undefined) {
+    // Under oneHost another node name may share this pool: its agent's set-up is then what refuses, if it does not.
+    if (wanted !== undefined && !reachesHome(ctx, home, wanted) && ctx.config.oneHost !== true) {
+      throw new LatchError(
+        `volume ${volume} lives on node ${home.node} (its image is in the pool ${home.pool} there): a job on it runs there, not on node ${wanted}`,
+      );
+    }
+    if (wanted === undefined && !reachesHome(ctx, home, ctx.config.nodeName)) return home.node;
   }
   return wanted ?? ctx.config.nodeName;
 }

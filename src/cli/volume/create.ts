@@ -2,6 +2,7 @@
 import { LatchError } from '../../errors.js';
 import type { FsType } from '../../filesystems.js';
 import { checkVolumeName } from '../../names.js';
+import { claimHome } from '../../node/home.js';
 import { formatSize, parseSize } from '../../size.js';
 import { configOf, type CommandIO } from '../io.js';
 import { formatJson, type OutputFormat } from '../output.js';
@@ -26,6 +27,8 @@ export async function volumeCreate(options: VolumeCreateOptions, io: CommandIO):
   }
   const ctx = io.context(config);
   const { doc, existed } = await ctx.ledger.createVolume(name, { sizeBytes: size, fsType });
+  // A node-local image is made in its home node's pool only, and the home recorded first (node/home.ts).
+  await claimHome(ctx, doc);
   await ctx.backend.create(name, size);
   io.out(
     options.output === 'json'

@@ -7,7 +7,8 @@
 #   teardown() { latch_teardown; }
 #
 # What a test gets (all under $LATCH_TMP, a directory inside BATS_TEST_TMPDIR that bats removes afterwards):
-#   LATCH_CONFIG   the config in use (nodeName node-a, attach true, waitForAttachTimeout 2, file store)
+#   LATCH_CONFIG   the config in use (nodeName node-a, attach true, waitForAttachTimeout 2, file store; oneHost: the
+#                  simulated nodes share its ledger and pool)
 #   LATCH_STATE_DIR, LATCH_POOL_DIR, LATCH_LOG_FILE   where that config points
 #   LATCH_KUBELET_ROOT   a stand-in for /var/lib/kubelet, for global mount and pod volume paths
 #   LATCH_EXEC     the driver as kubelet runs it: a copy of bin/latch in a plugin dir <...>/latch~loop/loop
@@ -67,7 +68,7 @@ latch_setup() {
   jq -n \
     --arg stateDir "$LATCH_STATE_DIR" --arg poolDir "$LATCH_POOL_DIR" --arg logFile "$LATCH_LOG_DIR/latch.log" \
     '{stateDir: $stateDir, poolDir: $poolDir, logFile: $logFile, nodeName: "node-a", driverName: "latch/loop",
-      attach: true, defaultSize: "64Mi", maxSize: "1Gi", defaultFsType: "ext4",
+      attach: true, oneHost: true, defaultSize: "64Mi", maxSize: "1Gi", defaultFsType: "ext4",
       waitForAttachTimeout: 2, commandTimeout: 20, store: {type: "file"}}' >"$LATCH_BASE_CONFIG"
   use_config "$LATCH_BASE_CONFIG"
 
