@@ -133,6 +133,8 @@ describe('one damaged ledger document among good ones', () => {
   it('latch node fence over all volumes neither fences nor releases a damaged one: it names it and fails', async () => {
     const { io, printed, store } = await damagedLedger({
       backend: { type: 'rbd', pool: 'latch', fencer: { clientId: 'latch-fencer', keyring: '/etc/ceph/f.keyring' } },
+      // The rbd backend on the file store is for one node only (unsafeConfigReason).
+      singleNode: 'node-x',
     });
     const before = JSON.stringify(await store.get(volumeKey('bad-shape')));
     // node-y holds no good volume, so the fencer is never called; the damaged ones cannot say.
