@@ -154,7 +154,7 @@ export function buildManifests(options: ManifestOptions): Manifest[] {
       data: { 'config.json': `${JSON.stringify(options.clusterConfig, null, 2)}\n` },
     },
   });
-  const common = { ...options, pluginDir, attach: config.attach };
+  const common = { ...options, pluginDir, attach: config.attach, manualRoot: config.manualAttach.mountRoot };
   if (options.singleNode !== undefined) {
     manifests.push(daemonSet({ ...common, role: { kind: 'single-node', node: options.singleNode } }));
   } else if (config.attach) {
@@ -470,7 +470,9 @@ function privilegedSccRbac(): Manifest[] {
   ];
 }
 
-function daemonSet(options: ManifestOptions & { pluginDir: string | undefined; attach: boolean; role: DaemonSetRole }): Manifest {
+function daemonSet(
+  options: ManifestOptions & { pluginDir: string | undefined; attach: boolean; manualRoot: string; role: DaemonSetRole },
+): Manifest {
   const { pluginDir, role } = options;
   // The control plane's pods also write the configuration beside the driver, for a kube-controller-manager in a
   // container (a single node may be the control plane too).
@@ -531,6 +533,10 @@ function daemonSet(options: ManifestOptions & { pluginDir: string | undefined; a
     agentMounts.push({ name: 'kubelet-dir', mountPath: KUBELET_DIR, mountPropagation: 'HostToContainer' });
     volumes.push(hostDir('kubelet-dir', KUBELET_DIR));
   }
+  // A manual attach (`latch volume attach --mount`) mounts under manualAttach.mountRoot: Bidirectional, so that the
+  // agent's mount is the host's, not only this container's (docs/jobs.md, "Manual attach").
+  agentMounts.push({ name: 'manual-mounts', mountPath: options.manualRoot, mountPropagation: 'Bidirectional' });
+  volumes.push(hostDir('manual-mounts', options.manualRoot));
   const agent = {
     name: 'agent',
     image: options.image,

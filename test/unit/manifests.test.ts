@@ -260,6 +260,13 @@ describe('install/daemonset.yaml gives latch what it needs', () => {
     const agentMount = (name: string) => agentContainer.volumeMounts.find((m: Doc) => m.name === name);
     assert.deepEqual(agentMount('host-root'), { name: 'host-root', mountPath: '/host', mountPropagation: 'HostToContainer' });
     assert.deepEqual(agentMount('config'), { name: 'config', mountPath: '/etc/latch', readOnly: true });
+    // Its manual-attach mounts reach the host.
+    assert.deepEqual(agentMount('manual-mounts'), {
+      name: 'manual-mounts',
+      mountPath: '/var/lib/latch/manual',
+      mountPropagation: 'Bidirectional',
+    });
+    assert.deepEqual(mountOf('/var/lib/latch/manual'), undefined, 'the installer does not mount it');
     for (const name of ['state', 'log', 'dev']) assert.deepEqual(agentMount(name), mountOf(agentMount(name)?.mountPath));
     assert.equal(agentMount('config-template'), undefined);
   });
