@@ -58,35 +58,27 @@ async function pollHelper(name: string, waitMs: number): Promise<number | undefi
 const FLOCK_BUSY = 75;
 
 /**
- * The lock's descriptor, taken without the helper: util-linux's flock(1) locks the descriptor it is given (the open
- * file this process shares with it), waiting up to waitMs; undefined when busy.
+ * The lock's descriptor, taken without the helper: util-linux's flock(1) locks the descriptor it is given as its stdin
+ * (the open file this process shares with it), waiting up to waitMs; undefined when busy.
  */
 async function flockByChild(name: string, waitMs: number): Promise<number | undefined> {
   checkLockDir(lockDir);
   const fd = openSync(join(lockDir, name), constants.O_RDWR | constants.O_CREAT | constants.O_NOFOLLOW | constants.O_NOCTTY, 0o600);
-  let code: number | null;
-  let stderr = '';
   try {
-    const { spawn } = await import('node:child_process');
+    const { run } = await import('./run.js');
     const wait = waitMs > 0 ? ['-w', (waitMs / 1000).toFixed(3)] : ['-n'];
-    const child = spawn('flock', ['-E', String(FLOCK_BUSY), ...wait, '3'], {
-      stdio: ['ignore', 'ignore', 'pipe', fd],
-      timeout: waitMs + 10_000,
-      killSignal: 'SIGKILL',
+    const { exitCode } = await run('flock', ['-E', String(FLOCK_BUSY), ...wait, '0'], {
+      stdinFd: fd,
+      timeoutMs: waitMs + 10_000,
+      okExitCodes: [FLOCK_BUSY],
     });
-    child.stderr?.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
-    code = await new Promise<number | null>((resolve, reject) => {
-      child.once('error', reject);
-      child.once('close', resolve);
-    });
+    if (exitCode === 0) return fd;
   } catch (err) {
     closeSync(fd);
     throw err;
   }
-  if (code === 0) return fd;
   closeSync(fd);
-  if (code === FLOCK_BUSY) return undefined;
-  throw new Error(`flock exited with ${code ?? 'a signal'}: ${stderr.trim()}`);
+  return undefined;
 }
 
 /**
