@@ -31,8 +31,8 @@ export async function agent(options: AgentOptions, io: CommandIO): Promise<void>
   const config = configOf(io);
   // A bad recurring job (its cron expression is parsed only here, never by driver calls) stops the agent at start.
   await parseSchedules(config);
-  // One agent per node: two would start the same jobs. The lock is the node's kind of lock (sys/lock.ts: an abstract
-  // unix socket named after the state dir and node), which the kernel frees when the agent dies, even on SIGKILL.
+  // One agent per node: two would start the same jobs. The lock is the node's kind of lock (sys/lock.ts: the flock of a
+  // file in a root-only directory), which the kernel frees when the agent dies, even on SIGKILL.
   return withHostLock(
     [config.stateDir, config.nodeName, '', 'agent'],
     0,

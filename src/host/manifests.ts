@@ -572,8 +572,9 @@ function daemonSet(
       "self-contained driver into kubelet's plugin dir atomically, prints `latch doctor`, and sleeps. kubelet runs the\n" +
       'driver from the host; stopping or deleting the pod never removes it (`latch uninstall` on a drained node does).\n' +
       'The agent container runs `latch agent`: the jobs of the tickets granted to this node (snapshots, backups, ...;\n' +
-      "docs/jobs.md), reaping, and /metrics on the node's 127.0.0.1:9742. hostNetwork: its per-volume locks (abstract\n" +
-      "unix sockets) must be the same as the driver's, which kubelet runs in the host's network namespace.\n" +
+      "docs/jobs.md), reaping, and /metrics on the node's 127.0.0.1:9742. hostNetwork: the agent reaches the ledger and\n" +
+      "the storage as the driver, which kubelet runs in the host's network namespace, does (its locks are files in\n" +
+      '/var/lib/latch/locks, which the state mount shares with the host).\n' +
       where,
     object: {
       apiVersion: 'apps/v1',

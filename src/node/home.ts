@@ -14,6 +14,14 @@ interface HomeView {
 }
 
 /**
+ * The view of a caller that does not load the backend (attach on the control plane, doctor): the loop backend's pool
+ * is the configured poolDir, and every other backend is shared storage.
+ */
+export function homeViewOf(config: HomeView['config'] & Pick<Config, 'backend' | 'poolDir'>): HomeView {
+  return { config, backend: { localPool: config.backend.type === 'loop' ? config.poolDir : undefined } };
+}
+
+/**
  * Whether `node` reaches the image at `home`: it is the home node, or it is this node, whose pool (simulated nodes of
  * one host, `oneHost`) is the home's directory; another node's pool is not known here. Always, where the storage is
  * shared (no localPool).

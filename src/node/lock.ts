@@ -1,6 +1,7 @@
 // A node-local lock per volume, so that mount, unmount and resizing calls for one volume on one node (kubelet runs
-// them for different pods in parallel) never interleave. The lock is an abstract unix socket name (sys/lock.ts): the
-// kernel frees it when the holder exits, even on SIGKILL, so a killed call can never wedge it.
+// them for different pods in parallel) never interleave. The lock is the flock of a file in a root-only directory
+// (sys/lock.ts): the kernel frees it when the holder exits, even on SIGKILL, so a killed call can never wedge it, and no
+// other user can hold it.
 import type { Config } from '../config.js';
 import { withHostLock } from '../sys/lock.js';
 

@@ -3,7 +3,7 @@
 import { nodeName, volumeOptions } from '../contract/args.js';
 import { failure, success } from '../contract/reply.js';
 import { isSatisfied } from '../ledger/arbitrate.js';
-import { awayFromHome } from '../node/home.js';
+import { awayFromHome, homeViewOf } from '../node/home.js';
 import { workloadRequest } from '../node/tickets.js';
 import { defineOp } from './op.js';
 
@@ -12,9 +12,11 @@ export const op = defineOp({
   attachModeOnly: true,
   async run(ctx, { json, nodeName: node }) {
     const { name, ticket, create, caller } = await workloadRequest(ctx, json, node);
-    // A volume whose image lives in another node's pool is refused before any ticket is written (node/home.ts).
-    if (ctx.backend.localPool !== undefined) {
-      const away = awayFromHome(ctx, await ctx.ledger.get(name), node);
+    // A volume whose image lives in another node's pool is refused before any ticket is written (node/home.ts). From
+    // the configuration, not the backend: kube-controller-manager's bundle has no backend (src/sea/control.ts).
+    const view = homeViewOf(ctx.config);
+    if (view.backend.localPool !== undefined) {
+      const away = awayFromHome(view, await ctx.ledger.get(name), node);
       if (away !== undefined) return failure(away);
     }
     const doc = await ctx.ledger.addTicket(name, ticket, create, caller);

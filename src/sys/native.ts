@@ -8,8 +8,11 @@ export interface NativeHelper {
   spawn(file: string, argv: string[], env: string[], fds: [number, number, number]): number;
   /** undefined while the child runs; else its exit code (-1 when a signal killed it) and that signal's name (or ''). */
   reap(pid: number): [number, string] | undefined;
-  /** Binds the abstract unix socket name "\0" + name: its descriptor, or -1 when another process holds it. */
-  holdName(name: string): number;
+  /**
+   * Takes the flock of the file `name` in the lock directory `dir` (created 0700 when missing; refused when a link or
+   * writable by others) without waiting: its descriptor, or -1 when another holder has it.
+   */
+  lockFile(dir: string, name: string): number;
 }
 
 /**

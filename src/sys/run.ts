@@ -26,6 +26,11 @@ export interface RunOptions {
   timeoutMs?: number;
   /** Written to the child's stdin (otherwise stdin is /dev/null). Never put secrets on the command line; here is fine. */
   input?: string;
+  /**
+   * The child's stdin instead: this descriptor, which stays this process's (flock(1) locks the open file it is given,
+   * which the lock's holder keeps: sys/lock.ts).
+   */
+  stdinFd?: number;
   /** Exit codes besides 0 that are not failures (e.g. blkid's 2 = "nothing found"). */
   okExitCodes?: number[];
   /** The child's environment instead of this process's; LC_ALL and PATH are set over it either way. */
@@ -148,6 +153,7 @@ export async function run(command: string, args: string[], options: RunOptions =
   }
   const child = spawnCollecting(executable, args, {
     input: options.input,
+    stdinFd: options.stdinFd,
     env: { ...(options.env ?? process.env), LC_ALL: 'C', PATH: path },
   });
 
@@ -265,7 +271,13 @@ interface Started {
  * is a libuv handle and a stream to read it through, which measured 4 ms more per child (a first spawn 10.4 ms
  * against 6.5, its exit 3.5 against 1.5), five times in a pod's lifecycle. Where such a file cannot be made, pipes.
  */
-function spawnCollecting(executable: string, args: string[], options: { input: string | undefined; env: NodeJS.ProcessEnv }): Started {
+interface SpawnOptions {
+  input: string | undefined;
+  stdinFd: number | undefined;
+  env: NodeJS.ProcessEnv;
+}
+
+function spawnCollecting(executable: string, args: string[], options: SpawnOptions): Started {
   const files = outputFiles();
   const helper = files && nativeHelper();
   if (files && helper) return spawnThroughHelper(helper, executable, args, files, options);
@@ -278,17 +290,12 @@ function spawnCollecting(executable: string, args: string[], options: { input: s
  * node:child_process (rather than execa: every driver call that runs a tool paid for evaluating execa and for its
  * per-child machinery, measured 10-25 ms of a call's CPU, more than the tool itself).
  */
-function spawnThroughNode(
-  file: string,
-  argv: string[],
-  files: { out: number; err: number } | undefined,
-  options: { input: string | undefined; env: NodeJS.ProcessEnv },
-): Started {
+function spawnThroughNode(file: string, argv: string[], files: { out: number; err: number } | undefined, options: SpawnOptions): Started {
   let child;
   try {
     child = spawn(file, argv, {
       detached: true,
-      stdio: [options.input === undefined ? 'ignore' : 'pipe', files?.out ?? 'pipe', files?.err ?? 'pipe'],
+      stdio: [options.stdinFd ?? (options.input === undefined ? 'ignore' : 'pipe'), files?.out ?? 'pipe', files?.err ?? 'pipe'],
       env: options.env,
     });
   } catch (err) {
@@ -344,19 +351,19 @@ function spawnThroughHelper(
   executable: string,
   args: string[],
   files: { out: number; err: number },
-  options: { input: string | undefined; env: NodeJS.ProcessEnv },
+  options: SpawnOptions,
 ): Started {
   let stdin = -1;
   let pid: number;
   try {
-    if (options.input !== undefined) {
+    if (options.stdinFd === undefined && options.input !== undefined) {
       stdin = unnamedFile();
       // At position 0, which leaves the file's offset where the child starts reading: at its start.
       writeSync(stdin, options.input, 0);
     }
     const env = Object.entries(options.env).flatMap(([name, value]) => (value === undefined ? [] : [`${name}=${value}`]));
     if (!exited.size) process.on('SIGCHLD', reapExited);
-    pid = helper.spawn(executable, [executable, ...args], env, [stdin, files.out, files.err]);
+    pid = helper.spawn(executable, [executable, ...args], env, [options.stdinFd ?? stdin, files.out, files.err]);
   } catch (error) {
     if (!exited.size) process.off('SIGCHLD', reapExited);
     closeFiles(files);

@@ -1,9 +1,13 @@
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
-import { createServer, type Server } from 'node:net';
+import { spawn, spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
 import { test } from 'node:test';
 import { tempName, tempTag } from '../../src/hash.js';
-import { withHostLock } from '../../src/sys/lock.js';
+import { useLockDir, withHostLock } from '../../src/sys/lock.js';
+import { trackChild } from '../fixtures/tracked-children.js';
 
 test('temp tags are eight hex digits, and different from one call to the next', () => {
   const tags = Array.from({ length: 200 }, () => tempTag());
@@ -24,10 +28,20 @@ test("temp names have the shape the clean-ups of dead writers' temps match", () 
 
 test('a host lock held under the name an earlier build computed with node:crypto still excludes (rolling upgrade)', async () => {
   const parts = ['volume', `hash-test-${process.pid}`];
-  const oldName = `\0latch-volume-${createHash('sha256').update(parts.join('\0')).digest('hex').slice(0, 40)}`;
-  const holder: Server = createServer();
-  await new Promise<void>((resolve) => holder.listen({ path: oldName }, resolve));
+  const oldName = `latch-volume-${createHash('sha256').update(parts.join('\0')).digest('hex').slice(0, 40)}`;
+  const dir = join(mkdtempSync(join(tmpdir(), 'latch-hash-')), 'locks');
+  useLockDir(dir);
+  // The lock's file, held by another process (flock(1)) until the test lets it go.
+  await withHostLock(
+    ['make the directory'],
+    0,
+    () => 'busy',
+    async () => undefined,
+  );
+  const holder = spawn('flock', [join(dir, oldName), 'cat'], { stdio: ['pipe', 'ignore', 'ignore'] });
+  trackChild(holder);
   try {
+    while (spawnSync('flock', ['-n', join(dir, oldName), 'true']).status === 0) await new Promise((done) => setTimeout(done, 10));
     let ran = false;
     await assert.rejects(
       withHostLock(
@@ -42,7 +56,8 @@ test('a host lock held under the name an earlier build computed with node:crypto
     );
     assert.equal(ran, false);
   } finally {
-    await new Promise<void>((resolve) => holder.close(() => resolve()));
+    holder.stdin.end();
+    await new Promise((done) => holder.once('exit', done));
   }
   // Once it is free, the same parts take it.
   assert.equal(
@@ -54,4 +69,6 @@ test('a host lock held under the name an earlier build computed with node:crypto
     ),
     'taken',
   );
+  useLockDir(undefined);
+  rmSync(dirname(dir), { recursive: true, force: true });
 });

@@ -1,16 +1,17 @@
 // Turns (src/native/helper.c): a driver call that does a volume's work takes one of a few host-wide turns before Node
 // starts, waiting for one when all are held. The helper's takeTurn, in processes of the test's own on names of their
-// own: a waiter sleeps until a holder ends (also by SIGKILL) or gives its turn back at its hold limit, and goes on
-// without one at its wait limit. Then bin/latch-sea: the ops that take a turn wait for one before Node starts, the
-// others do not, and the log line says what a call waited.
+// own in a lock directory of their own: a waiter sleeps until a holder ends (also by SIGKILL) or gives its turn back at
+// its hold limit, and goes on without one at its wait limit; the turn count is clamped. Then bin/latch-sea: the ops
+// that take a turn wait for one before Node starts, the others do not, and the log line says what a call waited; and
+// a local user who holds the names turns used to be (abstract unix sockets) neither delays a call nor hands it a turn.
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { NATIVE_HELPER } from '../fixtures/native-helper.js';
+import { ATTACKER, LOCK_DIR, NATIVE_HELPER, NOBODY, PYTHON } from '../fixtures/native-helper.js';
 import { trackChild } from '../fixtures/tracked-children.js';
 
 const SEA = join(resolve(__dirname, '../..'), 'bin/latch-sea');
@@ -25,12 +26,12 @@ interface Taker {
   end(signal?: NodeJS.Signals): Promise<void>;
 }
 
-/** A node process that takes one of `turns` turns named `prefix`-N through the helper, then lives until ended. */
-function taker(prefix: string, turns: number, waitMs: number, holdMs: number): Taker {
+/** A node process that takes one of `turns` turns named `prefix`-N in `dir` through the helper, then lives until ended. */
+function taker(dir: string, prefix: string, turns: number, waitMs: number, holdMs: number): Taker {
   const script = `
     const helper = { exports: {} };
     process.dlopen(helper, ${JSON.stringify(NATIVE_HELPER)});
-    const took = helper.exports.takeTurn(${JSON.stringify(prefix)}, ${turns}, ${waitMs}, ${holdMs});
+    const took = helper.exports.takeTurn(${JSON.stringify(dir)}, ${JSON.stringify(prefix)}, ${turns}, ${waitMs}, ${holdMs});
     process.stdout.write(String(took) + '\\n');
     process.stdin.resume();
     process.stdin.on('end', () => process.exit(0));`;
@@ -62,35 +63,46 @@ async function settlesWithin(promise: Promise<unknown>, ms: number): Promise<boo
   return Promise.race([promise.then(() => true), sleep(ms).then(() => false)]);
 }
 
-/** The kernel function a thread asleep in poll(2) shows in /proc/PID/wchan (not epoll's, where an idle node sleeps). */
-const IN_POLL = /^(poll_schedule_timeout|do_sys_poll)/;
+/**
+ * Whether the process `pid` waits for a turn: at the head of the queue, its main thread looks at the turns between
+ * sleeps in nanosleep(2) (not epoll's, where an idle node sleeps); behind it, a thread of its own waits in flock(2).
+ */
+function waitsForTurn(pid: number): boolean {
+  const main = readFileSync(`/proc/${pid}/wchan`, 'utf8');
+  if (/nanosleep/.test(main)) return true;
+  return readdirSync(`/proc/${pid}/task`).some((task) =>
+    /^locks_lock_inode_wait|flock/.test(readFileSync(`/proc/${pid}/task/${task}/wchan`, 'utf8')),
+  );
+}
 
-/** Waits until `child`'s main thread sleeps in poll(2): a taker queued for a turn. */
-async function asleepInPoll(child: ChildProcess): Promise<void> {
-  let wchan = '';
-  for (let i = 0; i < 250 && !IN_POLL.test(wchan); i++) {
+/** Waits until `child` waits for a turn (see waitsForTurn). */
+async function queued(child: ChildProcess): Promise<void> {
+  for (let i = 0; i < 250; i++) {
+    if (waitsForTurn(child.pid ?? 0)) return;
     await sleep(20);
-    wchan = readFileSync(`/proc/${child.pid}/wchan`, 'utf8');
   }
-  assert.match(wchan, IN_POLL, `process ${child.pid} is not waiting for a turn`);
+  assert.fail(`process ${child.pid} is not waiting for a turn`);
 }
 
 const running = (t: Taker) => t.child.exitCode === null && t.child.signalCode === null;
 
 describe('turns, through the native helper', { skip: helperMissing }, () => {
   let n = 0;
-  const prefix = () => `latch-test-turn-${process.pid}-${n++}`;
+  const prefix = () => `test-turn-${n++}`;
+  let dir: string;
+  before(() => (dir = join(mkdtempSync(join(tmpdir(), 'latch-turns-')), 'locks')));
+  after(() => rmSync(dirname(dir), { recursive: true, force: true }));
 
   it('a taker waits while every turn is held, and takes the one that a holder leaves, while the other still holds its own', async () => {
     const names = prefix();
-    const first = taker(names, 2, 0, 60_000);
-    const second = taker(names, 2, 0, 60_000);
+    const first = taker(dir, names, 2, 0, 60_000);
+    const second = taker(dir, names, 2, 0, 60_000);
     assert.deepEqual(
       [await first.took, await second.took].map((ms) => ms >= 0),
       [true, true],
       'both held a turn',
     );
-    const waiter = taker(names, 2, 60_000, 60_000);
+    const waiter = taker(dir, names, 2, 60_000, 60_000);
     try {
       assert.equal(await settlesWithin(waiter.took, 500), false, 'the waiter took a turn while both were held');
       await first.end();
@@ -103,14 +115,14 @@ describe('turns, through the native helper', { skip: helperMissing }, () => {
 
   it('a turn passes to its waiters one at a time, in the order they came, past one that is gone', async () => {
     const names = prefix();
-    const holder = taker(names, 1, 0, 60_000);
+    const holder = taker(dir, names, 1, 0, 60_000);
     assert.ok((await holder.took) >= 0);
     const waiters: Taker[] = [];
     try {
       for (let i = 0; i < 4; i++) {
-        const waiter = taker(names, 1, 60_000, 60_000);
+        const waiter = taker(dir, names, 1, 60_000, 60_000);
         waiters.push(waiter);
-        await asleepInPoll(waiter.child);
+        await queued(waiter.child);
       }
       const [first, gone, third, fourth] = waiters as [Taker, Taker, Taker, Taker];
       await gone.end('SIGKILL');
@@ -141,9 +153,9 @@ describe('turns, through the native helper', { skip: helperMissing }, () => {
     check: (holder: Taker, waiter: Taker) => Promise<void>,
   ): Promise<void> => {
     const names = prefix();
-    const holder = taker(names, 1, 0, limits.holdMs);
+    const holder = taker(dir, names, 1, 0, limits.holdMs);
     assert.ok((await holder.took) >= 0);
-    const waiter = taker(names, 1, limits.waitMs, 60_000);
+    const waiter = taker(dir, names, 1, limits.waitMs, 60_000);
     try {
       await check(holder, waiter);
     } finally {
@@ -170,16 +182,70 @@ describe('turns, through the native helper', { skip: helperMissing }, () => {
       assert.ok((await waiter.took) >= 0);
     }));
 
-  it('refuses a turn count out of 1-256 and a missing name', () => {
-    const helper = { exports: {} as { takeTurn: (...args: unknown[]) => number } };
+  const loaded = () => {
+    const helper = { exports: {} as { takeTurn: (...args: unknown[]) => number; turnCount: (set: string | null, cpus: number) => number } };
     process.dlopen(helper, NATIVE_HELPER);
+    return helper.exports;
+  };
+
+  it('refuses a turn count out of 1-256, a missing or path-like name and a relative directory', () => {
+    const helper = loaded();
     for (const args of [
-      ['x', 0, 0, 0],
-      ['x', 257, 0, 0],
-      ['', 1, 0, 0],
-      ['x', 1, -1, 0],
+      [dir, 'x', 0, 0, 0],
+      [dir, 'x', 257, 0, 0],
+      [dir, '', 1, 0, 0],
+      [dir, 'a/b', 1, 0, 0],
+      [dir, '..', 1, 0, 0],
+      ['relative', 'x', 1, 0, 0],
+      [dir, 'x', 1, -1, 0],
     ])
-      assert.throws(() => helper.exports.takeTurn(...args), TypeError, JSON.stringify(args));
+      assert.throws(() => helper.takeTurn(...args), TypeError, JSON.stringify(args));
+  });
+
+  it('clamps the turn count to 256, from LATCH_TURNS and from the CPU count alike', () => {
+    const { turnCount } = loaded();
+    // [LATCH_TURNS, usable CPUs, turns]
+    for (const [set, cpus, turns] of [
+      [null, 100_000, 256],
+      [null, 256, 256],
+      [null, 255, 256],
+      [null, 254, 255],
+      [null, 2, 3],
+      [null, 0, 2],
+      ['100000', 2, 256],
+      ['99999999999999999999', 2, 256],
+      ['257', 2, 256],
+      ['256', 2, 256],
+      ['3', 100_000, 3],
+      ['0', 8, 0],
+      ['-1', 2, 3],
+      ['x', 2, 3],
+    ] as const)
+      assert.equal(turnCount(set, cpus), turns, `LATCH_TURNS=${set} with ${cpus} CPUs`);
+  });
+
+  it('takes one of 256 turns', async () => {
+    const holder = taker(dir, prefix(), 256, 0, 60_000);
+    try {
+      assert.ok((await holder.took) >= 0);
+    } finally {
+      await holder.end();
+    }
+  });
+
+  it('goes on without a turn, at once, in a lock directory that others may write or that is a link', async () => {
+    const parent = dirname(dir);
+    const open = join(parent, 'open');
+    mkdirSync(open, { mode: 0o700 });
+    chmodSync(open, 0o777);
+    const link = join(parent, 'link');
+    symlinkSync(dir, link);
+    for (const where of [open, link]) {
+      const started = Date.now();
+      assert.equal(loaded().takeTurn(where, prefix(), 1, 5_000, 0), -1, where);
+      assert.ok(Date.now() - started < 1_000, `${where}: waited ${Date.now() - started} ms`);
+    }
+    assert.deepEqual(readdirSync(open), [], 'no turn file made in the open directory');
   });
 });
 
@@ -219,14 +285,17 @@ describe('turns of bin/latch-sea', { skip: seaMissing }, () => {
 
   it('attach waits for the turn before Node starts; init, isattached and an admin command do not; the log line says the wait', async () => {
     // The host's own first turn, as a call takes it.
-    const holder = taker('latch-turn', 1, 60_000, 60_000);
+    const holder = taker(LOCK_DIR, 'turn', 1, 60_000, 60_000);
     assert.ok((await holder.took) >= 0);
     const attach = call(['attach', json('pv-turn'), 'node-a']);
     try {
-      // Node not started: one thread, asleep in poll(2) in the helper's constructor.
+      // Node not started: one thread, at the head of the queue in the helper's constructor (the thread that queued
+      // for it is gone once it got there).
       const pid = attach.child.pid ?? 0;
-      await asleepInPoll(attach.child);
-      const threads = /^Threads:\s+(\d+)/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1];
+      await queued(attach.child);
+      let threads: string | undefined;
+      for (let i = 0; i < 50 && threads !== '1'; i++, await sleep(20))
+        threads = /^Threads:\s+(\d+)/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1];
       assert.equal(threads, '1', 'attach waits before Node starts (which starts threads of its own)');
       for (const args of [['init'], ['isattached', json('pv-turn'), 'node-a'], ['--version']]) {
         const { code, out } = await call(args).reply;
@@ -249,7 +318,7 @@ describe('turns of bin/latch-sea', { skip: seaMissing }, () => {
   });
 
   it('LATCH_TURNS=0 takes no turn, and a LATCH_TURN from the environment is not believed', async () => {
-    const holder = taker('latch-turn', 1, 60_000, 60_000);
+    const holder = taker(LOCK_DIR, 'turn', 1, 60_000, 60_000);
     assert.ok((await holder.took) >= 0);
     try {
       const { code, out } = await call(['detach', 'pv-turn', 'node-a'], { LATCH_TURNS: '0', LATCH_TURN: '7 1234' }).reply;
@@ -262,4 +331,73 @@ describe('turns of bin/latch-sea', { skip: seaMissing }, () => {
       await holder.end();
     }
   });
+
+  describe(
+    'a local user who holds the names the turns used to be',
+    { skip: PYTHON ? false : 'no /usr/bin/python3 for the attacker' },
+    () => {
+      /** The attacker (fixtures/native-helper.ts) as nobody, on every name a turn had: once it is ready, what it could open. */
+      async function attacker(mode: 'listener' | 'linger'): Promise<{ child: ChildProcess; probe: string }> {
+        const names = Array.from({ length: 257 }, (_, i) => `latch-turn-${i}`);
+        const child = spawn(
+          NOBODY[0] ?? 'setpriv',
+          [...NOBODY.slice(1), PYTHON ?? '', '-c', ATTACKER, mode, join(LOCK_DIR, 'turn-0'), ...names],
+          {
+            stdio: ['ignore', 'pipe', 'inherit'],
+          },
+        );
+        trackChild(child);
+        let out = '';
+        await new Promise<void>((done, fail) => {
+          child.stdout?.on('data', (chunk: Buffer) => {
+            out += chunk.toString();
+            if (out.includes('ready')) done();
+          });
+          child.once('exit', (code) => fail(new Error(`the attacker exited (${code}): ${out}`)));
+        });
+        return { child, probe: out.split('\n')[0] ?? '' };
+      }
+
+      it('cannot open a turn, makes no call wait, and a lingering socket it hands over cannot hold a call at its exit', async () => {
+        // The host's directory exists once a call has run.
+        assert.equal((await call(['attach', json('pv-turn'), 'node-a']).reply).code, 0);
+        const { child, probe } = await attacker('linger');
+        try {
+          assert.equal(probe, 'denied', 'nobody could open a turn file');
+          for (let i = 0; i < 3; i++) {
+            const started = Date.now();
+            const { code, out } = await call(['attach', json('pv-turn'), 'node-a']).reply;
+            const took = Date.now() - started;
+            assert.equal(code, 0, out);
+            assert.ok(took < 3_000, `the call took ${took} ms (the linger is 5 s, the turns' wait limit 10 s)`);
+            // No turn in the log line: taken at once; else what it waited, which is not the 10 s of a turn nobody hands on.
+            const turn = logLines()
+              .reverse()
+              .find((l) => l.op === 'attach')?.turn as { waitedMs?: number } | undefined;
+            assert.ok(turn === undefined || (turn.waitedMs ?? 10_000) < 2_000, `it took a turn of its own: ${JSON.stringify(turn)}`);
+          }
+        } finally {
+          child.kill('SIGKILL');
+        }
+      });
+
+      it('a turn handed over by a process of another user is not taken: a call still waits for the holder of the turn', async () => {
+        const holder = taker(LOCK_DIR, 'turn', 1, 60_000, 60_000);
+        assert.ok((await holder.took) >= 0);
+        const { child } = await attacker('listener');
+        const attach = call(['attach', json('pv-turn'), 'node-a']);
+        try {
+          await queued(attach.child);
+          assert.equal(await settlesWithin(attach.reply, 500), false, 'attach went on while the turn was held');
+          await holder.end();
+          const { code, out } = await attach.reply;
+          assert.equal(code, 0, out);
+        } finally {
+          await holder.end();
+          attach.child.kill('SIGKILL');
+          child.kill('SIGKILL');
+        }
+      });
+    },
+  );
 });

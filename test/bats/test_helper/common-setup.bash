@@ -40,6 +40,9 @@ LATCH_GUARDED_PATHS=(
 )
 # Names no test may create in /tmp (the shell-injection probes use them).
 LATCH_GUARDED_TMP_GLOB='pwned*'
+# The host's lock directory (src/sys/lock.ts): every driver call takes its volume lock and turn there, by design, and
+# leaves the lock files in place; not a misbehaving write. Made before the snapshot, so that its parent stays the same.
+LATCH_HOST_LOCK_DIR=/var/lib/latch/locks
 
 latch_setup() {
   [[ -x $LATCH_BIN ]] || fail "$LATCH_BIN is missing or not executable: run 'npm run build' in $LATCH_REPO_ROOT"
@@ -73,6 +76,7 @@ latch_setup() {
   use_config "$LATCH_BASE_CONFIG"
 
   LATCH_TEARDOWN_HOOKS=()
+  [[ -d $LATCH_HOST_LOCK_DIR ]] || install -d -m 0700 "$LATCH_HOST_LOCK_DIR"
   _latch_guard_snapshot >"$BATS_TEST_TMPDIR/guarded.before"
   latch_last_call=""
 }
@@ -111,7 +115,7 @@ _latch_guard_snapshot() {
   local path
   for path in "${LATCH_GUARDED_PATHS[@]}"; do
     if [[ -e $path ]]; then
-      find "$path" -printf '%y %m %s %T@ %p\n' 2>/dev/null | sort -k5
+      find "$path" -path "$LATCH_HOST_LOCK_DIR" -prune -o -printf '%y %m %s %T@ %p\n' 2>/dev/null | sort -k5
     else
       echo "absent - - - $path"
     fi
