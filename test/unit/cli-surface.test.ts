@@ -116,7 +116,7 @@ describe('the command surface', () => {
       assert.deepEqual([r.code, JSON.parse(r.stdout), r.stderr], [0, [], ''], argv.join(' '));
     }
     const free = await cli(['node', 'check', 'node-z', '-o', 'json']);
-    assert.deepEqual([free.code, JSON.parse(free.stdout), free.stderr], [0, { node: 'node-z', mayGo: true, volumes: [] }, '']);
+    assert.deepEqual([free.code, JSON.parse(free.stdout), free.stderr], [0, { node: 'node-z', mayGo: true, volumes: [], damaged: [] }, '']);
   });
 
   test('--help lists every command; version prints the version', async () => {
