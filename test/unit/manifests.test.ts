@@ -243,7 +243,7 @@ describe('install/daemonset.yaml gives latch what it needs', () => {
   const volumes = new Map<string, Doc>(pod.volumes.map((v: Doc) => [v.name, v]));
   const mountOf = (path: string) => container.volumeMounts.find((m: Doc) => m.mountPath === path);
 
-  test("two privileged containers, the installer and the agent; hostNetwork, so that the agent reaches what the driver reaches", () => {
+  test('two privileged containers, the installer and the agent; hostNetwork, so that the agent reaches what the driver reaches', () => {
     assert.deepEqual(
       pod.containers.map((c: Doc) => c.name),
       ['install', 'agent'],
