@@ -55,9 +55,9 @@ function oneReadWriteNode(kernel: KernelEvent[], fences: FenceEvent[]): string[]
       for (const m of mounts) {
         const key = `${node} ${m.volume} ${m.device}`;
         seenNow.add(key);
-        if (!firstSeen.has(key)) firstSeen.set(key, look.at);
+        const since = firstSeen.get(key) ?? look.at;
+        firstSeen.set(key, since);
         if (!m.rw) continue;
-        const since = firstSeen.get(key)!;
         const fencedSince = fenceTimes(fences, node, m.volume).some((f) => f >= since && f <= look.at);
         if (!fencedSince) live.set(m.volume, [...(live.get(m.volume) ?? []), node]);
       }
@@ -191,7 +191,7 @@ function oneReplyWithinDeadline(calls: CallEvent[]): string[] {
     const lines = call.stdout.split('\n').filter((l) => l !== '');
     let reply: unknown;
     try {
-      reply = lines.length === 1 ? JSON.parse(lines[0]!) : undefined;
+      reply = lines.length === 1 ? JSON.parse(lines[0] ?? '') : undefined;
     } catch {
       reply = undefined;
     }
