@@ -90,6 +90,7 @@ function acknowledgedSurvive(
     const fence = fenceOfWriter(writers.get(ack.writer), fences);
     if (fence !== undefined && ack.at >= fence) continue; // acknowledged after the fence: may be lost
     const final = finals.get(ack.volume);
+    if (final && ack.at >= final.at) continue; // acknowledged after the last read began
     if (!final) {
       violations.push(`${ack.volume}: no final read of the volume, so record ${ack.writer}#${ack.seq} cannot be found`);
       continue;
@@ -119,14 +120,17 @@ function noLateWrites(finals: FinalEvent[], writers: Map<string, WriterEvent>, f
   return violations;
 }
 
-/** 4. No attach succeeded on a node that, for the whole call, could not reach a majority of etcd's members. */
+/**
+ * 4. No node claimed a grant (waitforattach succeeded: the node's side of an attach, where it takes its hold) while,
+ * for the whole call, it could not reach a majority of etcd's members.
+ */
 function noGrantWithoutQuorum(calls: CallEvent[], faults: FaultEvent[]): string[] {
   const violations: string[] = [];
   const windows = faults
     .filter((f) => f.phase === 'start' && (f.etcdCutNodes?.length ?? 0) > 0)
     .map((f) => ({ fault: f, end: faults.find((e) => e.phase === 'end' && e.id === f.id)?.at ?? Infinity }));
   for (const call of calls) {
-    if (call.op !== 'attach' || !succeeded(call)) continue;
+    if (call.op !== 'waitforattach' || !succeeded(call)) continue;
     for (const { fault, end } of windows) {
       if (fault.etcdCutNodes!.includes(call.node) && fault.at <= call.start && call.end <= end) {
         violations.push(

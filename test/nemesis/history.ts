@@ -86,6 +86,8 @@ export interface IntentEvent {
 export interface FinalEvent {
   kind: 'final';
   volume: string;
+  /** When the read began: only records acknowledged before then must be in it. */
+  at: number;
   records: { writer: string; seq: number; written: number }[];
 }
 

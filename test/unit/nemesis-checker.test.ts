@@ -38,7 +38,7 @@ function goodRun(): HistoryEvent[] {
     { kind: 'ack', volume: 'v1', node: 'node-a', writer: 'a1', seq: 1, written: 1800, at: 1810 },
     { kind: 'ack', volume: 'v1', node: 'node-a', writer: 'a1', seq: 2, written: 1900, at: 1910 },
     { kind: 'fault', id: 1, fault: 'isolate-node', phase: 'start', at: 2000, etcdCutNodes: ['node-a'] },
-    call('node-a', 'attach', 2100, 3000, 'Failure'), // a grant attempt while cut off: refused
+    call('node-a', 'waitforattach', 2100, 3000, 'Failure'), // a grant claimed while cut off: refused
     { kind: 'fence', node: 'node-a', volume: 'v1', at: 5000 },
     { kind: 'intent', volume: 'v1', node: 'node-b', at: 5000 },
     call('node-b', 'attach', 5100, 5500),
@@ -51,6 +51,7 @@ function goodRun(): HistoryEvent[] {
     {
       kind: 'final',
       volume: 'v1',
+      at: 8000,
       records: [
         { writer: 'a1', seq: 1, written: 1800 },
         { writer: 'a1', seq: 2, written: 1900 },
@@ -120,7 +121,7 @@ describe('the nemesis checker', () => {
   });
 
   it('4: catches a grant on a node cut off from the etcd majority', () => {
-    const history = goodRun().map((e) => (e.kind === 'call' && e.start === 2100 ? call('node-a', 'attach', 2100, 3000) : e));
+    const history = goodRun().map((e) => (e.kind === 'call' && e.start === 2100 ? call('node-a', 'waitforattach', 2100, 3000) : e));
     assert.deepEqual(failed(history), ['no grant without quorum']);
   });
 
