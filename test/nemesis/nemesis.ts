@@ -55,7 +55,13 @@ export async function startFault(rig: Rig, kind: FaultKind, node: Node, hooks: F
       };
     case 'node-etcd-cut':
       await rig.blackhole(node, [...ETCD_MEMBERS], true);
-      return { kind, node, etcdCutNodes: [node], detail: `${node} cannot reach etcd`, heal: () => rig.blackhole(node, [...ETCD_MEMBERS], false) };
+      return {
+        kind,
+        node,
+        etcdCutNodes: [node],
+        detail: `${node} cannot reach etcd`,
+        heal: () => rig.blackhole(node, [...ETCD_MEMBERS], false),
+      };
     case 'one-way':
       // The node hears everyone, and nothing it sends arrives.
       await rig.blackhole(node, ['switch', 'storage', ...ETCD_MEMBERS, ...NODES.filter((n) => n !== node)], true);
@@ -116,7 +122,9 @@ export async function startFault(rig: Rig, kind: FaultKind, node: Node, hooks: F
         etcdCutNodes: [],
         detail: `30% of ${node}'s packets dropped each way`,
         heal: async () => {
-          await run('nsenter', [`--net=/run/netns/${netnsOf('switch')}`, '--', 'nft', 'delete', 'table', 'bridge', table], { timeoutMs: 10_000 });
+          await run('nsenter', [`--net=/run/netns/${netnsOf('switch')}`, '--', 'nft', 'delete', 'table', 'bridge', table], {
+            timeoutMs: 10_000,
+          });
         },
       };
     }

@@ -136,7 +136,18 @@ export class Writer {
     history.append({ kind: 'writer', volume, node, writer, at: history.now() });
     this.child = spawn(
       'setpriv',
-      ['--pdeathsig', 'SIGKILL', '--', process.execPath, '-e', WRITER_SOURCE, join(mountPath, `records-${writer}`), writer, String(history.t0), String(intervalMs)],
+      [
+        '--pdeathsig',
+        'SIGKILL',
+        '--',
+        process.execPath,
+        '-e',
+        WRITER_SOURCE,
+        join(mountPath, `records-${writer}`),
+        writer,
+        String(history.t0),
+        String(intervalMs),
+      ],
       { stdio: ['ignore', 'pipe', 'ignore'] },
     );
     let buffered = '';
@@ -184,7 +195,9 @@ export async function lookAtKernel(history: History, nodes: Record<string, NodeS
     mounts[node] = table
       .filter((m) => m.mountPoint.startsWith(`${setup.kubeletDir}/`) && m.source.startsWith('/dev/loop'))
       .map((m) => ({ volume: basename(m.mountPoint), device: m.source, rw: m.options.includes('rw') }));
-    mappings[node] = table.filter((m) => m.mountPoint.startsWith(`${setup.mountDir}/`) && m.fsType.startsWith('fuse')).map((m) => basename(m.mountPoint));
+    mappings[node] = table
+      .filter((m) => m.mountPoint.startsWith(`${setup.mountDir}/`) && m.fsType.startsWith('fuse'))
+      .map((m) => basename(m.mountPoint));
   }
   history.append({ kind: 'kernel', at: history.now(), mounts, mappings });
 }
