@@ -128,7 +128,7 @@ export function cephSkipReason(): string | undefined {
 // Children of this process that must not outlive it.
 
 /** `command args` as run in the network namespace `netns` (nsenter switches the network namespace only). */
-export function inNetns(netns: string | undefined, command: string, args: string[]): [string, string[]] {
+function inNetns(netns: string | undefined, command: string, args: string[]): [string, string[]] {
   return netns === undefined ? [command, args] : ['nsenter', [`--net=/run/netns/${netns}`, '--', command, ...args]];
 }
 

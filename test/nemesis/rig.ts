@@ -53,7 +53,7 @@ export const addressOf = (part: string): string => {
 export function rigSkipReason(): string | undefined {
   if (process.getuid?.() !== 0) return 'the nemesis rig needs root (network namespaces, FUSE, loop devices)';
   if (!existsSync(LATCH)) return 'bin/latch is missing: run npm run build first';
-  for (const tool of ['ip', 'nsenter', 'curl', 'etcd', 'rbd-fuse', 'ceph-mon']) {
+  for (const tool of ['ip', 'nsenter', 'nft', 'curl', 'openssl', 'etcd', 'rbd-fuse', 'ceph-mon']) {
     if (spawnSync('sh', ['-c', `command -v ${tool}`], { env: { PATH: `${process.env.PATH}:/usr/sbin:/sbin` } }).status !== 0) {
       return `${tool} is not installed (scripts/setup.sh installs what the rig needs)`;
     }
@@ -92,8 +92,12 @@ async function removeNamespaces(): Promise<void> {
 /** Sweeps a rig whose runner is gone (SIGKILLed); refuses to start beside a live one. */
 async function sweepAbandoned(): Promise<void> {
   if (existsSync(OWNER_FILE)) {
-    const owner = JSON.parse(readFileSync(OWNER_FILE, 'utf8')) as { pid: number; start: string };
+    const owner = JSON.parse(readFileSync(OWNER_FILE, 'utf8')) as { pid: number; start: string; dirs?: string[] };
     if (procStat(owner.pid)?.[19] === owner.start) throw new Error(`a nemesis rig of process ${owner.pid} is running`);
+    await removeNamespaces();
+    // Its etcd's data and the rig's own files (certificates); the Ceph fixture sweeps its dir itself.
+    for (const dir of owner.dirs ?? []) if (dir.startsWith(`${tmpdir()}/latch-`)) rmSync(dir, { recursive: true, force: true });
+    rmSync(OWNER_FILE, { force: true });
   }
   await removeNamespaces();
 }
@@ -122,8 +126,8 @@ export class Rig {
 
   static async start(log: (line: string) => void = () => undefined): Promise<Rig> {
     await sweepAbandoned();
-    writeFileSync(OWNER_FILE, JSON.stringify({ pid: process.pid, start: procStat(process.pid)?.[19] }));
     const rig = new Rig(mkdtempSync(join(tmpdir(), 'latch-nemesis-')));
+    rig.writeOwner();
     try {
       await rig.create(log);
       return rig;
@@ -131,6 +135,12 @@ export class Rig {
       await rig.stop().catch(() => undefined);
       throw err;
     }
+  }
+
+  /** The owner file: this process, and the dirs a sweep removes if it dies without stop(). */
+  private writeOwner(): void {
+    const dirs = [this.dir, ...(this.etcd ? [this.etcd.dir] : [])];
+    writeFileSync(OWNER_FILE, JSON.stringify({ pid: process.pid, start: procStat(process.pid)?.[19], dirs }));
   }
 
   private async create(log: (line: string) => void): Promise<void> {
@@ -161,6 +171,7 @@ export class Rig {
       clientNetns: sw,
       startTimeoutMs: 60_000,
     });
+    this.writeOwner();
     log(`etcd: 3 members over TLS (${this.etcd.endpoints.join(' ')})`);
 
     this.ceph = await startCephCluster({ netns: { name: netnsOf('storage'), address: addressOf('storage') }, startTimeoutMs: 180_000 });

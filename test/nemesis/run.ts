@@ -27,6 +27,7 @@ const NODE_DEADLINE_MS = 6_000;
 /** How long a fault lasts when the controller has nothing to do about it. */
 const FAULT_MS = 10_000;
 const KUBELET_PORT = 10250;
+const SPARE = 'nm-spare';
 /** doctor's checks that report on the machine rather than on latch's state: the rig has no kubelet and no KCM. */
 const ENVIRONMENT_CHECKS = ['plugin-dir', 'kcm'];
 
@@ -78,6 +79,8 @@ class Cluster {
   private readonly agents = new Map<Node, ChildProcess>();
   private readonly kubelets = new Map<Node, ChildProcess>();
   private writers = 0;
+  /** Nodes the spare volume was asked for: the controller withdraws each (detach) once the fault heals. */
+  readonly pendingDetach: Node[] = [];
   /** Old nodes of volumes that moved: cleaned up once their fault heals. */
   readonly orphans: { volume: string; node: Node; writer: Writer; path: string }[] = [];
 
@@ -157,7 +160,7 @@ class Cluster {
   }
 
   /** Repeats a call as its caller would (kubelet, the controller) until it succeeds or `attempts` run out. */
-  private async retry(caller: Caller, args: string[], volume: string, attempts: number, options: { killAfterMs?: number } = {}) {
+  async retry(caller: Caller, args: string[], volume: string, attempts: number, options: { killAfterMs?: number } = {}) {
     for (let attempt = 1; ; attempt++) {
       const result = await latchCall(this.history, caller, args, {
         volume,
@@ -233,6 +236,8 @@ class Cluster {
 
   /** After a heal: the old node of a moved volume lets go (kubelet unmounts the orphaned pod's device), then unfence. */
   async cleanOrphans(): Promise<void> {
+    // The fenced writers go on writing for a while after the heal: none of that may land (property 3).
+    if (this.orphans.length > 0) await sleep(3_000);
     for (const orphan of this.orphans.splice(0)) {
       orphan.writer.kill();
       await this.retry(this.caller(orphan.node), ['unmountdevice', orphan.path], orphan.volume, 5);
@@ -285,6 +290,11 @@ class Cluster {
     } catch {
       staleBlocklist.push(`latch volume list printed no JSON: ${list.event.stdout.slice(0, 200)}`);
     }
+    // Every fence in the rig is lifted once its node healed: no client may stay on the OSD blocklist.
+    const blocklist = await this.rig.ceph.ceph(['osd', 'blocklist', 'ls', '--format', 'json']).catch(() => undefined);
+    // Its JSON is the first line; "listed N entries" may follow.
+    const entries = blocklist ? (JSON.parse(blocklist.stdout.split('\n')[0] || '[]') as { addr: string }[]) : [];
+    for (const entry of entries) staleBlocklist.push(`OSD blocklist: ${entry.addr}`);
     const doctor: Record<string, string[]> = {};
     for (const node of NODES) {
       const result = await latchCall(this.history, this.caller(node), ['doctor', '-o', 'json'], {
@@ -324,19 +334,23 @@ export async function runNemesis(options: NemesisOptions): Promise<NemesisResult
       cluster.startKubelet(node);
       await cluster.startAgent(node);
     }
-    const volumes = Array.from({ length: options.volumes ?? 2 }, (_, i) => `nm-v${i + 1}`);
-    for (const [i, volume] of volumes.entries()) {
-      if (!(await cluster.startPod(volume, NODES[i % NODES.length]!))) throw new Error(`the pod of ${volume} did not start`);
+    const pods = Array.from({ length: options.volumes ?? 2 }, (_, i) => `nm-v${i + 1}`);
+    for (const [i, volume] of pods.entries()) {
+      if (!(await cluster.startPod(volume, NODES[i % NODES.length] ?? 'node-a'))) throw new Error(`the pod of ${volume} did not start`);
     }
+    // The spare volume is only ever asked for on a node cut off from etcd's majority: it must stay nowhere.
+    history.append({ kind: 'intent', volume: SPARE, node: null, at: history.now() });
+    const volumes = [...pods, SPARE];
+    await sleep(3_000); // records to lose before the first fault
     log(`pods: ${[...cluster.pods.values()].map((p) => `${p.volume} on ${p.node}`).join(', ')}`);
     const schedule: FaultKind[] = options.fixed ? (options.only ?? [...FAULT_KINDS]) : [];
     const deadline = Date.now() + options.seconds * 1000;
     let previous: Verdict[] = PROPERTIES.map((property) => ({ property, passed: true, violations: [] }));
     for (let round = 1; options.fixed ? round <= schedule.length : Date.now() < deadline; round++) {
-      const kind = options.fixed ? schedule[round - 1]! : pick(FAULT_KINDS);
+      const kind = options.fixed ? (schedule[round - 1] ?? 'isolate-node') : pick(FAULT_KINDS);
       const holders = [...cluster.pods.values()].map((p) => p.node);
       const node = holders.length > 0 ? pick(holders) : pick(NODES);
-      await runRound(cluster, kind, node, round, volumes, log);
+      await runRound(cluster, kind, node, round, volumes, rand, log);
       // The verdict of this round: a property fails here if the history so far shows a violation it did not before.
       const verdicts = check(parseHistory(readHistoryFile(historyFile)));
       for (const [i, v] of verdicts.entries()) {
@@ -371,6 +385,7 @@ async function runRound(
   node: Node,
   round: number,
   volumes: string[],
+  rand: () => number,
   log: (line: string) => void,
 ): Promise<void> {
   const { history, rig } = cluster;
@@ -396,12 +411,13 @@ async function runRound(
       const to = NODES.find((n) => n !== node) ?? node;
       if (pod) {
         await cluster.stopPod(pod.volume, to);
-        await cluster.startPod(pod.volume, to, { killWaitAfterMs: 300 + Math.floor(Math.random() * 1500) });
+        // waitforattach takes 300-600 ms here when nothing is wrong: killed somewhere inside it.
+        await cluster.startPod(pod.volume, to, { killWaitAfterMs: 30 + Math.floor(rand() * 250) });
       }
     }
     if (fault.etcdCutNodes.includes(node) && kind !== 'isolate-node' && kind !== 'one-way') {
       // Property 4: a node cut off from etcd's majority is asked to take a volume; its waitforattach must not succeed.
-      const spare = 'nm-spare';
+      const spare = SPARE;
       const attach = await latchCall(history, cluster.admin, ['attach', cluster.volumeOptions(spare), node], {
         volume: spare,
         deadlineMs: DRIVER_DEADLINE_MS,
@@ -413,7 +429,7 @@ async function runRound(
         });
         log(`  waitforattach of ${spare} on ${node}, cut off from etcd's majority: ${wait.reply?.status ?? 'no reply'}`);
       }
-      await latchCall(history, cluster.admin, ['detach', spare, node], { volume: spare, deadlineMs: DRIVER_DEADLINE_MS });
+      cluster.pendingDetach.push(node);
     }
     while (history.now() < until || [...cluster.pods.values()].some((p) => silentSince.has(p.node))) {
       await cluster.tick(silentSince);
@@ -429,6 +445,8 @@ async function runRound(
     history.append({ kind: 'fault', id, fault: kind, phase: 'end', at: history.now() });
   }
   await cluster.cleanOrphans();
+  // The controller withdraws its request for the spare volume (retried after the heal, as KCM retries a detach).
+  for (const spareNode of cluster.pendingDetach.splice(0)) await cluster.retry(cluster.admin, ['detach', SPARE, spareNode], SPARE, 10);
   // Settle: every pod's writer acknowledges again (a writer stalled by a storage fault resumes by itself).
   const settleFrom = history.now();
   for (const pod of cluster.pods.values()) {

@@ -104,7 +104,9 @@ export async function latchCall(history: History, caller: Caller, args: string[]
 // Writers.
 
 // Appends "writer seq written" lines to its file and fsyncs each; prints "seq written" once fsync returned. Plain
-// node (no tsx): one per pod, and cheap to start. `written` is on the runner's clock (ms since T0).
+// node (no tsx): one per pod, and cheap to start. `written` is on the runner's clock (ms since T0). A write or fsync
+// that fails is not acknowledged, and the writer goes on with the next record: a fenced node's writer keeps trying,
+// which is what property 3 needs (none of those later records may land).
 const WRITER_SOURCE = `
 const fs = require('fs');
 const [file, writer, t0, intervalMs] = process.argv.slice(1);
@@ -113,9 +115,11 @@ let seq = 0;
 function step() {
   seq++;
   const written = Date.now() - Number(t0);
-  fs.writeSync(fd, writer + ' ' + seq + ' ' + written + '\\n');
-  fs.fsyncSync(fd);
-  process.stdout.write(seq + ' ' + written + '\\n');
+  try {
+    fs.writeSync(fd, writer + ' ' + seq + ' ' + written + '\\n');
+    fs.fsyncSync(fd);
+    process.stdout.write(seq + ' ' + written + '\\n');
+  } catch {}
   setTimeout(step, Number(intervalMs));
 }
 step();
@@ -175,8 +179,8 @@ export async function readRecords(mountPath: string): Promise<{ writer: string; 
   const { stdout } = await run('sh', ['-c', 'cat "$1"/records-* 2>/dev/null || true', 'sh', mountPath], { timeoutMs: 20_000 });
   const records: { writer: string; seq: number; written: number }[] = [];
   for (const line of stdout.split('\n')) {
-    const m = /^(\S+) (\d+) (\d+)$/.exec(line);
-    if (m) records.push({ writer: m[1]!, seq: Number(m[2]), written: Number(m[3]) });
+    const [writer, seq, written] = /^(\S+) (\d+) (\d+)$/.exec(line)?.slice(1) ?? [];
+    if (writer !== undefined) records.push({ writer, seq: Number(seq), written: Number(written) });
   }
   return records;
 }
