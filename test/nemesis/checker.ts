@@ -162,6 +162,12 @@ function convergence(history: HistoryEvent[], converged: ConvergedEvent | undefi
         .sort();
       if (JSON.stringify(mapped) !== JSON.stringify(want))
         violations.push(`${volume}: mapped on [${mapped.join(', ')}], the controller asked for [${want.join(', ')}]`);
+      // One loop device per mapping, on the node asked for only.
+      const looped = Object.entries(after.loops ?? {})
+        .flatMap(([n, volumes]) => volumes.filter((v) => v === volume).map(() => n))
+        .sort();
+      if (after.loops && JSON.stringify(looped) !== JSON.stringify(want))
+        violations.push(`${volume}: loop devices on [${looped.join(', ')}], the controller asked for [${want.join(', ')}]`);
     }
   }
   for (const [volume, nodes] of Object.entries(converged.staleTickets)) {

@@ -72,6 +72,8 @@ export interface KernelEvent {
   mounts: Record<string, { volume: string; device: string; rw: boolean }[]>;
   /** node -> its rbd mappings (volumes with an rbd-fuse mount under its mount dir). */
   mappings: Record<string, string[]>;
+  /** node -> the volumes of its loop devices (backed by a file of its rbd-fuse mounts), one entry per device. */
+  loops?: Record<string, string[]>;
 }
 
 /** What the controller last asked for each volume: its node, or null for detached. */

@@ -4,6 +4,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { appendFileSync, readFileSync } from 'node:fs';
 import { basename, join } from 'node:path';
+import { listLoopDevices } from '../../src/sys/loop.js';
 import { readMountInfo } from '../../src/sys/mounts.js';
 import { run } from '../../src/sys/run.js';
 import type { CallEvent, HistoryEvent } from './history.js';
@@ -193,6 +194,9 @@ export async function lookAtKernel(history: History, nodes: Record<string, NodeS
   const table = await readMountInfo();
   const mounts: Record<string, { volume: string; device: string; rw: boolean }[]> = {};
   const mappings: Record<string, string[]> = {};
+  const loops: Record<string, string[]> = {};
+  // From sysfs: never a stat of a file on a FUSE mount, which hangs on a fenced one.
+  const devices = await listLoopDevices();
   for (const node of NODES) {
     const setup = nodes[node];
     if (!setup) continue;
@@ -202,8 +206,11 @@ export async function lookAtKernel(history: History, nodes: Record<string, NodeS
     mappings[node] = table
       .filter((m) => m.mountPoint.startsWith(`${setup.mountDir}/`) && m.fsType.startsWith('fuse'))
       .map((m) => basename(m.mountPoint));
+    loops[node] = devices
+      .filter((l) => l.backingFile.startsWith(`${setup.mountDir}/`))
+      .map((l) => l.backingFile.slice(setup.mountDir.length + 1).split('/')[0] ?? '');
   }
-  history.append({ kind: 'kernel', at: history.now(), mounts, mappings });
+  history.append({ kind: 'kernel', at: history.now(), mounts, mappings, loops });
 }
 
 export function readHistoryFile(file: string): string {

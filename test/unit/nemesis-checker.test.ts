@@ -138,6 +138,17 @@ describe('the nemesis checker', () => {
     assert.deepEqual(failed(goodRun().filter((e) => e.kind !== 'converged')), ['convergence']);
   });
 
+  it('5: catches a stray loop device, and a second one on the node asked for', () => {
+    const strays: Record<string, string[]>[] = [{ 'node-a': ['v1'], 'node-b': ['v1'] }, { 'node-b': ['v1', 'v1'] }];
+    for (const loops of strays) {
+      const history = goodRun().map((e) => (e.kind === 'kernel' && e.at === 9100 ? { ...e, loops } : e));
+      assert.deepEqual(failed(history), ['convergence']);
+      assert.match(violations(history, 'convergence').join('\n'), /v1: loop devices on/);
+    }
+    const fine = goodRun().map((e) => (e.kind === 'kernel' && e.at === 9100 ? { ...e, loops: { 'node-a': [], 'node-b': ['v1'] } } : e));
+    assert.deepEqual(failed(fine), []);
+  });
+
   it('6: catches a call over its deadline, with stderr, two lines, no JSON, or killed; not one killed on purpose', () => {
     const bad = [
       call('node-c', 'attach', 0, 70_000, 'Failure'),
