@@ -24,7 +24,7 @@ const DRIVER_DEADLINE_MS = 35_000;
 const ADMIN_DEADLINE_MS = 60_000;
 /** How long a node may not answer before the controller force-detaches its volumes and fences it. */
 const NODE_DEADLINE_MS = 6_000;
-/** How long a fault lasts when the controller has nothing to do about it. */
+/** How long a fault lasts when the controller has nothing to do about it (unless told otherwise). */
 const FAULT_MS = 10_000;
 const KUBELET_PORT = 10250;
 const SPARE = 'nm-spare';
@@ -38,6 +38,8 @@ export interface NemesisOptions {
   fixed?: boolean;
   /** The fixed schedule's kinds (default: all). */
   only?: FaultKind[];
+  /** How long each fault lasts when the controller has nothing to do about it; default 10 s. */
+  faultMs?: number;
   volumes?: number;
   historyFile?: string;
   log?: (line: string) => void;
@@ -350,7 +352,7 @@ export async function runNemesis(options: NemesisOptions): Promise<NemesisResult
       const kind = options.fixed ? (schedule[round - 1] ?? 'isolate-node') : pick(FAULT_KINDS);
       const holders = [...cluster.pods.values()].map((p) => p.node);
       const node = holders.length > 0 ? pick(holders) : pick(NODES);
-      await runRound(cluster, kind, node, round, volumes, rand, log);
+      await runRound(cluster, { kind, node, round, faultMs: options.faultMs ?? FAULT_MS }, volumes, rand, log);
       // The verdict of this round: a property fails here if the history so far shows a violation it did not before.
       const verdicts = check(parseHistory(readHistoryFile(historyFile)));
       for (const [i, v] of verdicts.entries()) {
@@ -381,9 +383,7 @@ export async function runNemesis(options: NemesisOptions): Promise<NemesisResult
 
 async function runRound(
   cluster: Cluster,
-  kind: FaultKind,
-  node: Node,
-  round: number,
+  { kind, node, round, faultMs }: { kind: FaultKind; node: Node; round: number; faultMs: number },
   volumes: string[],
   rand: () => number,
   log: (line: string) => void,
@@ -403,7 +403,7 @@ async function runRound(
       etcdCutNodes: fault.etcdCutNodes,
       detail: fault.detail,
     });
-    const until = history.now() + FAULT_MS;
+    const until = history.now() + faultMs;
     const silentSince = new Map<Node, number>();
     if (kind === 'kill-call') {
       // A pod moves, and the node's waitforattach is SIGKILLed mid-operation; kubelet's retry must succeed.
