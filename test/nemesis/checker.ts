@@ -234,3 +234,26 @@ export function check(history: HistoryEvent[]): Verdict[] {
   };
   return PROPERTIES.map((property) => ({ property, passed: found[property].length === 0, violations: found[property] }));
 }
+
+/**
+ * Not a property, a figure: records a fenced node's writer was told were durable (fsync returned) only after its
+ * fence completed, and that are not on the volume. Property 2 does not ask for them (the node was fenced), but the
+ * application on that node was told they were safe.
+ */
+export function lostAfterFence(history: HistoryEvent[]): string[] {
+  const fences = of(history, 'fence');
+  const writers = new Map(of(history, 'writer').map((w) => [w.writer, w]));
+  const finals = new Map(of(history, 'final').map((f) => [f.volume, f]));
+  const lost: string[] = [];
+  for (const ack of of(history, 'ack')) {
+    const fence = fenceOfWriter(writers.get(ack.writer), fences);
+    const final = finals.get(ack.volume);
+    if (fence === undefined || ack.at < fence || !final || ack.at >= final.at) continue;
+    if (!final.records.some((r) => r.writer === ack.writer && r.seq === ack.seq)) {
+      lost.push(
+        `${ack.volume}: ${ack.writer}#${ack.seq}, written at ${ack.written} ms, fsync returned at ${ack.at} ms, after the fence at ${fence} ms`,
+      );
+    }
+  }
+  return lost;
+}

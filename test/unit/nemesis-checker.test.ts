@@ -3,7 +3,7 @@
 // that property (and only that one).
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { check, PROPERTIES, type Property } from '../nemesis/checker.js';
+import { check, lostAfterFence, PROPERTIES, type Property } from '../nemesis/checker.js';
 import type { CallEvent, HistoryEvent } from '../nemesis/history.js';
 
 function call(node: string, op: string, start: number, end: number, status = 'Success', extra: Partial<CallEvent> = {}): CallEvent {
@@ -103,10 +103,12 @@ describe('the nemesis checker', () => {
     assert.match(violations(history, 'acknowledged records survive').join('\n'), /v1 a1: acknowledged records missing from the volume: 2/);
   });
 
-  it('2: a record acknowledged after the fence may be lost', () => {
+  it('2: a record acknowledged after the fence may be lost (and is counted as such)', () => {
     const history = goodRun();
+    assert.deepEqual(lostAfterFence(history), []);
     history.splice(10, 0, { kind: 'ack', volume: 'v1', node: 'node-a', writer: 'a1', seq: 3, written: 4000, at: 5200 });
     assert.deepEqual(failed(history), []);
+    assert.deepEqual(lostAfterFence(history), ['v1: a1#3, written at 4000 ms, fsync returned at 5200 ms, after the fence at 5000 ms']);
   });
 
   it("3: catches a fenced node's record written after the fence", () => {
