@@ -180,22 +180,39 @@ class Cluster {
   }
 
   /** The controller starts a pod of `volume` on `node`: attach, waitforattach, mountdevice, then its writer. */
-  async startPod(volume: string, node: Node, options: { killWaitAfterMs?: number } = {}): Promise<boolean> {
+  /** `kill`: SIGKILL this call's first attempt after `afterMs` (kubelet then retries it). */
+  async startPod(
+    volume: string,
+    node: Node,
+    options: { kill?: { op: 'waitforattach' | 'mountdevice'; afterMs: number } } = {},
+  ): Promise<boolean> {
     this.history.append({ kind: 'intent', volume, node, at: this.history.now() });
     const attach = await this.retry(this.admin, ['attach', this.volumeOptions(volume), node], volume, 20);
     if (attach.reply?.status !== 'Success') {
       this.log(`  could not attach ${volume} to ${node}: ${attach.reply?.message ?? attach.event.stdout}`);
       return false;
     }
-    const kill = options.killWaitAfterMs === undefined ? {} : { killAfterMs: options.killWaitAfterMs };
-    const wait = await this.retry(this.caller(node), ['waitforattach', '', this.volumeOptions(volume)], volume, 10, kill);
+    const killIn = (op: string) => (options.kill?.op === op ? { killAfterMs: options.kill.afterMs } : {});
+    const wait = await this.retry(
+      this.caller(node),
+      ['waitforattach', '', this.volumeOptions(volume)],
+      volume,
+      10,
+      killIn('waitforattach'),
+    );
     const device = wait.reply?.device;
     if (wait.reply?.status !== 'Success' || !device) {
       this.log(`  waitforattach of ${volume} on ${node} failed: ${wait.reply?.message ?? wait.event.stdout}`);
       return false;
     }
     const path = this.globalPath(node, volume);
-    const mounted = await this.retry(this.caller(node), ['mountdevice', path, device, this.volumeOptions(volume)], volume, 10);
+    const mounted = await this.retry(
+      this.caller(node),
+      ['mountdevice', path, device, this.volumeOptions(volume)],
+      volume,
+      10,
+      killIn('mountdevice'),
+    );
     if (mounted.reply?.status !== 'Success') {
       this.log(`  mountdevice of ${volume} on ${node} failed: ${mounted.reply?.message ?? mounted.event.stdout}`);
       return false;
@@ -420,13 +437,16 @@ async function runRound(
     const until = history.now() + faultMs;
     const silentSince = new Map<Node, number>();
     if (kind === 'kill-call') {
-      // A pod moves, and the node's waitforattach is SIGKILLed mid-operation; kubelet's retry must succeed.
+      // A pod moves, and the node's waitforattach or mountdevice is SIGKILLed mid-operation; kubelet's retry must succeed.
       const pod = [...cluster.pods.values()].find((p) => p.node === node);
       const to = NODES.find((n) => n !== node) ?? node;
       if (pod) {
         await cluster.stopPod(pod.volume, to);
-        // waitforattach takes 300-600 ms here when nothing is wrong: killed somewhere inside it.
-        await cluster.startPod(pod.volume, to, { killWaitAfterMs: 30 + Math.floor(rand() * 250) });
+        // Each takes 150-600 ms here when nothing is wrong: killed somewhere inside it.
+        const op = rand() < 0.5 ? 'waitforattach' : 'mountdevice';
+        const afterMs = 30 + Math.floor(rand() * (op === 'waitforattach' ? 250 : 120));
+        log(`  ${op} of ${pod.volume} on ${to} to be SIGKILLed ${afterMs} ms in`);
+        await cluster.startPod(pod.volume, to, { kill: { op, afterMs } });
       }
     }
     if (fault.etcdCutNodes.includes(node) && kind !== 'isolate-node' && kind !== 'one-way') {
