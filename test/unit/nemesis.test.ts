@@ -4,6 +4,7 @@
 // Needs root, iproute2, nftables, curl, Debian's ceph packages, etcd and bin/latch; skips with a message otherwise.
 // It imports the Ceph fixture, so test/run-all.sh runs it with the other Ceph files (one at a time).
 import assert from 'node:assert/strict';
+import { rmSync } from 'node:fs';
 import { describe, it } from 'node:test';
 import { cephSkipReason } from '../ceph/cluster.js';
 import { runNemesis } from '../nemesis/run.js';
@@ -22,5 +23,6 @@ describe('the nemesis suite (fixed schedule)', { skip }, () => {
     assert.ok(result.counts.records > 0, 'the writers acknowledged records');
     assert.deepEqual(result.failures, [], `the checker found violations (history in ${result.historyFile})`);
     assert.equal(result.failed, 0);
+    rmSync(result.historyFile); // kept when the test fails, for the diagnosis
   });
 });
