@@ -44,6 +44,11 @@ export interface CephClusterOptions {
   osdSizeGiB?: number;
   /** How long start-up may take before it fails (and tears down what it made). Default 90 s. */
   startTimeoutMs?: number;
+  /**
+   * A network namespace (a name under /run/netns) to run the daemons and the admin's commands in, with `address` as
+   * every daemon's address (the nemesis rig's storage namespace). The monitor then takes Ceph's default ports.
+   */
+  netns?: { name: string; address: string };
 }
 
 // The caps of the two kinds of identity latch needs are the product's own (src/sys/rbd.ts); the tests use them as is.
@@ -122,12 +127,21 @@ export function cephSkipReason(): string | undefined {
 // ---------------------------------------------------------------------------------------------------------------
 // Children of this process that must not outlive it.
 
-/** Spawns a long-running child with its output in `logFile`; the kernel kills it if this process dies (setpriv). */
-function spawnTracked(command: string, args: string[], logFile: string): { child: ChildProcess; exited: Promise<void> } {
-  const bin = which(command);
-  if (!bin) throw new Error(`${command} is not installed`);
+/** `command args` as run in the network namespace `netns` (nsenter switches the network namespace only). */
+function inNetns(netns: string | undefined, command: string, args: string[]): [string, string[]] {
+  return netns === undefined ? [command, args] : ['nsenter', [`--net=/run/netns/${netns}`, '--', command, ...args]];
+}
+
+/**
+ * Spawns a long-running child with its output in `logFile`, in the network namespace `netns` if given; the kernel
+ * kills it if this process dies (setpriv; nsenter execs the command without forking, so that reaches it).
+ */
+function spawnTracked(command: string, args: string[], logFile: string, netns?: string): { child: ChildProcess; exited: Promise<void> } {
+  const found = which(command);
+  if (!found) throw new Error(`${command} is not installed`);
+  const [bin, binArgs] = inNetns(netns, found, args);
   const setpriv = which('setpriv');
-  const [file, argv] = setpriv ? [setpriv, ['--pdeathsig', 'SIGKILL', '--', bin, ...args]] : [bin, args];
+  const [file, argv] = setpriv ? [setpriv, ['--pdeathsig', 'SIGKILL', '--', bin, ...binArgs]] : [bin, binArgs];
   const log = openSync(logFile, 'a', 0o600);
   const child = spawn(file, argv, { stdio: ['ignore', log, log] });
   closeSync(log);
@@ -368,7 +382,12 @@ class Daemon {
 
   launch(): void {
     if (this.running) return;
-    const { child, exited } = spawnTracked(`ceph-${this.type}`, ['-f', '--conf', this.cluster.confPath, '--id', this.id], this.outFile);
+    const { child, exited } = spawnTracked(
+      `ceph-${this.type}`,
+      ['-f', '--conf', this.cluster.confPath, '--id', this.id],
+      this.outFile,
+      this.cluster.options.netns?.name,
+    );
     this.child = child;
     this.exited = exited;
     this.paused = false;
@@ -467,9 +486,10 @@ export class CephCluster {
     for (const sub of ['log', 'run', 'crash', 'clients', 'mnt', 'mon/ceph-a', 'mgr/ceph-x', 'osd/ceph-0']) {
       mkdirSync(this.path(sub), { recursive: true, mode: 0o700 });
     }
-    const v2 = await freeFixedPort([]);
-    const v1 = await freeFixedPort([v2]);
-    this.monHost = `[v2:127.0.0.1:${v2},v1:127.0.0.1:${v1}]`;
+    const netns = this.options.netns;
+    const v2 = netns ? 3300 : await freeFixedPort([]);
+    const v1 = netns ? 6789 : await freeFixedPort([v2]);
+    this.monHost = `[v2:${this.address}:${v2},v1:${this.address}:${v1}]`;
     writeFileSync(this.confPath, this.clusterConf(), { mode: 0o600 });
 
     await this.step('monitor', async () => {
@@ -543,7 +563,7 @@ export class CephCluster {
       '[mgr]',
       `mgr_data = ${d}/mgr/$cluster-$id`,
       `keyring = ${d}/mgr/$cluster-$id/keyring`,
-      'public_addr = 127.0.0.1',
+      `public_addr = ${this.address}`,
       '',
       '[osd]',
       `osd_data = ${d}/osd/$cluster-$id`,
@@ -552,8 +572,8 @@ export class CephCluster {
       'bluestore_block_create = true',
       `bluestore_block_size = ${(this.options.osdSizeGiB ?? 8) * 1024 ** 3}`,
       'osd_memory_target = 1073741824',
-      'public_addr = 127.0.0.1',
-      'cluster_addr = 127.0.0.1',
+      `public_addr = ${this.address}`,
+      `cluster_addr = ${this.address}`,
       '',
       '[client.admin]',
       `keyring = ${this.adminKeyring}`,
@@ -572,22 +592,33 @@ export class CephCluster {
     ];
   }
 
+  /** The daemons' address: 127.0.0.1, or the one given with the network namespace. */
+  get address(): string {
+    return this.options.netns?.address ?? '127.0.0.1';
+  }
+
+  /** Runs a command in the cluster's network namespace (the host's unless one was given), under a deadline. */
+  private exec(command: string, args: string[], options: RunOptions): Promise<RunResult> {
+    const [file, argv] = inNetns(this.options.netns?.name, command, args);
+    return run(file, argv, options);
+  }
+
   private async tool(command: string, args: string[], timeoutMs = COMMAND_TIMEOUT_MS): Promise<RunResult> {
-    return run(command, args, { timeoutMs });
+    return this.exec(command, args, { timeoutMs });
   }
 
   /** Runs `ceph` as client.admin (or as `as`) on this cluster, under a deadline. */
   async ceph(args: string[], options: RunOptions & { as?: CephClient } = {}): Promise<RunResult> {
     const { as, ...runOptions } = options;
     const who = as ? ['--conf', as.confPath, '--id', as.id] : ['--conf', this.confPath, '--id', 'admin'];
-    return run('ceph', [...who, '--connect-timeout', '10', ...args], { timeoutMs: COMMAND_TIMEOUT_MS, ...runOptions });
+    return this.exec('ceph', [...who, '--connect-timeout', '10', ...args], { timeoutMs: COMMAND_TIMEOUT_MS, ...runOptions });
   }
 
   /** Runs `rbd` as client.admin (or as `as`) on this cluster, under a deadline. */
   async rbd(args: string[], options: RunOptions & { as?: CephClient } = {}): Promise<RunResult> {
     const { as, ...runOptions } = options;
     const who = as ? ['--conf', as.confPath, '--id', as.id] : ['--conf', this.confPath, '--id', 'admin'];
-    return run('rbd', [...who, ...args], { timeoutMs: COMMAND_TIMEOUT_MS, ...runOptions });
+    return this.exec('rbd', [...who, ...args], { timeoutMs: COMMAND_TIMEOUT_MS, ...runOptions });
   }
 
   /** `ceph auth get-or-create NAME caps... -o FILE`, into a file made 0600 before the key is written to it. */
@@ -810,7 +841,7 @@ export class CephCluster {
       await this.waitFor('the OSD', timeoutMs, async () => {
         const upFrom = await this.osdUpFrom();
         if (upFrom === undefined || (before !== undefined && upFrom <= before)) return 'not booted yet';
-        await run('rados', ['--conf', this.confPath, '--id', 'admin', '-p', this.pool, 'ls'], { timeoutMs: 5_000 });
+        await this.exec('rados', ['--conf', this.confPath, '--id', 'admin', '-p', this.pool, 'ls'], { timeoutMs: 5_000 });
         return true;
       });
     }

@@ -34,6 +34,13 @@ export interface ClusterOptions {
   clientTls?: { server: TlsFiles; ca: string };
   /** How long start() waits for every member to be healthy. */
   startTimeoutMs?: number;
+  /**
+   * One network namespace (a name under /run/netns) and address per member, instead of 127.0.0.1 (the nemesis rig):
+   * each member then takes etcd's default ports on its own address, and the test's own requests to the members run
+   * through `curl` in `clientNetns`, a namespace that reaches them.
+   */
+  hosts?: { netns: string; address: string }[];
+  clientNetns?: string;
 }
 
 function which(command: string): string | undefined {
@@ -85,13 +92,14 @@ export class EtcdMember {
     readonly peerPort: number,
     readonly dataDir: string,
     readonly logFile: string,
+    readonly host: { netns: string; address: string } | undefined = undefined,
   ) {}
 
   get clientUrl(): string {
-    return `${this.cluster.scheme}://127.0.0.1:${this.clientPort}`;
+    return `${this.cluster.scheme}://${this.host?.address ?? '127.0.0.1'}:${this.clientPort}`;
   }
   get peerUrl(): string {
-    return `http://127.0.0.1:${this.peerPort}`;
+    return `http://${this.host?.address ?? '127.0.0.1'}:${this.peerPort}`;
   }
   get running(): boolean {
     return this.proc !== undefined && this.proc.exitCode === null && this.proc.signalCode === null;
@@ -138,7 +146,9 @@ export class EtcdMember {
     mkdirSync(this.dataDir, { recursive: true, mode: 0o700 });
     const log = openSync(this.logFile, 'a');
     // setpriv --pdeathsig: the kernel kills etcd if this process dies without running its exit hook.
-    const [command, argv] = setpriv ? [setpriv, ['--pdeathsig', 'SIGKILL', '--', bin, ...args]] : [bin, args];
+    // nsenter (the nemesis rig) switches the network namespace only, and execs etcd without forking.
+    const [inNs, inNsArgs] = this.host ? ['nsenter', [`--net=/run/netns/${this.host.netns}`, '--', bin, ...args]] : [bin, args];
+    const [command, argv] = setpriv ? [setpriv, ['--pdeathsig', 'SIGKILL', '--', inNs, ...inNsArgs]] : [inNs, inNsArgs];
     const child = spawn(command, argv, { stdio: ['ignore', log, log] });
     closeSync(log);
     trackChild(child);
@@ -240,9 +250,9 @@ export class EtcdCluster {
   private async create(size: number): Promise<void> {
     for (let i = 0; i < size; i++) {
       const name = `m${i}`;
-      this.members.push(
-        new EtcdMember(this, name, await freePort(), await freePort(), join(this.dir, name), join(this.dir, `${name}.log`)),
-      );
+      const host = this.options.hosts?.[i];
+      const [client, peer] = host ? [2379, 2380] : [await freePort(), await freePort()];
+      this.members.push(new EtcdMember(this, name, client, peer, join(this.dir, name), join(this.dir, `${name}.log`), host));
     }
     for (const m of this.members) m.launch();
     await Promise.all(this.members.map((m) => m.waitHealthy(this.options.startTimeoutMs ?? 20_000)));
@@ -272,6 +282,8 @@ export class EtcdCluster {
 
   /** A plain JSON request to one member (test plumbing; the store under test has its own client). */
   request(baseUrl: string, method: 'GET' | 'POST', path: string, body: unknown, timeoutMs: number): Promise<unknown> {
+    if (this.options.clientNetns !== undefined)
+      return this.requestInNetns(this.options.clientNetns, baseUrl + path, method, body, timeoutMs);
     const url = new URL(baseUrl + path);
     const payload = body === undefined ? undefined : JSON.stringify(body);
     return new Promise((resolve, reject) => {
@@ -295,6 +307,17 @@ export class EtcdCluster {
       req.on('error', reject);
       req.end(payload);
     });
+  }
+
+  /** request() through curl in the network namespace `netns`, with the server's certificate as the client's. */
+  private async requestInNetns(netns: string, url: string, method: string, body: unknown, timeoutMs: number): Promise<unknown> {
+    const tls = this.options.clientTls;
+    const args = ['--silent', '--show-error', '--max-time', String(timeoutMs / 1000), '-X', method, url];
+    if (tls) args.push('--cacert', tls.ca, '--cert', tls.server.cert, '--key', tls.server.key);
+    if (body !== undefined) args.push('-H', 'content-type: application/json', '--data-binary', JSON.stringify(body));
+    const r = spawnSync('nsenter', [`--net=/run/netns/${netns}`, '--', 'curl', ...args], { encoding: 'utf8', timeout: timeoutMs + 2000 });
+    if (r.status !== 0) throw new Error(`curl ${url}: ${r.stderr || r.error?.message || `exit ${r.status}`}`);
+    return JSON.parse(r.stdout) as unknown;
   }
 
   /** Kills every member and removes the data. Safe to call twice, and after a failed start. */
@@ -330,7 +353,10 @@ export function openSharedEtcdForTest(location: string, timeoutMs = 5000): Store
 }
 
 /** A throwaway CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl; undefined without it. */
-export function makeTestCertificates(dir: string): { ca: string; server: TlsFiles; client: TlsFiles; otherCa: string } | undefined {
+export function makeTestCertificates(
+  dir: string,
+  serverIps: string[] = [],
+): { ca: string; server: TlsFiles; client: TlsFiles; otherCa: string } | undefined {
   const openssl = which('openssl');
   if (!openssl) return undefined;
   mkdirSync(dir, { recursive: true });
@@ -377,7 +403,8 @@ export function makeTestCertificates(dir: string): { ca: string; server: TlsFile
       p(`${name}.ext`),
     );
   };
-  leaf('server', 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n');
+  const ips = ['127.0.0.1', ...serverIps].map((ip) => `IP:${ip}`).join(',');
+  leaf('server', `subjectAltName=${ips},DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n`);
   leaf('client', 'extendedKeyUsage=clientAuth\n');
   return {
     ca: p('ca.pem'),
