@@ -381,16 +381,21 @@ describe('the node agent runs jobs through tickets', { skip }, () => {
       const chunksBefore = countChunks();
       const agent = startAgent(nodes.a);
       const exited = new Promise((resolve) => agent.once('exit', resolve));
+      // A look that fails stops this agent too: one left running would do the next test's jobs in place of its own.
       await Promise.race([
         exited,
         waitFor(`kill point ${point}`, async () => {
           const d = await doc(volume);
-          if (point === 'device') return d.status.nodes['node-a']?.phase === 'attached';
+          // A quick job (a reflink snapshot) may be done before a look sees the device: then the kill lands after it.
+          if (point === 'device') return d.status.nodes['node-a']?.phase === 'attached' || d.spec.tickets[ticket] === undefined;
           if (point === 'chunk') return countChunks() > chunksBefore || d.spec.tickets[ticket] === undefined;
           // 'running', and the random points: from when the job runs.
           return d.status.tickets[ticket]?.job?.state === 'running' || d.spec.tickets[ticket] === undefined;
         }),
-      ]);
+      ]).catch(async (err: unknown) => {
+        await stopAgent(nodes.a, 'SIGKILL');
+        throw err;
+      });
       if (point.startsWith('random')) await sleep(Math.floor(Math.random() * (kind === 'snapshot' ? 300 : 1500)));
       await stopAgent(nodes.a, 'SIGKILL');
 
