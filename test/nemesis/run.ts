@@ -18,6 +18,7 @@ import { parseHistory } from './history.js';
 import { FAULT_KINDS, startFault, type ActiveFault, type FaultKind } from './nemesis.js';
 import { addressOf, LATCH, netnsOf, NODES, Rig, rigSkipReason, type Node } from './rig.js';
 import { History, latchCall, lookAtKernel, readHistoryFile, readRecords, Writer, type Caller } from './workload.js';
+import { seeded } from '../fixtures/seeded.js';
 
 /** What kubelet gives a driver call here: two stalled steps of commandTimeout (10 s) and the cleanup. */
 const DRIVER_DEADLINE_MS = 35_000;
@@ -55,18 +56,6 @@ export interface NemesisResult {
   /** Records a fenced node was told were durable (after its fence) that are not on the volume: a figure, not a failure. */
   lostAfterFence: string[];
   historyFile: string;
-}
-
-/** mulberry32: a small seeded generator, so that a seed repeats a schedule. */
-function random(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 interface Pod {
@@ -344,7 +333,7 @@ export async function runNemesis(options: NemesisOptions): Promise<NemesisResult
   if (reason) throw new Error(reason);
   const historyFile = options.historyFile ?? join(tmpdir(), `latch-nemesis-${options.seed}-${Date.now()}.jsonl`);
   const history = new History(historyFile);
-  const rand = random(options.seed);
+  const rand = seeded(options.seed);
   const pick = <T>(items: readonly T[]): T => items[Math.floor(rand() * items.length)] as T;
   log(`nemesis: seed ${options.seed}, ${options.fixed ? 'the fixed schedule' : `${options.seconds} s`}, history in ${historyFile}`);
   const rig = await Rig.start((line) => log(`rig: ${line}`));
