@@ -104,20 +104,29 @@ export interface RbdFuseOptions {
 }
 
 /**
- * Starts `rbd-fuse -p POOL -r IMAGE MOUNTPOINT` (that image only, so the instance watches nothing else) as a daemon
- * that outlives this call (startDaemon), and returns once its mount is in mountinfo. rbd-fuse connects to the
- * monitors before it mounts, so a bad identity or keyring fails here with its message.
+ * Starts `rbd-fuse -p POOL -r IMAGE MOUNTPOINT` (that image only, so the instance watches nothing else), with librbd's
+ * cache off so that a write the OSDs refuse fails itself, as a daemon that outlives this call (startDaemon), and
+ * returns once its mount is in mountinfo. rbd-fuse connects to the monitors before it mounts, so a bad identity or
+ * keyring fails here with its message.
  */
 export async function startRbdFuse(options: RbdFuseOptions): Promise<void> {
   const { identity, pool, image, mountPoint, timeoutMs, logFile } = options;
   await rm(logFile, { force: true });
   // On the command line, so that no conf turns it off (log_to_file) or sends it elsewhere.
   const log = ['--log-to-file', 'true', '--log-file', logFile, '--debug-monc', '5/5'];
+  // librbd's cache off, on the command line so that no conf file or monitor setting turns it back on: rbd-fuse's fsync
+  // calls rbd_flush and returns 0 whatever it returned, so with the cache on (librbd's default) a write the OSDs refuse
+  // (this client blocklisted by a fence) is acknowledged from the cache and its failure is lost at the flush. Without
+  // the cache each write waits for the OSDs and returns their error itself (docs/design/rbd-backend.md).
+  const noCache = ['--rbd-cache', 'false'];
   try {
     // The scope's name says which volume the daemon serves (`systemctl list-units 'latch-rbd-fuse-*'`); the start
     // time makes it unique: the scope of a daemon that just exited may not be gone yet when its volume is mapped again.
     const scope = `latch-rbd-fuse-${pool}-${image}-${Date.now().toString(36)}`;
-    await startDaemon('rbd-fuse', [...cephClientArgs(identity), ...log, '-p', pool, '-r', image, mountPoint], { timeoutMs, scope });
+    await startDaemon('rbd-fuse', [...cephClientArgs(identity), ...log, ...noCache, '-p', pool, '-r', image, mountPoint], {
+      timeoutMs,
+      scope,
+    });
   } catch (err) {
     throw redactedError(err);
   }
