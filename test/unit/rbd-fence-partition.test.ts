@@ -8,7 +8,8 @@
 //     is in the image that node-b then maps read-write.
 // A second scenario does what a pod does: node-a has ext4 mounted on the volume; after the fence, a write + fsync of a
 // file there fails (rbd-fuse runs without librbd's cache: with it, the fsync returned success), and node-b finds the
-// file fsynced before the partition in the image and not one byte of the one written after the fence.
+// file fsynced before the partition in the image and not one byte of the one written after the fence. A third checks
+// that the node refuses an image whose pool or own config would turn the cache back on (it beats the command line).
 // The OSD's watch timeout is shortened for this (osd_client_watch_timeout, 30 s by default). Node-a's fenced FUSE mount
 // is cleared through fusectl (the backend's cutOff and release), also after a failure (the cluster's stop).
 // Needs root and Debian's ceph packages (scripts/setup.sh); skips with a message otherwise.
@@ -260,6 +261,31 @@ describe('fencing a partitioned rbd-fuse node on a one-host Ceph cluster', { ski
       assert.ok(!bytes.includes(afterFence), 'the data the fenced node wrote is not on the image');
     } finally {
       await b.release('pod');
+    }
+  });
+  it("refuses to map an image whose pool's or own config turns librbd's cache back on", async () => {
+    const nodeC = await ceph.createClient('cache-node');
+    const c = backendOf(nodeC, 'cache-node');
+    await ceph.rbd(['create', '--size', '16M', '--image-feature', 'layering', `${ceph.pool}/cached`]);
+    try {
+      // Set on the image or on its pool, rbd_cache beats rbd-fuse's own --rbd-cache false (measured with the pool's: the writearound
+      // cache comes up); each refusal leaves no daemon behind.
+      await ceph.rbd(['config', 'image', 'set', `${ceph.pool}/cached`, 'rbd_cache', 'true']);
+      await assert.rejects(c.attach('cached', { readOnly: false, knownClients: [] }), /rbd_cache="true" in its image's config/);
+      await ceph.rbd(['config', 'image', 'rm', `${ceph.pool}/cached`, 'rbd_cache']);
+      await ceph.rbd(['config', 'pool', 'set', ceph.pool, 'rbd_cache', 'true']);
+      await assert.rejects(c.attach('cached', { readOnly: false, knownClients: [] }), /rbd_cache="true" in its pool's config/);
+      assert.deepEqual(await rbdFusePids(join(ceph.dir, 'mnt', 'cache-node', 'cached')), []);
+      // Turned off there, or not set at all, it maps.
+      await ceph.rbd(['config', 'pool', 'set', ceph.pool, 'rbd_cache', 'false']);
+      const device = await c.attach('cached', { readOnly: false, knownClients: [] });
+      await writeBlock(device, 0, 'cache off');
+      await c.release('cached');
+      await ceph.rbd(['config', 'pool', 'rm', ceph.pool, 'rbd_cache']);
+      await c.attach('cached', { readOnly: false, knownClients: [] });
+      await c.release('cached');
+    } finally {
+      await ceph.rbd(['config', 'pool', 'rm', ceph.pool, 'rbd_cache']).catch(() => undefined);
     }
   });
 });
