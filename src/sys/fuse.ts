@@ -89,6 +89,17 @@ export async function guardedUnmount(mountPoint: string, timeoutMs: number): Pro
   await guardFuse(mountPoint, timeoutMs, (childTimeoutMs) => run('umount', [mountPoint], { timeoutMs: childTimeoutMs }));
 }
 
+// librbd's cache off, on the command line so that no conf file or monitor setting turns it back on: rbd-fuse's fsync
+// calls rbd_flush and returns 0 whatever it returned, so with the cache on (librbd's default) a write the OSDs refuse
+// (this client blocklisted by a fence) is acknowledged from the cache and its failure is lost at the flush. Without
+// the cache each write waits for the OSDs and returns their error itself (docs/design/rbd-backend.md j).
+const NO_RBD_CACHE = ['--rbd-cache', 'false'];
+
+/** Whether an rbd-fuse command line turns librbd's cache off as startRbdFuse does (an older latch's did not). */
+export function runsWithoutRbdCache(argv: string[]): boolean {
+  return argv.some((arg, i) => arg === NO_RBD_CACHE[0] && argv[i + 1] === NO_RBD_CACHE[1]);
+}
+
 export interface RbdFuseOptions {
   identity: CephIdentity;
   pool: string;
@@ -114,16 +125,11 @@ export async function startRbdFuse(options: RbdFuseOptions): Promise<void> {
   await rm(logFile, { force: true });
   // On the command line, so that no conf turns it off (log_to_file) or sends it elsewhere.
   const log = ['--log-to-file', 'true', '--log-file', logFile, '--debug-monc', '5/5'];
-  // librbd's cache off, on the command line so that no conf file or monitor setting turns it back on: rbd-fuse's fsync
-  // calls rbd_flush and returns 0 whatever it returned, so with the cache on (librbd's default) a write the OSDs refuse
-  // (this client blocklisted by a fence) is acknowledged from the cache and its failure is lost at the flush. Without
-  // the cache each write waits for the OSDs and returns their error itself (docs/design/rbd-backend.md).
-  const noCache = ['--rbd-cache', 'false'];
   try {
     // The scope's name says which volume the daemon serves (`systemctl list-units 'latch-rbd-fuse-*'`); the start
     // time makes it unique: the scope of a daemon that just exited may not be gone yet when its volume is mapped again.
     const scope = `latch-rbd-fuse-${pool}-${image}-${Date.now().toString(36)}`;
-    await startDaemon('rbd-fuse', [...cephClientArgs(identity), ...log, ...noCache, '-p', pool, '-r', image, mountPoint], {
+    await startDaemon('rbd-fuse', [...cephClientArgs(identity), ...log, ...NO_RBD_CACHE, '-p', pool, '-r', image, mountPoint], {
       timeoutMs,
       scope,
     });
