@@ -35,7 +35,7 @@ import {
   type LoopDevice,
 } from '../sys/loop.js';
 import { mountedSources } from '../sys/mounts.js';
-import { isClientInstance, rbdWatcherList, type CephIdentity } from '../sys/rbd.js';
+import { isClientInstance, rbdConfigOverride, rbdWatcherList, type CephIdentity } from '../sys/rbd.js';
 import { run } from '../sys/run.js';
 import { deviceToUse, keepOneDevice } from './devices.js';
 import type { NodeClient } from './node-client.js';
@@ -252,6 +252,16 @@ export class RbdFuseLoopClient implements NodeClient {
     await mkdir(mountPoint, { recursive: true, mode: 0o700 });
     await mkdir(join(dirname(mountPoint), '.logs'), { recursive: true, mode: 0o700 });
     const { identity, pool } = this.options;
+    // startRbdFuse turns librbd's cache off on the command line, but a pool or image setting beats the command line,
+    // and with the cache a fenced node's fsync returns success for writes that never land (startRbdFuse).
+    const cache = await rbdConfigOverride(identity, pool, image, 'rbd_cache');
+    if (cache !== undefined && cache.value !== 'false') {
+      throw new LatchError(
+        `${this.spec(image)} has rbd_cache=${JSON.stringify(cache.value.slice(0, 20))} in its ${cache.source}'s config, which would ` +
+          `turn librbd's cache back on in rbd-fuse, and with it a fenced node's fsync reports success for writes that never land; ` +
+          `remove it (rbd config ${cache.source} rm ${cache.source === 'pool' ? pool : this.spec(image)} rbd_cache)`,
+      );
+    }
     const logFile = this.logFile(dirname(mountPoint), image);
     await startRbdFuse({ identity, pool, image, mountPoint, timeoutMs: this.options.timeoutMs, logFile });
   }

@@ -89,6 +89,17 @@ export async function guardedUnmount(mountPoint: string, timeoutMs: number): Pro
   await guardFuse(mountPoint, timeoutMs, (childTimeoutMs) => run('umount', [mountPoint], { timeoutMs: childTimeoutMs }));
 }
 
+// librbd's cache off, on the command line so that no conf file or monitor setting turns it back on: rbd-fuse's fsync
+// calls rbd_flush and returns 0 whatever it returned, so with the cache on (librbd's default) a write the OSDs refuse
+// (this client blocklisted by a fence) is acknowledged from the cache and its failure is lost at the flush. Without
+// the cache each write waits for the OSDs and returns their error itself (docs/design/rbd-backend.md j).
+const NO_RBD_CACHE = ['--rbd-cache', 'false'];
+
+/** Whether an rbd-fuse command line turns librbd's cache off as startRbdFuse does (an older latch's did not). */
+export function runsWithoutRbdCache(argv: string[]): boolean {
+  return argv.some((arg, i) => arg === NO_RBD_CACHE[0] && argv[i + 1] === NO_RBD_CACHE[1]);
+}
+
 export interface RbdFuseOptions {
   identity: CephIdentity;
   pool: string;
@@ -104,9 +115,10 @@ export interface RbdFuseOptions {
 }
 
 /**
- * Starts `rbd-fuse -p POOL -r IMAGE MOUNTPOINT` (that image only, so the instance watches nothing else) as a daemon
- * that outlives this call (startDaemon), and returns once its mount is in mountinfo. rbd-fuse connects to the
- * monitors before it mounts, so a bad identity or keyring fails here with its message.
+ * Starts `rbd-fuse -p POOL -r IMAGE MOUNTPOINT` (that image only, so the instance watches nothing else), with librbd's
+ * cache off so that a write the OSDs refuse fails itself, as a daemon that outlives this call (startDaemon), and
+ * returns once its mount is in mountinfo. rbd-fuse connects to the monitors before it mounts, so a bad identity or
+ * keyring fails here with its message.
  */
 export async function startRbdFuse(options: RbdFuseOptions): Promise<void> {
   const { identity, pool, image, mountPoint, timeoutMs, logFile } = options;
@@ -117,7 +129,10 @@ export async function startRbdFuse(options: RbdFuseOptions): Promise<void> {
     // The scope's name says which volume the daemon serves (`systemctl list-units 'latch-rbd-fuse-*'`); the start
     // time makes it unique: the scope of a daemon that just exited may not be gone yet when its volume is mapped again.
     const scope = `latch-rbd-fuse-${pool}-${image}-${Date.now().toString(36)}`;
-    await startDaemon('rbd-fuse', [...cephClientArgs(identity), ...log, '-p', pool, '-r', image, mountPoint], { timeoutMs, scope });
+    await startDaemon('rbd-fuse', [...cephClientArgs(identity), ...log, ...NO_RBD_CACHE, '-p', pool, '-r', image, mountPoint], {
+      timeoutMs,
+      scope,
+    });
   } catch (err) {
     throw redactedError(err);
   }

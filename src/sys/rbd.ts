@@ -163,6 +163,34 @@ export async function rbdWatcherList(identity: CephIdentity, pool: string, image
   }));
 }
 
+/** A librbd option set on an image's pool or on the image itself (`rbd config pool|image set`). */
+export interface RbdConfigOverride {
+  source: 'pool' | 'image';
+  value: string;
+}
+
+/**
+ * `option` as the image's pool or the image itself sets it, from `rbd config image list` (which also lists the rbd
+ * tool's own conf values: those are left out), or undefined when neither sets it. librbd applies these when it opens
+ * the image, over its own conf and command line.
+ */
+export async function rbdConfigOverride(
+  identity: CephIdentity,
+  pool: string,
+  image: string,
+  option: string,
+): Promise<RbdConfigOverride | undefined> {
+  const spec = imageSpec(pool, image);
+  const { stdout } = await rbd(identity, ['config', 'image', 'list', '--format', 'json', spec]);
+  const entries = parseJson<unknown>(`rbd config image list ${spec}`, stdout);
+  if (!Array.isArray(entries)) throw new LatchError(`rbd config image list ${spec} printed no list`);
+  for (const entry of entries as { name?: unknown; value?: unknown; source?: unknown }[]) {
+    if (entry?.name !== option || (entry.source !== 'pool' && entry.source !== 'image')) continue;
+    return { source: entry.source, value: String(entry.value) };
+  }
+  return undefined;
+}
+
 /** The addresses of the image's watchers (rbdWatcherList). */
 export async function rbdWatchers(identity: CephIdentity, pool: string, image: string): Promise<string[]> {
   return (await rbdWatcherList(identity, pool, image)).map((w) => w.address);

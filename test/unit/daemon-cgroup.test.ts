@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { after, describe, it } from 'node:test';
-import { checkDaemonCgroups } from '../../src/cli/doctor/daemons.js';
+import { checkDaemonCache, checkDaemonCgroups } from '../../src/cli/doctor/daemons.js';
 import type { Finding } from '../../src/cli/doctor/report.js';
 import { cgroupsOf, OWN_CGROUP, serviceOf } from '../../src/sys/cgroup.js';
 import { daemonCommand } from '../../src/sys/run.js';
@@ -140,6 +140,44 @@ describe('a daemon started by a call outlives the cgroup of the call', { skip },
     }
   });
 });
+
+describe(
+  "doctor's look at librbd's cache in running rbd-fuse daemons",
+  { skip: process.platform === 'linux' ? false : 'reads /proc' },
+  () => {
+    it('warns of an rbd-fuse in the mount dir without --rbd-cache false on its command line, and of nothing else', async () => {
+      // Stand-ins for rbd-fuse daemons: what doctor reads is their command line in /proc (the `; :` keeps bash from
+      // exec-ing sleep in its place). Only those serving a mount in the node's mount dir are latch's.
+      const standIn = (args: string[]) => spawn('bash', ['-c', 'sleep 600; :', ...args], { stdio: 'ignore', argv0: 'rbd-fuse' });
+      const mountDir = join(work, 'rbd');
+      mkdirSync(mountDir);
+      const old = standIn(['--id', 'node', '-p', 'pool', '-r', 'cached', join(mountDir, 'cached')]);
+      const current = standIn(['--id', 'node', '--rbd-cache', 'false', '-p', 'pool', '-r', 'fresh', join(mountDir, 'fresh')]);
+      const halfway = standIn(['--rbd-cache', '-p', 'false', join(mountDir, 'odd')]);
+      const elsewhere = standIn(['-p', 'pool', '-r', 'other', join(work, 'other-dir', 'other')]);
+      const all = [old, current, halfway, elsewhere];
+      try {
+        await until('the stand-ins to start', () => all.every((c) => readFileSync(`/proc/${c.pid}/cmdline`, 'utf8').includes(work)));
+        const found: Finding[] = [];
+        await checkDaemonCache(mountDir, (f) => found.push(f));
+        const about = (pid: number | undefined) => found.filter((f) => f.message.includes(`rbd-fuse pid ${pid} `));
+        const [warning, ...more] = about(old.pid);
+        assert.deepEqual(more, []);
+        assert.equal(warning?.severity, 'warning');
+        assert.equal(warning?.check, 'rbd-cache');
+        assert.ok(warning?.message.includes(`serving ${join(mountDir, 'cached')}) runs with librbd's cache`), warning?.message);
+        assert.deepEqual(about(current.pid), [], 'nothing of the one started with --rbd-cache false');
+        assert.equal(about(halfway.pid).length, 1, "'--rbd-cache' without 'false' right after it is not the cache off");
+        assert.deepEqual(about(elsewhere.pid), [], 'nothing of an rbd-fuse serving a mount outside the mount dir');
+      } finally {
+        for (const child of all) {
+          child.kill('SIGKILL');
+          if (child.exitCode === null && child.signalCode === null) await new Promise((resolve) => child.once('exit', resolve));
+        }
+      }
+    });
+  },
+);
 
 describe('the command line that starts a daemon', () => {
   it('under setpriv, inside a named systemd scope where systemd runs the host', () => {

@@ -317,6 +317,7 @@ describe('doctor on a one-host Ceph cluster', { skip }, () => {
     assert.match(messages, /rbd_blocklist_on_break_lock = false/);
     assert.match(messages, /node client rbd-fuse\+loop/);
     assert.match(messages, /ledger and kernel agree on node node-a: 1 rbd mapping/);
+    assert.match(messages, /1 rbd-fuse daemon\(s\) under .*, all with librbd's cache off/);
     assert.ok(device.startsWith('/dev/loop'));
 
     // Its ledger document damaged: one error naming it, and its mapping is not called stale (nor cleared).

@@ -5,7 +5,7 @@ import type { Config, RbdBackendConfig } from '../../config.js';
 import { createContext, type Context } from '../../context.js';
 import { reportAutomaticActions } from './automatic.js';
 import { checkConfig } from './config.js';
-import { checkDaemonCgroups } from './daemons.js';
+import { checkDaemonCache, checkDaemonCgroups } from './daemons.js';
 import { checkControllerManager } from './kcm.js';
 import { checkDetaching, DEFAULT_STUCK_AFTER_SECONDS } from './detaching.js';
 import { checkFreezes } from './freezes.js';
@@ -44,6 +44,7 @@ export async function runDoctor(options: DoctorOptions = {}): Promise<DoctorRepo
   if (rbd) {
     await checkRbd(rbd, env, add);
     await checkDaemonCgroups(add);
+    await checkDaemonCache(rbd.backend.mountDir, add);
   }
   await checkControllerManager(config, env, add);
   if (config) {
