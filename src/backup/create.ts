@@ -222,8 +222,11 @@ async function writeBackup(
   return manifest;
 }
 
-/** `<volume>-<yyyymmdd>-<hhmmss>` in UTC: sorts by time, and fits the name rules. */
+/**
+ * `<volume>-<yyyymmdd>-<hhmmss>-<milliseconds>` in UTC: sorts by time, fits the name rules, and two backups of one
+ * volume asked for within the same second get names of their own.
+ */
 export function defaultBackupName(volume: string, createdAt: string): string {
-  const compact = createdAt.replace(/[-:]/g, '').replace(/\..*$/, '').replace('T', '-').toLowerCase();
+  const compact = createdAt.replace(/[-:]/g, '').replace(/Z$/, '').replace('T', '-').replace('.', '-').toLowerCase();
   return `${volume.slice(0, 180)}-${compact}`;
 }

@@ -30,9 +30,9 @@ import {
 } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { createBackup } from '../../src/backup/create.js';
+import { createBackup, defaultBackupName } from '../../src/backup/create.js';
 import { collectGarbage, deleteBackup } from '../../src/backup/delete.js';
-import { chunkPath, lockPath, type BackupTarget } from '../../src/backup/layout.js';
+import { checkBackupName, chunkPath, lockPath, type BackupTarget } from '../../src/backup/layout.js';
 import { dataRanges, overlapsData, parseSeekMap } from '../../src/backup/extents.js';
 import { chunkListDigest, chunkListSha256OfImage, listBackups, readManifest, type Manifest } from '../../src/backup/manifest.js';
 import { restoreBackup } from '../../src/backup/restore.js';
@@ -209,9 +209,16 @@ describe('create, list and restore', () => {
       source: image.path,
       volume: 'v',
       chunkSize: CHUNK,
-      now: () => Date.UTC(2026, 10, 23, 12, 34, 56),
+      now: () => Date.UTC(2026, 10, 23, 12, 34, 56, 789),
     });
-    assert.equal(m.name, 'v-20261123-123456');
+    assert.equal(m.name, 'v-20261123-123456-789');
+  });
+
+  it('two default names of one volume within the same second differ (milliseconds)', () => {
+    const a = defaultBackupName('v', new Date(Date.UTC(2026, 10, 23, 12, 34, 56, 1)).toISOString());
+    const b = defaultBackupName('v', new Date(Date.UTC(2026, 10, 23, 12, 34, 56, 2)).toISOString());
+    assert.deepEqual([a, b], ['v-20261123-123456-001', 'v-20261123-123456-002']);
+    assert.equal(checkBackupName(a), a);
   });
 });
 
