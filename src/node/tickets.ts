@@ -20,6 +20,8 @@ export interface WorkloadRequest {
   create?: NewVolumeSpec;
   /** Who names the volume: the ledger adds the ticket only if the volume allows it. */
   caller: Caller;
+  /** The volume's document as read for this request (undefined: it does not exist yet), for the caller's own checks. */
+  existing: VolumeDoc | undefined;
 }
 
 /** Which pod a non-attach mount is for: its key in the ticket ID, and its UID when the pod dir's path shows one. */
@@ -62,6 +64,7 @@ export async function workloadRequest(ctx: Context, options: VolumeOptions, node
     // Without lazyCreate no call creates a volume, also not one deleted since the check above.
     ...(config.lazyCreate && { create: { sizeBytes, fsType: options.fsType ?? config.defaultFsType, pv: owner } }),
     caller,
+    existing,
   };
 }
 

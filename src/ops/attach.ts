@@ -11,12 +11,12 @@ export const op = defineOp({
   args: { json: volumeOptions, nodeName },
   attachModeOnly: true,
   async run(ctx, { json, nodeName: node }) {
-    const { name, ticket, create, caller } = await workloadRequest(ctx, json, node);
+    const { name, ticket, create, caller, existing } = await workloadRequest(ctx, json, node);
     // A volume whose image lives in another node's pool is refused before any ticket is written (node/home.ts). From
     // the configuration, not the backend: kube-controller-manager's bundle has no backend (src/sea/control.ts).
     const view = homeViewOf(ctx.config);
     if (view.backend.localPool !== undefined) {
-      const away = awayFromHome(view, await ctx.ledger.get(name), node);
+      const away = awayFromHome(view, existing, node);
       if (away !== undefined) return failure(away);
     }
     const doc = await ctx.ledger.addTicket(name, ticket, create, caller);

@@ -26,7 +26,7 @@ export const op = defineOp({
     const node = config.nodeName;
     ctx.log.node = node;
     const podKey = podKeyOf(podDir);
-    const { name, ticket, create, caller } = await workloadRequest(ctx, json, node, {
+    const { name, ticket, create, caller, existing } = await workloadRequest(ctx, json, node, {
       key: podKey,
       ...(podKey !== podDir && { uid: podKey }),
     });
@@ -59,7 +59,7 @@ export const op = defineOp({
 
       // A volume whose image lives in another node's pool is refused before anything is written (node/home.ts).
       if (backend.localPool !== undefined) {
-        const away = awayFromHome(ctx, await ledger.get(name), node);
+        const away = awayFromHome(ctx, existing, node);
         if (away !== undefined) return failure(away);
       }
 
