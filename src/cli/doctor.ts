@@ -2,8 +2,8 @@
 import { LatchError } from '../errors.js';
 import type { CommandIO } from './io.js';
 import { formatJson, type OutputFormat } from './output.js';
-import { doctorExitCode, formatDoctorReport } from './doctor/report.js';
-import { runDoctor } from './doctor/run.js';
+import { doctorExitCode, formatDoctorReport } from '../doctor/findings.js';
+import { runDoctor } from '../doctor/run.js';
 
 export interface DoctorCommandOptions {
   pluginDir?: string;

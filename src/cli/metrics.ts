@@ -2,10 +2,10 @@
 // `latch metrics > /var/lib/node_exporter/textfile/latch.prom.tmp && mv ...`). Call counters cover the retained
 // log files, so they drop when the oldest rotated file goes: Prometheus reads that as a counter reset.
 import type { Context } from '../context.js';
-import { runLedgerChecks } from './doctor/run.js';
+import { runLedgerChecks } from '../doctor/run.js';
 import { configOf, type CommandIO } from './io.js';
-import { readWholeLog } from './metrics/call-log.js';
-import { LatchMetrics } from './metrics/metrics.js';
+import { readWholeLog } from '../agent/call-log.js';
+import { LatchMetrics } from '../agent/metrics.js';
 
 export async function metrics(_options: Record<string, never>, io: CommandIO): Promise<void> {
   const config = configOf(io);

@@ -20,7 +20,7 @@ import {
   runRecurringJobs,
   selects,
   slotStamp,
-} from '../../src/cli/agent/recurring.js';
+} from '../../src/jobs/recurring.js';
 import { parseConfig, type RecurringJobConfig } from '../../src/config.js';
 import { createContext, type Context } from '../../src/context.js';
 import { ConfigError } from '../../src/errors.js';

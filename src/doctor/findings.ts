@@ -4,7 +4,7 @@
 // volume could be written from where the ledger does not know); "warning" when latch works but something needs
 // attention (a tool only some volumes need, an overcommitted pool, another driver version installed, a volume
 // detaching for longer than --stuck-after). Exit status: 1 with any error, 2 with warnings only, 0 when healthy.
-import { formatTable } from '../output.js';
+import { formatTable } from '../cli/output.js';
 
 export type Severity = 'ok' | 'warning' | 'error';
 

@@ -9,14 +9,14 @@ import type { Config } from '../config.js';
 import { LatchError, errorMessage } from '../errors.js';
 import { writeLog } from '../log.js';
 import { withHostLock } from '../sys/lock.js';
-import { JobRunner } from './agent/jobs.js';
-import { parseSchedules } from './agent/recurring.js';
-import { agentStartup } from './agent/startup.js';
-import { AGENT_TASKS, freshContext, runAgentTasks } from './agent/tasks.js';
-import { configOf, type CommandIO } from './io.js';
-import { readLedger } from './metrics.js';
-import { LogFollower, readWholeLog } from './metrics/call-log.js';
-import { LatchMetrics } from './metrics/metrics.js';
+import { JobRunner } from '../jobs/runner.js';
+import { parseSchedules } from '../jobs/recurring.js';
+import { agentStartup } from './startup.js';
+import { AGENT_TASKS, freshContext, runAgentTasks } from './tasks.js';
+import { configOf, type CommandIO } from '../cli/io.js';
+import { readLedger } from '../cli/metrics.js';
+import { LogFollower, readWholeLog } from './call-log.js';
+import { LatchMetrics } from './metrics.js';
 
 export interface AgentOptions {
   /** Run the tasks and one pass of the job runner, wait for the jobs it started, and exit, without serving /metrics. */

@@ -9,20 +9,20 @@
 import { constants } from 'node:fs';
 import { access, readFile, realpath, stat } from 'node:fs/promises';
 import { basename, dirname } from 'node:path';
-import { krbdMappings } from '../../backend/krbd.js';
-import { deviceInUse } from '../../backend/devices.js';
-import { RbdBackend } from '../../backend/rbd.js';
-import type { Config, RbdBackendConfig, RbdClientKind } from '../../config.js';
-import { errorMessage } from '../../errors.js';
-import type { Inventory } from '../../host/inventory.js';
-import { isInUse, nodeHoldsDevice } from '../../ledger/arbitrate.js';
-import type { VolumeDoc } from '../../ledger/types.js';
-import { rbdFuseProcesses } from '../../sys/fuse.js';
-import { listLoopDevices } from '../../sys/loop.js';
-import { readMountInfo } from '../../sys/mounts.js';
-import { cephClientArgs, redactKeys, type CephIdentity } from '../../sys/rbd.js';
-import { CommandError, findTool, run, toolSearchPath, type RunResult } from '../../sys/run.js';
-import { sh, type AddFinding, type Finding, type Severity } from './report.js';
+import { krbdMappings } from '../backend/krbd.js';
+import { deviceInUse } from '../backend/devices.js';
+import { RbdBackend } from '../backend/rbd.js';
+import type { Config, RbdBackendConfig, RbdClientKind } from '../config.js';
+import { errorMessage } from '../errors.js';
+import type { Inventory } from '../host/inventory.js';
+import { isInUse, nodeHoldsDevice } from '../ledger/arbitrate.js';
+import type { VolumeDoc } from '../ledger/types.js';
+import { rbdFuseProcesses } from '../sys/fuse.js';
+import { listLoopDevices } from '../sys/loop.js';
+import { readMountInfo } from '../sys/mounts.js';
+import { cephClientArgs, redactKeys, type CephIdentity } from '../sys/rbd.js';
+import { CommandError, findTool, run, toolSearchPath, type RunResult } from '../sys/run.js';
+import { sh, type AddFinding, type Finding, type Severity } from './findings.js';
 
 /** The node caps of docs/operations.md ("The rbd backend"): `profile rbd` on the monitor minus its blocklisting. */
 function nodeCapsCommand(clientId: string, pool: string, keyring: string): string {

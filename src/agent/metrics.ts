@@ -3,8 +3,8 @@
 // histogram, from the call log's lines: call-log.ts) and what the cheap doctor checks found. The names are in
 // METRIC_NAMES; test/unit/metrics.test.ts checks that the shipped dashboard and alert rules use only these.
 import type * as PromClient from 'prom-client';
-import type { Finding } from '../doctor/report.js';
-import type { VolumeListing } from '../../ledger/ledger.js';
+import type { Finding } from '../doctor/findings.js';
+import type { VolumeListing } from '../ledger/ledger.js';
 import type { CallLogLine } from './call-log.js';
 
 export const METRIC_NAMES = {

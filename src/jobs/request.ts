@@ -2,16 +2,16 @@
 // the outcome the node's agent records. Every command that asks an agent for work (snapshot, backup, restore, clone,
 // attach) goes through here.
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { Context } from '../../context.js';
-import { LatchError } from '../../errors.js';
-import { finishedJob, isInUse, isSatisfied, type JobRequest } from '../../ledger/arbitrate.js';
-import { jobTicketId } from '../../ledger/ids.js';
-import type { NewVolumeSpec } from '../../ledger/ledger.js';
-import type { FinishedJob, JobSpec, JobStatus, JobTicketType, Ticket, VolumeDoc } from '../../ledger/types.js';
-import { checkNodeName } from '../../names.js';
-import { reachesHome } from '../../node/home.js';
-import type { CommandIO } from '../io.js';
-import { formatJson, type OutputFormat } from '../output.js';
+import type { Context } from '../context.js';
+import { LatchError } from '../errors.js';
+import { finishedJob, isInUse, isSatisfied, type JobRequest } from '../ledger/arbitrate.js';
+import { jobTicketId } from '../ledger/ids.js';
+import type { NewVolumeSpec } from '../ledger/ledger.js';
+import type { FinishedJob, JobSpec, JobStatus, JobTicketType, Ticket, VolumeDoc } from '../ledger/types.js';
+import { checkNodeName } from '../names.js';
+import { reachesHome } from '../node/home.js';
+import type { CommandIO } from '../cli/io.js';
+import { formatJson, type OutputFormat } from '../cli/output.js';
 
 /** How long an agent has to take a granted job up before the requester gives up on it (and removes its ticket). */
 const PICKUP_MS = 30_000;
