@@ -1,11 +1,12 @@
-// latch agent: the long-running process of a node (a DaemonSet or a systemd unit), one per node. Every
-// agent.intervalSeconds it runs the tasks of agent/tasks.ts (reaping tickets, releasing this node's holds its kernel
-// proves stale, the cheap doctor checks); on every ledger change (Store.watch) and every interval its job runner
-// (agent/jobs.ts) does the job tickets granted to this node; and it serves /metrics on agent.listen (loopback by
+// The node's agent: the long-running process of a node (a DaemonSet or a systemd unit), one per node, started by
+// `latch agent`. Every agent.intervalSeconds it runs the tasks of tasks.ts (reaping tickets, releasing this node's holds
+// its kernel proves stale, the cheap doctor checks); on every ledger change (Store.watch) and every interval its job
+// runner (jobs/runner.ts) does the job tickets granted to this node; and it serves /metrics on agent.listen (loopback by
 // default). It keeps nothing the ledger does not hold, so it may be killed and restarted at any moment (docs/jobs.md).
 import { createServer, type Server } from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Config } from '../config.js';
+import type { Context } from '../context.js';
 import { LatchError, errorMessage } from '../errors.js';
 import { writeLog } from '../log.js';
 import { withHostLock } from '../sys/lock.js';
@@ -13,10 +14,8 @@ import { JobRunner } from '../jobs/runner.js';
 import { parseSchedules } from '../jobs/recurring.js';
 import { agentStartup } from './startup.js';
 import { AGENT_TASKS, freshContext, runAgentTasks } from './tasks.js';
-import { configOf, type CommandIO } from '../cli/io.js';
-import { readLedger } from '../cli/metrics.js';
 import { LogFollower, readWholeLog } from './call-log.js';
-import { LatchMetrics } from './metrics.js';
+import { LatchMetrics, readLedger } from './metrics.js';
 
 export interface AgentOptions {
   /** Run the tasks and one pass of the job runner, wait for the jobs it started, and exit, without serving /metrics. */
@@ -27,8 +26,8 @@ export interface AgentOptions {
   onListening?: (address: string) => void;
 }
 
-export async function agent(options: AgentOptions, io: CommandIO): Promise<void> {
-  const config = configOf(io);
+/** Runs the agent of `config`'s node until stopped; `contextOf` gives the one context it keeps for its life. */
+export async function runAgent(config: Config, options: AgentOptions, contextOf: (config: Config) => Context): Promise<void> {
   // A bad recurring job (its cron expression is parsed only here, never by driver calls) stops the agent at start.
   await parseSchedules(config);
   // One agent per node: two would start the same jobs. The lock is the node's kind of lock (sys/lock.ts: the flock of a
@@ -37,14 +36,14 @@ export async function agent(options: AgentOptions, io: CommandIO): Promise<void>
     [config.stateDir, config.nodeName, '', 'agent'],
     0,
     () => `another latch agent is already running for node ${config.nodeName} (state dir ${config.stateDir}): one agent per node`,
-    () => runAgent(config, options, io),
+    () => agentLoop(config, options, contextOf),
   );
 }
 
-async function runAgent(config: Config, options: AgentOptions, io: CommandIO): Promise<void> {
+async function agentLoop(config: Config, options: AgentOptions, contextOf: (config: Config) => Context): Promise<void> {
   const collected = await LatchMetrics.create();
   // One context (one store connection) for the agent's life; each task round gets a fresh log and ledger over it.
-  const base = io.context(config);
+  const base = contextOf(config);
   const context = () => freshContext(base);
   const log = (entry: Record<string, unknown>) => writeLog(config, { agent: 'jobs', pid: process.pid, node: config.nodeName, ...entry });
   const jobs = new JobRunner(context, log);

@@ -8,7 +8,7 @@ import { FS_TYPES } from '../filesystems.js';
 import { DEFAULT_PLUGIN_DIR, OPENSHIFT_PLUGIN_DIR } from '../host/plugin-dir.js';
 import { PRESET_NAMES, PRESETS, presetNamed } from '../host/presets.js';
 import { VERSION } from '../version.js';
-import { agent } from '../agent/agent.js';
+import { agent } from './agent.js';
 import { ADMIN_COMMANDS, type AdminCommandName } from './command-names.js';
 import { demo } from './demo.js';
 import { doctor, parseSeconds } from './doctor.js';

@@ -6,7 +6,7 @@ import { appendFileSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'n
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { after, describe, it } from 'node:test';
-import { agent } from '../../src/agent/agent.js';
+import { agent } from '../../src/cli/agent.js';
 import type { CommandIO } from '../../src/cli/io.js';
 import { metrics } from '../../src/cli/metrics.js';
 import { createContext } from '../../src/context.js';

@@ -7,13 +7,12 @@ import { appendFileSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFile
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
-import { agent } from '../../src/agent/agent.js';
+import { agent } from '../../src/cli/agent.js';
 import { AGENT_TASKS, runAgentTasks } from '../../src/agent/tasks.js';
 import { runLedgerChecks } from '../../src/doctor/run.js';
 import type { CommandIO } from '../../src/cli/io.js';
-import { readLedger } from '../../src/cli/metrics.js';
 import { LogFollower, type CallLogLine } from '../../src/agent/call-log.js';
-import { LatchMetrics } from '../../src/agent/metrics.js';
+import { LatchMetrics, readLedger } from '../../src/agent/metrics.js';
 import { nodeCheck } from '../../src/cli/node/check.js';
 import { nodeClearFences, nodeFence } from '../../src/cli/node/fence.js';
 import { ticketList } from '../../src/cli/ticket/list.js';
