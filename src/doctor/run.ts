@@ -13,7 +13,9 @@ import { agreement, checkLedgerAgainstKernel, readInventory } from './ledger.js'
 import { checkLoopSupport } from './loop.js';
 import { checkPlugin } from './plugin.js';
 import { checkImages, checkPool } from './pool.js';
-import { checkRbd, checkRbdMappings, type RbdConfig } from './rbd.js';
+import { checkRbd } from './rbd/ceph-side.js';
+import type { RbdConfig } from './rbd/identity.js';
+import { checkRbdMappings } from './rbd/mappings.js';
 import { doctorReport, type DoctorReport, type Finding } from './findings.js';
 import { checkTools } from './tools.js';
 

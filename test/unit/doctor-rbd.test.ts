@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { after, before, describe, it, test } from 'node:test';
 import { chooseRbdClient } from '../../src/backend/client-choice.js';
 import { RbdBackend } from '../../src/backend/rbd.js';
-import { krbdMappingFindings, rbdMappingFindings, type RbdNodeState } from '../../src/doctor/rbd.js';
+import { krbdMappingFindings, rbdMappingFindings, type RbdNodeState } from '../../src/doctor/rbd/mappings.js';
 import type { DoctorReport, Finding } from '../../src/doctor/findings.js';
 import { runDoctor } from '../../src/doctor/run.js';
 import { parseConfig } from '../../src/config.js';
