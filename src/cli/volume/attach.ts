@@ -10,7 +10,7 @@ import { checkNodeName } from '../../names.js';
 import { configOf, type CommandIO } from '../io.js';
 import { holdersOf, jobRequest } from '../../jobs/request.js';
 import { runJob } from './job.js';
-import { getVolume } from './volume-doc.js';
+import { getVolume } from '../volume-doc.js';
 
 export interface VolumeAttachOptions {
   name: string;
