@@ -74,7 +74,7 @@ const doctorFindings: AgentTask = {
   },
 };
 
-/** Asks for the tickets of the recurring jobs' due slots, and applies their retention (agent/recurring.ts). */
+/** Asks for the tickets of the recurring jobs' due slots, and applies their retention (jobs/recurring.ts). */
 const recurringJobs: AgentTask = {
   name: 'recurring-jobs',
   run: ({ ctx, log }) => runRecurringJobs(ctx, log),

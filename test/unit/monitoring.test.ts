@@ -1,4 +1,4 @@
-// Issue 15: latch's metrics (src/cli/metrics/) and the dashboard and alert rules shipped in deploy/: the gauges
+// Issue 15: latch's metrics (src/agent/metrics.ts) and the dashboard and alert rules shipped in deploy/: the gauges
 // from a ledger, the counters and the latency histogram from call-log lines (also across a rotation), and every
 // expression of the dashboard and the rules naming only metrics latch exports.
 import assert from 'node:assert/strict';
