@@ -38,7 +38,7 @@ export function doctorExitCode(report: DoctorReport): number {
 }
 
 /** The report for people: a table of findings, each fix or note under its finding, then the verdict. */
-export function formatDoctorReport(report: DoctorReport): string {
+function formatDoctorReport(report: DoctorReport): string {
   const heading =
     `latch doctor on node ${report.node ?? '(unknown: no valid configuration)'}` +
     `${report.config ? ` (configuration: ${report.config})` : ''}\n\n`;
