@@ -5,11 +5,14 @@
 //   main.ts             protocol/ (a FlexVolume call) or cli/ (an admin command)
 //   protocol/           ops/ and below
 //   ops/                node/ and below
-//   cli/                beside ops/: host/, node/ and below; never ops/ or protocol/
+//   cli/                beside ops/: agent/, doctor/, jobs/, host/, node/ and below; never ops/ or protocol/
+//   agent/              the node's daemon: jobs/, doctor/, node/ and below
+//   doctor/             the checks: host/, node/ and below
+//   jobs/               the job protocol: node/, backup/ and below
 //   node/               context.ts and below
 //   context.ts, host/   ledger/, backend/, store/, sys/
 //   ledger/, backend/   store/, sys/ (siblings: not each other)
-//   backup/             sys/ (the backup engine: chunks, manifests, the target's lock; used by node/ and cli/)
+//   backup/             sys/ (the backup engine: chunks, manifests, the target's lock; used by node/, jobs/ and cli/)
 //   store/              contract/, base
 //   sys/                base only
 //   contract/           base only
@@ -33,6 +36,9 @@ const SYS = '^src/sys/';
 const HOST = '^src/host/';
 const BACKUP = '^src/backup/';
 const CLI = '^src/cli/';
+const AGENT = '^src/agent/';
+const JOBS = '^src/jobs/';
+const DOCTOR = '^src/doctor/';
 const MAIN = '^src/main[.]ts$';
 const ENTRY = '^src/(bin[.]ts$|sea/)';
 
@@ -76,23 +82,41 @@ module.exports = {
       'backup',
       BACKUP,
       [SYS, BASE],
-      'backup/ (the backup engine) works on files and devices by path: sys/ and base modules only; node/ and cli/ use it.',
+      'backup/ (the backup engine) works on files and devices by path: sys/ and base modules only; node/, jobs/ and cli/ use it.',
     ),
     layer('context', CONTEXT, BELOW_NODE, 'context.ts, the composition root, builds the context from ledger, backend, store and sys.'),
     layer(
       'host',
       HOST,
       BELOW_NODE,
-      'host/ (what install, doctor and uninstall share) uses ledger, backend, store, sys; only cli/ uses it.',
+      'host/ (what install, doctor and uninstall share) uses ledger, backend, store, sys; only cli/ and doctor/ use it.',
     ),
     layer('node', NODE, [CONTEXT, BACKUP, ...BELOW_NODE], 'node/ services work on a context; they never import ops, protocol or cli.'),
     layer('ops', OPS, [NODE, CONTEXT, ...BELOW_NODE], 'ops/ use node services and the layers below; never protocol/ or cli/.'),
     layer('protocol', PROTOCOL, [OPS, NODE, CONTEXT, ...BELOW_NODE], 'protocol/ runs one FlexVolume call: ops and below, never cli/.'),
     layer(
+      'jobs',
+      JOBS,
+      [NODE, CONTEXT, BACKUP, ...BELOW_NODE],
+      'jobs/ is the job protocol both sides share (the requester in cli/, the runner in agent/): node services and below, never cli/.',
+    ),
+    layer(
+      'doctor',
+      DOCTOR,
+      [HOST, NODE, CONTEXT, ...BELOW_NODE],
+      'doctor/ holds the checks that the doctor command prints and the agent repeats: host, node and below; it never prints, never cli/.',
+    ),
+    layer(
+      'agent',
+      AGENT,
+      [JOBS, DOCTOR, NODE, CONTEXT, ...BELOW_NODE],
+      "agent/ is the node's daemon: it runs jobs/ and doctor/'s cheap checks over node services; `latch agent` starts it, it never imports cli/.",
+    ),
+    layer(
       'cli',
       CLI,
-      [HOST, NODE, CONTEXT, BACKUP, ...BELOW_NODE],
-      'cli/ sits beside ops/: it may use node, host and below, never ops/ or protocol/.',
+      [AGENT, JOBS, DOCTOR, HOST, NODE, CONTEXT, BACKUP, ...BELOW_NODE],
+      'cli/ sits beside ops/: thin commands over agent/, jobs/, doctor/, node, host and below, never ops/ or protocol/.',
     ),
     layer('main', MAIN, [PROTOCOL, CLI, CONTRACT, BASE], 'main.ts picks protocol (a FlexVolume call) or cli (an admin command).'),
     layer(
@@ -107,9 +131,36 @@ module.exports = {
       severity: 'error',
       from: {
         path: '^src/',
-        pathNot: [BASE, CONTRACT, CONTEXT, PROTOCOL, OPS, NODE, LEDGER, BACKEND, STORE, SYS, HOST, BACKUP, CLI, MAIN, ENTRY],
+        pathNot: [
+          BASE,
+          CONTRACT,
+          CONTEXT,
+          PROTOCOL,
+          OPS,
+          NODE,
+          LEDGER,
+          BACKEND,
+          STORE,
+          SYS,
+          HOST,
+          BACKUP,
+          JOBS,
+          DOCTOR,
+          AGENT,
+          CLI,
+          MAIN,
+          ENTRY,
+        ],
       },
       to: {},
+    },
+    {
+      name: 'cli-groups-apart',
+      comment:
+        'A command group (cli/volume/, cli/node/, ...) never imports another: what two groups share sits in cli/ itself (cli/fencing.ts, cli/volume-doc.ts).',
+      severity: 'error',
+      from: { path: '^src/cli/([^/]+)/' },
+      to: { path: '^src/cli/[^/]+/', pathNot: '^src/cli/$1/' },
     },
     {
       name: 'no-circular',

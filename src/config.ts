@@ -129,7 +129,7 @@ export interface Config {
 export interface RecurringJobConfig {
   name: string;
   task: 'snapshot' | 'backup';
-  /** Checked here for its shape only; the agent parses it with the cron library (cli/agent/recurring.ts). */
+  /** Checked here for its shape only; the agent parses it with the cron library (jobs/recurring.ts). */
   cron: string;
   /** Volume names and glob patterns (`*` any run of characters, `?` one character), e.g. ["db", "pvc-*"]. */
   volumes: string[];

@@ -1,11 +1,10 @@
 // latch metrics: the agent's metrics, once, on stdout (for node-exporter's textfile collector:
 // `latch metrics > /var/lib/node_exporter/textfile/latch.prom.tmp && mv ...`). Call counters cover the retained
 // log files, so they drop when the oldest rotated file goes: Prometheus reads that as a counter reset.
-import type { Context } from '../context.js';
-import { runLedgerChecks } from './doctor/run.js';
+import { runLedgerChecks } from '../doctor/run.js';
 import { configOf, type CommandIO } from './io.js';
-import { readWholeLog } from './metrics/call-log.js';
-import { LatchMetrics } from './metrics/metrics.js';
+import { readWholeLog } from '../agent/call-log.js';
+import { LatchMetrics, readLedger } from '../agent/metrics.js';
 
 export async function metrics(_options: Record<string, never>, io: CommandIO): Promise<void> {
   const config = configOf(io);
@@ -15,13 +14,4 @@ export async function metrics(_options: Record<string, never>, io: CommandIO): P
   await readLedger(collected, ctx);
   collected.setDoctorFindings(await runLedgerChecks(ctx, config));
   io.out(await collected.text());
-}
-
-/**
- * The ledger's gauges as of now; an unreadable ledger sets latch_ledger_up to 0 rather than failing the scrape, and a
- * damaged document is named (latch_ledger_damaged_documents) while the others are counted.
- */
-export async function readLedger(collected: LatchMetrics, ctx: Pick<Context, 'ledger' | 'clock'>): Promise<void> {
-  const listing = await ctx.ledger.list().catch(() => undefined);
-  collected.setLedger(listing, ctx.clock());
 }

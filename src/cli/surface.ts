@@ -12,7 +12,7 @@ import { agent } from './agent.js';
 import { ADMIN_COMMANDS, type AdminCommandName } from './command-names.js';
 import { demo } from './demo.js';
 import { doctor, parseSeconds } from './doctor.js';
-import { DEFAULT_STUCK_AFTER_SECONDS } from './doctor/detaching.js';
+import { DEFAULT_STUCK_AFTER_SECONDS } from '../doctor/detaching.js';
 import { DEFAULT_IMAGE, installOrPrintManifests } from './manifests.js';
 import type { CliIO, CommandIO } from './io.js';
 import { ledgerMigrate, parseStoreName } from './ledger/migrate.js';

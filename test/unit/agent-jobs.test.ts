@@ -26,7 +26,7 @@ import { after, before, describe, it } from 'node:test';
 import type { LoopBackend } from '../../src/backend/loop.js';
 import { chunkListSha256OfImage, listBackups } from '../../src/backup/manifest.js';
 import { verifyBackup } from '../../src/backup/verify.js';
-import { jobRequest } from '../../src/cli/jobs/request.js';
+import { jobRequest } from '../../src/jobs/request.js';
 import { parseConfig, type Config } from '../../src/config.js';
 import { createContext, type Context } from '../../src/context.js';
 import { finishedJob } from '../../src/ledger/arbitrate.js';

@@ -9,8 +9,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { after, describe, it } from 'node:test';
-import { checkDaemonCache, checkDaemonCgroups } from '../../src/cli/doctor/daemons.js';
-import type { Finding } from '../../src/cli/doctor/report.js';
+import { checkDaemonCache, checkDaemonCgroups } from '../../src/doctor/daemons.js';
+import type { Finding } from '../../src/doctor/findings.js';
 import { cgroupsOf, OWN_CGROUP, serviceOf } from '../../src/sys/cgroup.js';
 import { daemonCommand } from '../../src/sys/run.js';
 

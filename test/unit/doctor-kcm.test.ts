@@ -6,8 +6,8 @@ import { chmodSync, existsSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, wri
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { checkControllerManager } from '../../src/cli/doctor/kcm.js';
-import type { Finding } from '../../src/cli/doctor/report.js';
+import { checkControllerManager } from '../../src/doctor/kcm.js';
+import type { Finding } from '../../src/doctor/findings.js';
 import { installDriver } from '../../src/cli/install.js';
 import { parseConfig, type Config } from '../../src/config.js';
 import { DEFAULT_PLUGIN_DIR } from '../../src/host/plugin-dir.js';

@@ -20,7 +20,7 @@ import {
   removeFence,
 } from '../../src/ledger/arbitrate.js';
 import type { VolumeDoc } from '../../src/ledger/types.js';
-import { requireFencer } from '../../src/cli/node/fence.js';
+import { requireFencer } from '../../src/cli/fencing.js';
 import { isClientInstance } from '../../src/sys/rbd.js';
 import { parseConfig } from '../../src/config.js';
 import { clearOwnFence, fenceNodeOffVolume, liftClearedFence } from '../../src/node/fence.js';

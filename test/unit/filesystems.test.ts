@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { describe, test } from 'node:test';
-import { requiredTools } from '../../src/cli/doctor/tools.js';
+import { requiredTools } from '../../src/doctor/tools.js';
 import { FILESYSTEMS, FS_TYPES } from '../../src/filesystems.js';
 import { defined } from '../fixtures/defined.js';
 

@@ -8,9 +8,9 @@ import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync 
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { after, before, describe, it } from 'node:test';
-import { agentStartup } from '../../src/cli/agent/startup.js';
-import { checkFreezes } from '../../src/cli/doctor/freezes.js';
-import type { Finding } from '../../src/cli/doctor/report.js';
+import { agentStartup } from '../../src/agent/startup.js';
+import { checkFreezes } from '../../src/doctor/freezes.js';
+import type { Finding } from '../../src/doctor/findings.js';
 import { parseConfig, type Config } from '../../src/config.js';
 import { createContext } from '../../src/context.js';
 import { freezeMarkerDir, snapshotVolume } from '../../src/node/snapshot.js';

@@ -21,7 +21,7 @@ import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { spawnSync } from 'node:child_process';
-import { runDoctor } from '../../src/cli/doctor/run.js';
+import { runDoctor } from '../../src/doctor/run.js';
 import { installDriver } from '../../src/cli/install.js';
 import { uninstallDriver } from '../../src/cli/uninstall.js';
 import { parseConfig } from '../../src/config.js';

@@ -1,4 +1,4 @@
-// Issue 15: latch's metrics (src/cli/metrics/) and the dashboard and alert rules shipped in deploy/: the gauges
+// Issue 15: latch's metrics (src/agent/metrics.ts) and the dashboard and alert rules shipped in deploy/: the gauges
 // from a ledger, the counters and the latency histogram from call-log lines (also across a rotation), and every
 // expression of the dashboard and the rules naming only metrics latch exports.
 import assert from 'node:assert/strict';
@@ -7,8 +7,8 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { after, describe, it } from 'node:test';
 import { parse as parseYaml } from 'yaml';
-import { LogFollower, readWholeLog, type CallLogLine } from '../../src/cli/metrics/call-log.js';
-import { LatchMetrics, METRIC_NAMES } from '../../src/cli/metrics/metrics.js';
+import { LogFollower, readWholeLog, type CallLogLine } from '../../src/agent/call-log.js';
+import { LatchMetrics, METRIC_NAMES } from '../../src/agent/metrics.js';
 import { addTicket, markAttached, markAttaching, newVolume, removeTicket } from '../../src/ledger/arbitrate.js';
 import type { VolumeDoc } from '../../src/ledger/types.js';
 import { defined } from '../fixtures/defined.js';

@@ -4,8 +4,8 @@
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { describe, it } from 'node:test';
-import { runAgentTasks } from '../../src/cli/agent/tasks.js';
-import { LatchMetrics } from '../../src/cli/metrics/metrics.js';
+import { runAgentTasks } from '../../src/agent/tasks.js';
+import { LatchMetrics } from '../../src/agent/metrics.js';
 import { addTicket, newVolume } from '../../src/ledger/arbitrate.js';
 import { MAX_AUTOMATIC_ACTIONS, reapTickets, touchTicket } from '../../src/ledger/automatic.js';
 import { ticketId } from '../../src/ledger/ids.js';

@@ -1,4 +1,4 @@
-// Recurring jobs (config.recurringJobs, src/cli/agent/recurring.ts): the configuration refuses bad jobs; the agent
+// Recurring jobs (config.recurringJobs, src/jobs/recurring.ts): the configuration refuses bad jobs; the agent
 // task asks for each job's latest due slot once per volume, by a fake clock, and never for a backlog; two agents
 // racing for a slot end with one ticket; retention, applied only by the agent of the node that did the job, keeps
 // exactly `retain` of the job's own snapshots and never touches other names. Over a memory store and loop backends
@@ -20,7 +20,7 @@ import {
   runRecurringJobs,
   selects,
   slotStamp,
-} from '../../src/cli/agent/recurring.js';
+} from '../../src/jobs/recurring.js';
 import { parseConfig, type RecurringJobConfig } from '../../src/config.js';
 import { createContext, type Context } from '../../src/context.js';
 import { ConfigError } from '../../src/errors.js';

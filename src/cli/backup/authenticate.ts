@@ -3,7 +3,7 @@
 import { authenticateBackup } from '../../backup/authenticate.js';
 import { checkBackupName } from '../../backup/layout.js';
 import { configOf, type CommandIO } from '../io.js';
-import { backupTargetOf } from './target.js';
+import { backupTargetOf } from '../../jobs/backup-target.js';
 
 export async function backupAuthenticate(options: { name: string }, io: CommandIO): Promise<number> {
   const config = configOf(io);

@@ -9,9 +9,10 @@ import { checkVolumeName } from '../../names.js';
 import { openBackupSource } from '../../node/snapshot.js';
 import { formatSize } from '../../size.js';
 import { configOf, type CommandIO } from '../io.js';
-import { holdersOf, jobNode, jobRequest, requestAndReport } from '../jobs/request.js';
+import { holdersOf, jobNode, jobRequest } from '../../jobs/request.js';
+import { requestAndReport } from '../job-report.js';
 import { formatJson, type OutputFormat } from '../output.js';
-import { backupTargetOf } from './target.js';
+import { backupTargetOf } from '../../jobs/backup-target.js';
 
 export interface BackupCreateOptions {
   volume: string;

@@ -3,7 +3,7 @@ import { deleteBackup } from '../../backup/delete.js';
 import { checkBackupName } from '../../backup/layout.js';
 import { formatSize } from '../../size.js';
 import { configOf, type CommandIO } from '../io.js';
-import { backupTargetOf } from './target.js';
+import { backupTargetOf } from '../../jobs/backup-target.js';
 
 export async function backupDelete(options: { name: string }, io: CommandIO): Promise<void> {
   const config = configOf(io);

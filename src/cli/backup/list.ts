@@ -5,7 +5,7 @@ import { checkVolumeName } from '../../names.js';
 import { formatSize } from '../../size.js';
 import { configOf, type CommandIO } from '../io.js';
 import { formatJson, formatTable, type OutputFormat } from '../output.js';
-import { backupTargetOf } from './target.js';
+import { backupTargetOf } from '../../jobs/backup-target.js';
 
 export async function backupList(options: { volume?: string; output: OutputFormat }, io: CommandIO): Promise<void> {
   if (options.volume !== undefined) checkVolumeName(options.volume);

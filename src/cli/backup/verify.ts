@@ -3,7 +3,7 @@ import { checkBackupName } from '../../backup/layout.js';
 import { verifyBackup } from '../../backup/verify.js';
 import { configOf, type CommandIO } from '../io.js';
 import { formatJson, type OutputFormat } from '../output.js';
-import { backupTargetOf } from './target.js';
+import { backupTargetOf } from '../../jobs/backup-target.js';
 
 export async function backupVerify(options: { name: string; output: OutputFormat }, io: CommandIO): Promise<number> {
   const target = backupTargetOf(configOf(io));

@@ -8,7 +8,7 @@ import type { NodePhase, Ticket, TicketType, VolumeDoc } from '../../ledger/type
 import { checkNodeName } from '../../names.js';
 import { configOf, type CommandIO } from '../io.js';
 import { formatJson, type OutputFormat } from '../output.js';
-import { concernsNode, describeRequester } from '../volume/volume-doc.js';
+import { concernsNode, describeRequester } from '../volume-doc.js';
 
 export interface NodeCheckOptions {
   node: string;

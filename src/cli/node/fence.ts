@@ -4,17 +4,15 @@
 //    clients first, then N's hold and tickets go, so the volume may attach elsewhere at once.
 //  - clear-fences (on the fenced node itself): its old mappings go, from its kernel state, and it says so.
 //  - unfence N (where the fencer identity is): the storage serves N's old clients again where N has cleared.
-import type { Fencer } from '../../backend/types.js';
-import { configuredFencer } from '../../backend/index.js';
-import type { Config } from '../../config.js';
 import type { Context } from '../../context.js';
-import { LatchError, errorMessage } from '../../errors.js';
+import { errorMessage } from '../../errors.js';
 import type { DamagedVolume } from '../../ledger/ledger.js';
 import type { VolumeDoc } from '../../ledger/types.js';
-import { clearOwnFence, fenceNodeOffVolume, liftClearedFence, type FenceOptions } from '../../node/fence.js';
+import { clearOwnFence, liftClearedFence } from '../../node/fence.js';
 import { checkNodeName, checkVolumeName } from '../../names.js';
+import { fenceVolume, requireFencer } from '../fencing.js';
 import { configOf, type CommandIO } from '../io.js';
-import { concernsNode } from '../volume/volume-doc.js';
+import { concernsNode } from '../volume-doc.js';
 
 export interface NodeFenceOptions {
   node: string;
@@ -68,42 +66,6 @@ function unreadable(damaged: DamagedVolume, node: string, again = `repeat this w
     `its ledger document cannot be read, so what it records of node ${node} is unknown (${damaged.reason}); ` +
     `repair the document, then ${again}`
   );
-}
-
-/** Fences `node` off `volume` and says what the storage now refuses (volume release --node-is-down uses it too). */
-export async function fenceVolume(
-  ctx: Context,
-  fencer: Fencer,
-  volume: string,
-  node: string,
-  reason: string,
-  options: FenceOptions = {},
-): Promise<string> {
-  const { doc, clients } = await fenceNodeOffVolume(ctx, fencer, volume, node, reason, options);
-  const refused =
-    clients.length > 0
-      ? `${fencer.kind} refuses its client(s) ${clients.join(', ')}`
-      : `no client of it had the image open or locked, and none was recorded: ${fencer.kind} had nothing to refuse` +
-        (options.poweredOff ? " (the node is powered off, on the admin's word)" : '');
-  return `volume ${volume}: node ${node} fenced off (${refused}); its hold and tickets released; state now ${doc?.status.state}`;
-}
-
-/** The fencer of the configuration; a LatchError saying why there is none. */
-export async function requireFencer(config: Config): Promise<Fencer> {
-  if (config.backend.type === 'loop') {
-    throw new LatchError(
-      'the loop backend keeps each volume on one node: there is no shared storage to fence. ' +
-        'If the node is down, latch volume release VOLUME --node NODE --node-is-down releases its hold',
-    );
-  }
-  const fencer = await configuredFencer(config);
-  if (!fencer) {
-    throw new LatchError(
-      `the configuration ${config.source} has no fencer identity (backend.fencer: { clientId, keyring }): ` +
-        'fencing needs the Ceph identity that may blocklist client instances, which nodes never hold (docs/operations.md, "Fencing")',
-    );
-  }
-  return fencer;
 }
 
 export interface NodeUnfenceOptions {

@@ -7,7 +7,8 @@ import { checkVolumeName } from '../../names.js';
 import { snapshotVolume } from '../../node/snapshot.js';
 import { formatSize } from '../../size.js';
 import { configOf, type CommandIO } from '../io.js';
-import { holdersOf, jobNode, jobRequest, requestAndReport } from '../jobs/request.js';
+import { holdersOf, jobNode, jobRequest } from '../../jobs/request.js';
+import { requestAndReport } from '../job-report.js';
 import { formatJson, type OutputFormat } from '../output.js';
 
 export interface SnapshotCreateOptions {

@@ -5,7 +5,7 @@ import { ticketId } from '../../ledger/ids.js';
 import type { TicketType } from '../../ledger/types.js';
 import { checkNodeName } from '../../names.js';
 import { configOf, type CommandIO } from '../io.js';
-import { getVolume } from '../volume/volume-doc.js';
+import { getVolume } from '../volume-doc.js';
 
 export interface TicketAddOptions {
   volume: string;

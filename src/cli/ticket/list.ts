@@ -4,7 +4,7 @@ import { SEED_ATTACHER_TYPE, TICKET_PRIORITY, type Ticket, type TicketStatus } f
 import { checkNodeName } from '../../names.js';
 import { configOf, type CommandIO } from '../io.js';
 import { formatJson, formatTable, type OutputFormat } from '../output.js';
-import { describeRequester, getVolume } from '../volume/volume-doc.js';
+import { describeRequester, getVolume } from '../volume-doc.js';
 
 export interface TicketListOptions {
   volume?: string;

@@ -3,7 +3,7 @@ import { LatchError } from '../../errors.js';
 import { nodeHoldsDevice } from '../../ledger/arbitrate.js';
 import type { VolumeDoc } from '../../ledger/types.js';
 import { configOf, type CommandIO } from '../io.js';
-import { getVolume } from '../volume/volume-doc.js';
+import { getVolume } from '../volume-doc.js';
 
 export interface TicketRemoveOptions {
   volume: string;

@@ -4,7 +4,7 @@ import { LatchError } from '../../errors.js';
 import type { VolumeDoc } from '../../ledger/types.js';
 import { checkNamespaceName, checkPvName } from '../../names.js';
 import { configOf, type CommandIO } from '../io.js';
-import { getVolume } from './volume-doc.js';
+import { getVolume } from '../volume-doc.js';
 
 export interface VolumeAllowOptions {
   name: string;

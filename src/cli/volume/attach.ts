@@ -8,9 +8,9 @@ import { finishedJob } from '../../ledger/arbitrate.js';
 import { jobTicketId } from '../../ledger/ids.js';
 import { checkNodeName } from '../../names.js';
 import { configOf, type CommandIO } from '../io.js';
-import { holdersOf, jobRequest } from '../jobs/request.js';
+import { holdersOf, jobRequest } from '../../jobs/request.js';
 import { runJob } from './job.js';
-import { getVolume } from './volume-doc.js';
+import { getVolume } from '../volume-doc.js';
 
 export interface VolumeAttachOptions {
   name: string;

@@ -11,9 +11,9 @@ import { checkVolumeName } from '../../names.js';
 import { cloneTicketIds } from '../../node/jobs/clone.js';
 import { formatSize } from '../../size.js';
 import { configOf, type CommandIO } from '../io.js';
-import { jobNode, jobRequest, requestAndWait } from '../jobs/request.js';
-import { getVolume } from './volume-doc.js';
-import { takeBackUnstarted } from '../jobs/request.js';
+import { jobNode, jobRequest, requestAndWait } from '../../jobs/request.js';
+import { getVolume } from '../volume-doc.js';
+import { takeBackUnstarted } from '../../jobs/request.js';
 import { FILL_WAIT_MS, createWithTicket, runJob } from './job.js';
 
 export interface VolumeCloneOptions {

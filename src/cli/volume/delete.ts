@@ -4,7 +4,7 @@ import { LatchError } from '../../errors.js';
 import type { Ticket, VolumeDoc } from '../../ledger/types.js';
 import { reachesHome } from '../../node/home.js';
 import { configOf, type CommandIO } from '../io.js';
-import { getVolume } from './volume-doc.js';
+import { getVolume } from '../volume-doc.js';
 
 export async function volumeDelete(options: { name: string }, io: CommandIO): Promise<void> {
   const { name } = options;

@@ -4,7 +4,7 @@ import { formatSize } from '../../size.js';
 import { configOf, type CommandIO } from '../io.js';
 import { formatJson, type OutputFormat } from '../output.js';
 import { describeAccess } from './allow.js';
-import { describeNodes, getVolume } from './volume-doc.js';
+import { describeNodes, getVolume } from '../volume-doc.js';
 
 export async function volumeInspect(options: { name: string; output: OutputFormat }, io: CommandIO): Promise<void> {
   const doc = await getVolume(io.context(configOf(io)).ledger, options.name);

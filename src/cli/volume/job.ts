@@ -6,7 +6,7 @@ import type { NewVolumeSpec } from '../../ledger/ledger.js';
 import type { VolumeDoc } from '../../ledger/types.js';
 import { LatchError } from '../../errors.js';
 import type { CommandIO } from '../io.js';
-import { describeOutcome, requestAndWait, takeBackUnstarted, type JobResult } from '../jobs/request.js';
+import { describeOutcome, requestAndWait, takeBackUnstarted, type JobResult } from '../../jobs/request.js';
 
 /**
  * How long `volume restore` and `volume clone` wait by default. Filling a volume goes on however long it takes; the

@@ -4,7 +4,7 @@ import { formatSize } from '../../size.js';
 import { configOf, type CommandIO } from '../io.js';
 import { formatJson, formatTable, type OutputFormat } from '../output.js';
 import type { VolumeDoc } from '../../ledger/types.js';
-import { concernsNode, describeNodes } from './volume-doc.js';
+import { concernsNode, describeNodes } from '../volume-doc.js';
 
 export interface VolumeListOptions {
   /** Only the volumes this node holds (any phase) or has tickets for. */

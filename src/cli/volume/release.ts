@@ -3,8 +3,8 @@
 import { LatchError } from '../../errors.js';
 import { checkNodeName } from '../../names.js';
 import { configOf, type CommandIO } from '../io.js';
-import { fenceVolume, requireFencer } from '../node/fence.js';
-import { getVolume } from './volume-doc.js';
+import { fenceVolume, requireFencer } from '../fencing.js';
+import { getVolume } from '../volume-doc.js';
 
 export interface VolumeReleaseOptions {
   name: string;

@@ -9,9 +9,9 @@ import { finishedJob } from '../../ledger/arbitrate.js';
 import { jobTicketId } from '../../ledger/ids.js';
 import { checkVolumeName } from '../../names.js';
 import { formatSize } from '../../size.js';
-import { backupTargetOf } from '../backup/target.js';
+import { backupTargetOf } from '../../jobs/backup-target.js';
 import { configOf, type CommandIO } from '../io.js';
-import { jobNode, jobRequest } from '../jobs/request.js';
+import { jobNode, jobRequest } from '../../jobs/request.js';
 import { FILL_WAIT_MS, createWithTicket, runJob } from './job.js';
 
 export interface VolumeRestoreOptions {

@@ -1,4 +1,4 @@
-// What the node agent's job runner (cli/agent/jobs.ts) asks of one kind of job (docs/jobs.md). The runner owns the
+// What the node agent's job runner (jobs/runner.ts) asks of one kind of job (docs/jobs.md). The runner owns the
 // ticket's life: it claims the grant, sets up the device (frontend disabled: nothing mounts it for a pod), records
 // the job as running, calls run(), records the outcome, calls cleanUp() and releases the device, then finishes the
 // ticket. A handler only does the work, and must be safe to call again after a kill at any point.

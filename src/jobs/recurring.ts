@@ -8,16 +8,16 @@
 // `retain`, and nothing else.
 //
 // The cron library is loaded here only (lazily): driver calls never pay for it.
-import { deleteBackup } from '../../backup/delete.js';
-import { manifestExists, listBackups } from '../../backup/manifest.js';
-import { hasSnapshots } from '../../backend/types.js';
-import type { Config, RecurringJobConfig } from '../../config.js';
-import type { Context } from '../../context.js';
-import { ConfigError, LatchError, errorMessage } from '../../errors.js';
-import { finishedJob } from '../../ledger/arbitrate.js';
-import type { JobSpec, VolumeDoc } from '../../ledger/types.js';
-import { backupTargetOf } from '../backup/target.js';
-import { jobNode, jobRequest } from '../jobs/request.js';
+import { deleteBackup } from '../backup/delete.js';
+import { manifestExists, listBackups } from '../backup/manifest.js';
+import { hasSnapshots } from '../backend/types.js';
+import type { Config, RecurringJobConfig } from '../config.js';
+import type { Context } from '../context.js';
+import { ConfigError, LatchError, errorMessage } from '../errors.js';
+import { finishedJob } from '../ledger/arbitrate.js';
+import type { JobSpec, VolumeDoc } from '../ledger/types.js';
+import { backupTargetOf } from './backup-target.js';
+import { jobNode, jobRequest } from './request.js';
 
 /** What latch uses of a parsed cron expression (croner's Cron). */
 interface Cron {

@@ -6,14 +6,14 @@
 // `init` in an empty root holding only the driver's directory, the way that container runs it.
 import { open, stat } from 'node:fs/promises';
 import { join } from 'node:path';
-import { DEFAULT_CONFIG_PATH, loadConfig, type Config } from '../../config.js';
-import { DEFAULT_DRIVER_NAME } from '../../names.js';
-import { errorMessage } from '../../errors.js';
-import { driverPath, installedState } from '../../host/driver-file.js';
-import { callInEmptyRoot, emptyRootWith } from '../../host/empty-root.js';
-import { DEFAULT_PLUGIN_DIR, flagValue } from '../../host/plugin-dir.js';
-import { findProcesses, type HostProcess } from '../../host/processes.js';
-import { sh, type AddFinding } from './report.js';
+import { DEFAULT_CONFIG_PATH, loadConfig, type Config } from '../config.js';
+import { DEFAULT_DRIVER_NAME } from '../names.js';
+import { errorMessage } from '../errors.js';
+import { driverPath, installedState } from '../host/driver-file.js';
+import { callInEmptyRoot, emptyRootWith } from '../host/empty-root.js';
+import { DEFAULT_PLUGIN_DIR, flagValue } from '../host/plugin-dir.js';
+import { findProcesses, type HostProcess } from '../host/processes.js';
+import { sh, type AddFinding } from './findings.js';
 
 const CHECK = 'kcm';
 

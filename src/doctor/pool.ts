@@ -2,13 +2,13 @@
 // against the ledger's volumes that live here (docs/ledger.md, "Home").
 import { lstat, readdir, statfs } from 'node:fs/promises';
 import { join } from 'node:path';
-import { imageFileName, volumeOfImageFile } from '../../backend/loop.js';
-import type { Config } from '../../config.js';
-import { errorMessage } from '../../errors.js';
-import type { Inventory } from '../../host/inventory.js';
-import { reachesHome } from '../../node/home.js';
-import { formatApproxSize } from '../../size.js';
-import type { AddFinding } from './report.js';
+import { imageFileName, volumeOfImageFile } from '../backend/loop.js';
+import type { Config } from '../config.js';
+import { errorMessage } from '../errors.js';
+import type { Inventory } from '../host/inventory.js';
+import { reachesHome } from '../node/home.js';
+import { formatApproxSize } from '../size.js';
+import type { AddFinding } from './findings.js';
 
 export async function checkPool(config: Config, held: Inventory, add: AddFinding): Promise<void> {
   const { pool, volumes } = held;

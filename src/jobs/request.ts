@@ -1,17 +1,15 @@
 // The requester's side of a job (docs/jobs.md, "Requesting"): which node does it, the job ticket, and waiting for
 // the outcome the node's agent records. Every command that asks an agent for work (snapshot, backup, restore, clone,
-// attach) goes through here.
+// attach) goes through here; the commands print what it returns.
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { Context } from '../../context.js';
-import { LatchError } from '../../errors.js';
-import { finishedJob, isInUse, isSatisfied, type JobRequest } from '../../ledger/arbitrate.js';
-import { jobTicketId } from '../../ledger/ids.js';
-import type { NewVolumeSpec } from '../../ledger/ledger.js';
-import type { FinishedJob, JobSpec, JobStatus, JobTicketType, Ticket, VolumeDoc } from '../../ledger/types.js';
-import { checkNodeName } from '../../names.js';
-import { reachesHome } from '../../node/home.js';
-import type { CommandIO } from '../io.js';
-import { formatJson, type OutputFormat } from '../output.js';
+import type { Context } from '../context.js';
+import { LatchError } from '../errors.js';
+import { finishedJob, isInUse, isSatisfied, type JobRequest } from '../ledger/arbitrate.js';
+import { jobTicketId } from '../ledger/ids.js';
+import type { NewVolumeSpec } from '../ledger/ledger.js';
+import type { FinishedJob, JobSpec, JobStatus, JobTicketType, Ticket, VolumeDoc } from '../ledger/types.js';
+import { checkNodeName } from '../names.js';
+import { reachesHome } from '../node/home.js';
 
 /** How long an agent has to take a granted job up before the requester gives up on it (and removes its ticket). */
 const PICKUP_MS = 30_000;
@@ -206,7 +204,6 @@ function holdsAfter(ticket: Ticket, state: JobStatus['state']): boolean {
   return false;
 }
 
-/** Removes the ticket if no agent started its job (one CAS write); whether it did. */
 /** Removes the job ticket if no agent started its job (one CAS write); says whether it did. */
 export async function takeBackUnstarted(ctx: Context, volume: string, id: string): Promise<boolean> {
   let removed = false;
@@ -231,27 +228,4 @@ export function describeOutcome(result: JobResult): string {
       if (result.status.state === 'failed') throw new LatchError(`the job on node ${result.node} failed: ${result.status.message}`);
       return result.status.message;
   }
-}
-
-/**
- * What `snapshot create` and `backup create` do once they go through a ticket: ask, wait as told (default an hour),
- * print the outcome in words or as JSON. A failed job fails the command (after its JSON, when that was asked for).
- */
-export async function requestAndReport(
-  ctx: Context,
-  io: CommandIO,
-  volume: string,
-  request: JobRequest,
-  options: { wait?: boolean | undefined; timeout?: number | undefined; output: OutputFormat },
-): Promise<void> {
-  const result = await requestAndWait(ctx, volume, request, {
-    wait: options.wait ?? true,
-    timeoutMs: (options.timeout ?? 3600) * 1000,
-  });
-  if (options.output === 'json') {
-    io.out(formatJson(result));
-    describeOutcome(result);
-    return;
-  }
-  io.out(`${describeOutcome(result)}\n`);
 }

@@ -4,9 +4,9 @@
 // And rbd-fuse daemons an older latch started with librbd's cache on, which a fence can make lie about fsync.
 import { realpath } from 'node:fs/promises';
 import { dirname } from 'node:path';
-import { serviceOf } from '../../sys/cgroup.js';
-import { rbdFuseProcesses, runsWithoutRbdCache } from '../../sys/fuse.js';
-import type { AddFinding } from './report.js';
+import { serviceOf } from '../sys/cgroup.js';
+import { rbdFuseProcesses, runsWithoutRbdCache } from '../sys/fuse.js';
+import type { AddFinding } from './findings.js';
 
 export async function checkDaemonCgroups(add: AddFinding): Promise<void> {
   const daemons = await rbdFuseProcesses();

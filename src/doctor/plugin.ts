@@ -1,10 +1,10 @@
 // doctor: the plugin dir kubelet reads, the driver installed in it, and whether kubelet can run that driver.
 import { open, readdir, stat } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
-import { BESIDE_DRIVER_DIR, type Config } from '../../config.js';
-import { DEFAULT_DRIVER_NAME } from '../../names.js';
-import { missingRuntime, sameBuild } from '../../host/beside-driver.js';
-import { errorMessage } from '../../errors.js';
+import { BESIDE_DRIVER_DIR, type Config } from '../config.js';
+import { DEFAULT_DRIVER_NAME } from '../names.js';
+import { missingRuntime, sameBuild } from '../host/beside-driver.js';
+import { errorMessage } from '../errors.js';
 import {
   driverPath,
   fileDigest,
@@ -13,10 +13,10 @@ import {
   runningExecutable,
   shortDigest,
   type InstalledState,
-} from '../../host/driver-file.js';
-import { choosePluginDir } from '../../host/plugin-dir.js';
-import { findTool, toolSearchPath } from '../../sys/run.js';
-import { sh, type AddFinding } from './report.js';
+} from '../host/driver-file.js';
+import { choosePluginDir } from '../host/plugin-dir.js';
+import { findTool, toolSearchPath } from '../sys/run.js';
+import { sh, type AddFinding } from './findings.js';
 
 export interface PluginCheckOptions {
   /** --plugin-dir; otherwise $LATCH_VOLUME_PLUGIN_DIR or detection, as for install. */

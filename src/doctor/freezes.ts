@@ -1,10 +1,10 @@
 // doctor: filesystems latch froze for a snapshot and did not thaw (sys/freeze.ts records each freeze in a marker file
 // under the state dir until its thaw). A leftover one blocks every writer of the pod that uses the volume.
-import type { Config } from '../../config.js';
-import { errorMessage } from '../../errors.js';
-import { freezeMarkerDir } from '../../node/snapshot.js';
-import { recordedFreezes } from '../../sys/freeze.js';
-import type { AddFinding } from './report.js';
+import type { Config } from '../config.js';
+import { errorMessage } from '../errors.js';
+import { freezeMarkerDir } from '../node/snapshot.js';
+import { recordedFreezes } from '../sys/freeze.js';
+import type { AddFinding } from './findings.js';
 
 /** Reports each leftover freeze (an error, with the thaw that fixes it); returns how many it reported. */
 export async function checkFreezes(config: Pick<Config, 'stateDir'>, add: AddFinding, now = Date.now()): Promise<number> {

@@ -1,11 +1,11 @@
 // doctor: the ledger against the kernel on this node. Holds without a device, mounts of pool devices the ledger
 // does not know, and loop devices over pool images without a hold are each an error with the command that fixes it.
-import type { Config } from '../../config.js';
-import type { Context } from '../../context.js';
-import { inventory, LedgerReadError, liveDevice, type Inventory } from '../../host/inventory.js';
-import { isInUse, ticketsOfNode } from '../../ledger/arbitrate.js';
-import { shortTicketId } from '../../ledger/ids.js';
-import { sh, type AddFinding, type Finding } from './report.js';
+import type { Config } from '../config.js';
+import type { Context } from '../context.js';
+import { inventory, LedgerReadError, liveDevice, type Inventory } from '../host/inventory.js';
+import { isInUse, ticketsOfNode } from '../ledger/arbitrate.js';
+import { shortTicketId } from '../ledger/ids.js';
+import { sh, type AddFinding, type Finding } from './findings.js';
 
 /** What the ledger and the kernel hold here; undefined (with an error finding) when the ledger cannot be read. */
 export async function readInventory(ctx: Context, config: Config, add: AddFinding): Promise<Inventory | undefined> {

@@ -1,7 +1,7 @@
 // doctor: the configuration, first, since every other check depends on it.
-import { DEFAULT_CONFIG_PATH, loadConfig, type Config } from '../../config.js';
-import { errorMessage } from '../../errors.js';
-import { sh, type AddFinding } from './report.js';
+import { DEFAULT_CONFIG_PATH, loadConfig, type Config } from '../config.js';
+import { errorMessage } from '../errors.js';
+import { sh, type AddFinding } from './findings.js';
 
 /** The configuration, or undefined (with an error finding) when it does not load. */
 export function checkConfig(env: NodeJS.ProcessEnv, add: AddFinding): Config | undefined {

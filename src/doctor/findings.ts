@@ -1,10 +1,9 @@
-// What latch doctor finds, how it is shown, and what it exits with.
+// What latch doctor finds (the command, cli/doctor.ts, shows it and exits by it).
 //
 // Severities: "error" when something is broken now or the ledger and the kernel disagree (a call will fail, or a
 // volume could be written from where the ledger does not know); "warning" when latch works but something needs
 // attention (a tool only some volumes need, an overcommitted pool, another driver version installed, a volume
-// detaching for longer than --stuck-after). Exit status: 1 with any error, 2 with warnings only, 0 when healthy.
-import { formatTable } from '../output.js';
+// detaching for longer than --stuck-after).
 
 export type Severity = 'ok' | 'warning' | 'error';
 
@@ -34,28 +33,6 @@ export function doctorReport(findings: Finding[], configured?: { node: string; c
   const errors = findings.filter((f) => f.severity === 'error').length;
   const warnings = findings.filter((f) => f.severity === 'warning').length;
   return { ...configured, healthy: errors === 0 && warnings === 0, errors, warnings, findings };
-}
-
-/** 0 healthy, 1 with any error, 2 with warnings only. */
-export function doctorExitCode(report: DoctorReport): number {
-  return report.errors > 0 ? 1 : report.warnings > 0 ? 2 : 0;
-}
-
-/** The report for people: a table of findings, each fix or note under its finding, then the verdict. */
-export function formatDoctorReport(report: DoctorReport): string {
-  const heading =
-    `latch doctor on node ${report.node ?? '(unknown: no valid configuration)'}` +
-    `${report.config ? ` (configuration: ${report.config})` : ''}\n\n`;
-  const rows: string[][] = [];
-  for (const f of report.findings) {
-    rows.push([f.severity, f.check, f.message]);
-    if (f.fix) rows.push(['', '', `fix: ${f.fix}${f.note ? `   # ${f.note}` : ''}`]);
-    else if (f.note) rows.push(['', '', `note: ${f.note}`]);
-  }
-  const verdict = report.healthy
-    ? 'healthy'
-    : `${report.errors} error(s), ${report.warnings} warning(s)${report.errors > 0 ? '' : ' (no errors)'}`;
-  return `${heading}${formatTable(['status', 'check', 'finding'], rows)}\n${verdict}\n`;
 }
 
 /** A word as a POSIX shell reads it back: plain when safe, else single-quoted (fixes are meant to be pasted). */

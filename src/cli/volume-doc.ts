@@ -1,9 +1,9 @@
 // A volume's ledger document as the admin commands read and show it.
-import { LatchError } from '../../errors.js';
-import type { Ledger } from '../../ledger/ledger.js';
-import { ticketsOfNode } from '../../ledger/arbitrate.js';
-import type { Ticket, VolumeDoc } from '../../ledger/types.js';
-import { checkVolumeName } from '../../names.js';
+import { LatchError } from '../errors.js';
+import type { Ledger } from '../ledger/ledger.js';
+import { ticketsOfNode } from '../ledger/arbitrate.js';
+import type { Ticket, VolumeDoc } from '../ledger/types.js';
+import { checkVolumeName } from '../names.js';
 
 /** The volume's document; a LatchError saying how to find the volumes when there is none. */
 export async function getVolume(ledger: Ledger, name: string): Promise<VolumeDoc> {

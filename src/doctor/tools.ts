@@ -1,8 +1,8 @@
 // doctor: the tools latch runs, found where run() finds them, with the package that provides each.
-import type { Config } from '../../config.js';
-import { FILESYSTEMS, FS_TYPES, type FsType } from '../../filesystems.js';
-import { findTool, toolSearchPath } from '../../sys/run.js';
-import type { AddFinding, Severity } from './report.js';
+import type { Config } from '../config.js';
+import { FILESYSTEMS, FS_TYPES, type FsType } from '../filesystems.js';
+import { findTool, toolSearchPath } from '../sys/run.js';
+import type { AddFinding, Severity } from './findings.js';
 
 export interface ToolSpec {
   tool: string;

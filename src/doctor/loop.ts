@@ -1,6 +1,6 @@
 // doctor: whether the kernel can set up loop devices at all.
 import { stat } from 'node:fs/promises';
-import type { AddFinding } from './report.js';
+import type { AddFinding } from './findings.js';
 
 export async function checkLoopSupport(add: AddFinding): Promise<void> {
   try {

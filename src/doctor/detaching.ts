@@ -1,6 +1,6 @@
 // doctor: volumes detaching from a node (this one or another) for longer than --stuck-after.
-import { liveDevice, type Inventory } from '../../host/inventory.js';
-import type { AddFinding } from './report.js';
+import { liveDevice, type Inventory } from '../host/inventory.js';
+import type { AddFinding } from './findings.js';
 
 export const DEFAULT_STUCK_AFTER_SECONDS = 300;
 

@@ -1,17 +1,17 @@
 // What `latch agent` does periodically on its node: a list of small, independent tasks, each safe to run at any
 // moment and to be cut short (the agent keeps no state that the ledger does not hold). To add a job (snapshots,
 // backups, ...), write a task and add it to AGENT_TASKS.
-import type { Config } from '../../config.js';
-import type { Context } from '../../context.js';
-import { errorMessage } from '../../errors.js';
-import type { AutomaticAction } from '../../ledger/types.js';
-import { writeLog, type CallLog } from '../../log.js';
-import { Ledger, type DamagedVolume } from '../../ledger/ledger.js';
-import { releaseHoldWithoutDevice } from '../../node/self-release.js';
+import type { Config } from '../config.js';
+import type { Context } from '../context.js';
+import { errorMessage } from '../errors.js';
+import type { AutomaticAction } from '../ledger/types.js';
+import { writeLog, type CallLog } from '../log.js';
+import { Ledger, type DamagedVolume } from '../ledger/ledger.js';
+import { releaseHoldWithoutDevice } from '../node/self-release.js';
 import { runLedgerChecks } from '../doctor/run.js';
-import { runRecurringJobs } from './recurring.js';
+import { runRecurringJobs } from '../jobs/recurring.js';
 import { thawFreezesLeftBehind } from './startup.js';
-import type { LatchMetrics } from '../metrics/metrics.js';
+import type { LatchMetrics } from './metrics.js';
 
 /** What a task may use besides the context: the metrics it feeds and the log. */
 export interface AgentRun {
@@ -74,7 +74,7 @@ const doctorFindings: AgentTask = {
   },
 };
 
-/** Asks for the tickets of the recurring jobs' due slots, and applies their retention (agent/recurring.ts). */
+/** Asks for the tickets of the recurring jobs' due slots, and applies their retention (jobs/recurring.ts). */
 const recurringJobs: AgentTask = {
   name: 'recurring-jobs',
   run: ({ ctx, log }) => runRecurringJobs(ctx, log),

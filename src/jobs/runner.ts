@@ -3,14 +3,14 @@
 // it when the ticket is preempted or removed, and once it is done releases the device (unless another ticket of this
 // node still needs it) and finishes the ticket. It keeps nothing the ledger does not hold: a runner started after a
 // kill finds 'running' jobs that no process here runs, and redoes them (handlers are idempotent by name).
-import type { Context } from '../../context.js';
-import { JobInterruptedError, errorMessage } from '../../errors.js';
-import { isSatisfied, jobTicketsOfNode, nodeHoldsDevice, type JobUpdate } from '../../ledger/arbitrate.js';
-import type { JobStatus, Ticket, VolumeDoc } from '../../ledger/types.js';
-import { releaseDevice, setUpDevice } from '../../node/device.js';
-import { handlerOf } from '../../node/jobs/index.js';
-import type { JobRun } from '../../node/jobs/types.js';
-import { withVolumeLock } from '../../node/lock.js';
+import type { Context } from '../context.js';
+import { JobInterruptedError, errorMessage } from '../errors.js';
+import { isSatisfied, jobTicketsOfNode, nodeHoldsDevice, type JobUpdate } from '../ledger/arbitrate.js';
+import type { JobStatus, Ticket, VolumeDoc } from '../ledger/types.js';
+import { releaseDevice, setUpDevice } from '../node/device.js';
+import { handlerOf } from '../node/jobs/index.js';
+import type { JobRun } from '../node/jobs/types.js';
+import { withVolumeLock } from '../node/lock.js';
 
 /** A job this process runs. */
 interface Running {

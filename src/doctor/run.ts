@@ -1,8 +1,8 @@
 // latch doctor's runner: checks this node the way someone debugging a pod stuck in ContainerCreating would, one
 // concern per check, in the order the findings should be read (the configuration first: the rest depends on it).
-import { chooseRbdClient } from '../../backend/client-choice.js';
-import type { Config, RbdBackendConfig } from '../../config.js';
-import { createContext, type Context } from '../../context.js';
+import { chooseRbdClient } from '../backend/client-choice.js';
+import type { Config, RbdBackendConfig } from '../config.js';
+import { createContext, type Context } from '../context.js';
 import { reportAutomaticActions } from './automatic.js';
 import { checkConfig } from './config.js';
 import { checkDaemonCache, checkDaemonCgroups } from './daemons.js';
@@ -13,8 +13,10 @@ import { agreement, checkLedgerAgainstKernel, readInventory } from './ledger.js'
 import { checkLoopSupport } from './loop.js';
 import { checkPlugin } from './plugin.js';
 import { checkImages, checkPool } from './pool.js';
-import { checkRbd, checkRbdMappings, type RbdConfig } from './rbd.js';
-import { doctorReport, type DoctorReport, type Finding } from './report.js';
+import { checkRbd } from './rbd/ceph-side.js';
+import type { RbdConfig } from './rbd/identity.js';
+import { checkRbdMappings } from './rbd/mappings.js';
+import { doctorReport, type DoctorReport, type Finding } from './findings.js';
 import { checkTools } from './tools.js';
 
 export interface DoctorOptions {

@@ -2,10 +2,10 @@
 // left that blocks a pod now. Today that is a freeze: a snapshot's fsfreeze whose process was killed (an agent, a
 // `latch snapshot create`) before its thaw leaves the pod's filesystem frozen, and the kernel never thaws it by itself.
 // The same sweep runs every interval as a task (tasks.ts), for a freeze whose thaw came too late.
-import type { Config } from '../../config.js';
-import { errorMessage } from '../../errors.js';
-import { freezeMarkerDir } from '../../node/snapshot.js';
-import { thawLeftoverFreezes } from '../../sys/freeze.js';
+import type { Config } from '../config.js';
+import { errorMessage } from '../errors.js';
+import { freezeMarkerDir } from '../node/snapshot.js';
+import { thawLeftoverFreezes } from '../sys/freeze.js';
 
 type Log = (entry: Record<string, unknown>) => void;
 

@@ -3,8 +3,9 @@
 // histogram, from the call log's lines: call-log.ts) and what the cheap doctor checks found. The names are in
 // METRIC_NAMES; test/unit/metrics.test.ts checks that the shipped dashboard and alert rules use only these.
 import type * as PromClient from 'prom-client';
-import type { Finding } from '../doctor/report.js';
-import type { VolumeListing } from '../../ledger/ledger.js';
+import type { Context } from '../context.js';
+import type { Finding } from '../doctor/findings.js';
+import type { VolumeListing } from '../ledger/ledger.js';
 import type { CallLogLine } from './call-log.js';
 
 export const METRIC_NAMES = {
@@ -165,4 +166,13 @@ export class LatchMetrics {
   text(): Promise<string> {
     return this.registry.metrics();
   }
+}
+
+/**
+ * The ledger's gauges as of now; an unreadable ledger sets latch_ledger_up to 0 rather than failing the scrape, and a
+ * damaged document is named (latch_ledger_damaged_documents) while the others are counted.
+ */
+export async function readLedger(collected: LatchMetrics, ctx: Pick<Context, 'ledger' | 'clock'>): Promise<void> {
+  const listing = await ctx.ledger.list().catch(() => undefined);
+  collected.setLedger(listing, ctx.clock());
 }

@@ -1,7 +1,7 @@
 // The backup target from the configuration, or a message that says how to configure one.
-import type { BackupTarget } from '../../backup/layout.js';
-import type { Config } from '../../config.js';
-import { LatchError } from '../../errors.js';
+import type { BackupTarget } from '../backup/layout.js';
+import type { Config } from '../config.js';
+import { LatchError } from '../errors.js';
 
 export function backupTargetOf(config: Config): BackupTarget {
   if (!config.backupTarget) {

@@ -1,8 +1,8 @@
 // doctor: what latch did by itself (reaped tickets, holds released on a node's own proof of having no device), from
 // the bounded list each volume keeps in its status. Informational: recovery worked, but people should know it ran.
-import type { Inventory } from '../../host/inventory.js';
-import { shortTicketId } from '../../ledger/ids.js';
-import type { AddFinding } from './report.js';
+import type { Inventory } from '../host/inventory.js';
+import { shortTicketId } from '../ledger/ids.js';
+import type { AddFinding } from './findings.js';
 
 export function reportAutomaticActions(held: Inventory, add: AddFinding): void {
   const actions = held.volumes
