@@ -2,8 +2,9 @@
 // own. kubelet passes secrets to `mount` only (non-attach mode; docs/protocol.md), as `kubernetes.io/secret/<key>`
 // options, which parseOptions decodes. The key goes into a keyring file (0600, in the node-private mountDir) that the
 // Ceph tools read: never into argv, a message or the log.
-import { mkdir, readFile, rename, writeFile } from 'node:fs/promises';
+import { mkdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import { writeFileAtomic } from '../atomic-file.js';
 import { configuredBackend } from '../backend/index.js';
 import type { Context } from '../context.js';
 import { LatchError } from '../errors.js';
@@ -28,9 +29,7 @@ export async function contextForSecrets(ctx: Context, secrets: Record<string, st
   const content = `[client.${clientId}]\n\tkey = ${key}\n`;
   if ((await readFile(keyring, 'utf8').catch(() => undefined)) !== content) {
     await mkdir(dir, { recursive: true, mode: 0o700 });
-    const temp = `${keyring}.${process.pid}.tmp`;
-    await writeFile(temp, content, { mode: 0o600 });
-    await rename(temp, keyring);
+    await writeFileAtomic(keyring, content);
   }
   ctx.log.cephxId = clientId;
   return { ...ctx, backend: configuredBackend({ ...ctx.config, backend: { ...rbd, clientId, keyring } }) };
