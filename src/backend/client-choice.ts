@@ -11,6 +11,7 @@ import { release } from 'node:os';
 import { join } from 'node:path';
 import { writeFileAtomicSync } from '../atomic-file.js';
 import type { RbdClientKind, RbdClientSetting } from '../config.js';
+import { nodeClientFile } from './rbd-layout.js';
 
 const CLIENTS: readonly RbdClientKind[] = ['krbd', 'rbd-fuse'];
 
@@ -29,7 +30,7 @@ export function chooseRbdClient(
   options: { record: boolean; kernel?: KernelPaths },
 ): RbdClientKind {
   if (setting !== 'auto') return setting;
-  const file = join(mountDir, '.node-client');
+  const file = nodeClientFile(mountDir);
   const recorded = readRecorded(file);
   if (recorded !== undefined) return recorded;
   const chosen: RbdClientKind = kernelHasRbd(options.kernel ?? HOST) ? 'krbd' : 'rbd-fuse';

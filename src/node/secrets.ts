@@ -3,9 +3,9 @@
 // options, which parseOptions decodes. The key goes into a keyring file (0600, in the node-private mountDir) that the
 // Ceph tools read: never into argv, a message or the log.
 import { mkdir, readFile } from 'node:fs/promises';
-import { join } from 'node:path';
 import { writeFileAtomic } from '../atomic-file.js';
 import { configuredBackend } from '../backend/index.js';
+import { keyringDir, keyringFile } from '../backend/rbd-layout.js';
 import type { Context } from '../context.js';
 import { LatchError } from '../errors.js';
 
@@ -24,11 +24,10 @@ export async function contextForSecrets(ctx: Context, secrets: Record<string, st
   }
   if (!CEPHX_KEY.test(key)) throw new LatchError('the secret\'s "key" is not a cephx key (base64)');
 
-  const dir = join(rbd.mountDir, '.keys');
-  const keyring = join(dir, `client.${clientId}.keyring`);
+  const keyring = keyringFile(rbd.mountDir, clientId);
   const content = `[client.${clientId}]\n\tkey = ${key}\n`;
   if ((await readFile(keyring, 'utf8').catch(() => undefined)) !== content) {
-    await mkdir(dir, { recursive: true, mode: 0o700 });
+    await mkdir(keyringDir(rbd.mountDir), { recursive: true, mode: 0o700 });
     await writeFileAtomic(keyring, content);
   }
   ctx.log.cephxId = clientId;
