@@ -5,13 +5,12 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { optionalPath, volumeOptions } from '../contract/args.js';
 import { failure, success } from '../contract/reply.js';
 import { isFencedOff, isInUse } from '../ledger/arbitrate.js';
-import { ticketId } from '../ledger/ids.js';
 import { setUpDevice } from '../node/device.js';
 import { clearOwnFence } from '../node/fence.js';
 import { awayFromHome } from '../node/home.js';
 import { withVolumeLock } from '../node/lock.js';
 import { clearHoldToCheck, markHoldToCheck } from '../node/self-release.js';
-import { checkCaller } from '../node/tickets.js';
+import { checkCaller, nodeWorkloadTicketId } from '../node/tickets.js';
 import { defineOp } from './op.js';
 
 const POLL_MS = 500;
@@ -28,7 +27,7 @@ export const op = defineOp({
     ctx.log.node = node;
     // This node's workload ticket: polling it says "still wanted" (at most once per ticketTouchSeconds), so the
     // reaper never takes a ticket whose pod is still starting.
-    const id = ticketId('workload', json.pvOrVolumeName ?? json.name, config.driverName, node);
+    const id = nodeWorkloadTicketId(config, json, node);
     const touchMs = config.ticketTouchSeconds * 1000;
 
     // Wait until the ledger grants this node the volume (or it already has it).
