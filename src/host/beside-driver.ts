@@ -220,7 +220,8 @@ export async function pruneBesideDir(driverDir: string, keep: readonly string[])
     const path = join(beside, name);
     try {
       if (/^runtime-[0-9a-f]{12}$/.test(name) && !keep.includes(name)) await rm(path, { recursive: true, force: true });
-      else if (leftoverOf(name) !== undefined && Date.now() - (await lstat(path)).mtimeMs > STALE_TEMP_MS) {
+      // Older installs put a damaged runtime aside as <temp>.old; now that is a temp name of its own.
+      else if (leftoverOf(name.replace(/\.old$/, '')) !== undefined && Date.now() - (await lstat(path)).mtimeMs > STALE_TEMP_MS) {
         await rm(path, { recursive: true, force: true });
       }
     } catch {
