@@ -9,13 +9,24 @@
 //
 // A writer killed in between leaves its temp file, which leftoverOf recognises (with the pid that wrote it), so each
 // place that cleans up can tell its own leftovers from anyone else's files. A base module, not sys/: the configuration
-// (config.ts, a base module itself) writes through it too.
+// (config.ts, a base module itself) writes through it too, so it imports nothing of latch: every driver call loads it.
 import { closeSync, constants, fchmodSync, fsyncSync, openSync, renameSync, unlinkSync, writeSync } from 'node:fs';
 import { open, rename, unlink, type FileHandle } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
-import { tempTag } from './hash.js';
 
 const CREATE_PRIVATE = constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW;
+
+/**
+ * Eight random hex digits that keep one process's temp file names apart from another's with the same pid (a pid
+ * namespace, a recycled pid). Not a secret and not a lock, so Math.random (node:crypto costs a call 2.5 ms to load):
+ * every such name is created exclusively, so a clash fails the create, it never shares a file. The file store's temp
+ * names (store/file.ts) use it too.
+ */
+export function tempTag(): string {
+  return Math.floor(Math.random() * 0x1_0000_0000)
+    .toString(16)
+    .padStart(8, '0');
+}
 
 /** `.<name>.<pid>.<tempTag>.tmp`: hidden (kubelet's prober ignores dot-names), and what leftoverOf recognises. */
 const LEFTOVER = /^\.(.+)\.([1-9][0-9]{0,9})\.([0-9a-f]{8})\.tmp$/;

@@ -6,7 +6,7 @@ import type { FileHandle } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { leftoverOf, tempPathFor, writeFileAtomic, writeFileAtomicSync } from '../../src/atomic-file.js';
+import { leftoverOf, tempPathFor, tempTag, writeFileAtomic, writeFileAtomicSync } from '../../src/atomic-file.js';
 import { bundleForNode } from '../fixtures/bundle.js';
 import { trackChild } from '../fixtures/tracked-children.js';
 
@@ -43,6 +43,15 @@ function wholeFill(path: string, size: number): number {
 }
 
 describe('temp names and leftovers', () => {
+  it('temp tags are eight hex digits, and different from one call to the next', () => {
+    const tags = Array.from({ length: 200 }, () => tempTag());
+    for (const tag of tags) assert.match(tag, /^[0-9a-f]{8}$/);
+    // 200 draws from 2^32: a repeat would mean the tag is not random.
+    assert.equal(new Set(tags).size, tags.length);
+    // Every digit position varies (a tag that is not padded or is cut short would fix some).
+    for (let i = 0; i < 8; i++) assert.ok(new Set(tags.map((t) => t[i])).size > 4, `digit ${i} hardly varies`);
+  });
+
   it('names a hidden temp file beside the target, with the pid and 8 random hex digits, new on every call', () => {
     const path = join('/pool', 'vol-a.img');
     const names = Array.from({ length: 200 }, () => tempPathFor(path));

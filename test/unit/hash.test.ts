@@ -5,18 +5,8 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { test } from 'node:test';
-import { tempTag } from '../../src/hash.js';
 import { useLockDir, withHostLock } from '../../src/sys/lock.js';
 import { trackChild } from '../fixtures/tracked-children.js';
-
-test('temp tags are eight hex digits, and different from one call to the next', () => {
-  const tags = Array.from({ length: 200 }, () => tempTag());
-  for (const tag of tags) assert.match(tag, /^[0-9a-f]{8}$/);
-  // 200 draws from 2^32: a repeat would mean the tag is not random.
-  assert.equal(new Set(tags).size, tags.length);
-  // Every digit position varies (a tag that is not padded or is cut short would fix some).
-  for (let i = 0; i < 8; i++) assert.ok(new Set(tags.map((t) => t[i])).size > 4, `digit ${i} hardly varies`);
-});
 
 test('a host lock held under the name an earlier build computed with node:crypto still excludes (rolling upgrade)', async () => {
   const parts = ['volume', `hash-test-${process.pid}`];
