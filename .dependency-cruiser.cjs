@@ -16,14 +16,14 @@
 //   store/              contract/, base
 //   sys/                base only
 //   contract/           base only
-//   base modules        each other (config, errors, hash, names, size, time, log, version, filesystems)
+//   base modules        each other (config, errors, hash, names, size, time, log, version, filesystems, atomic-file)
 //
 // Every layer may use contract/ and the base modules except where said. Type-only imports count like any other
 // (tsPreCompilationDeps), and so do lazy import()s.
 const { existsSync } = require('node:fs');
 const { join } = require('node:path');
 
-const BASE = '^src/(config|config-schema|errors|hash|names|size|time|log|version|filesystems)[.]ts$';
+const BASE = '^src/(config|config-schema|errors|hash|names|size|time|log|version|filesystems|atomic-file)[.]ts$';
 const CONTRACT = '^src/contract/';
 const CONTEXT = '^src/context[.]ts$';
 const PROTOCOL = '^src/protocol/';
@@ -62,7 +62,12 @@ const COMMANDER_HOME = existsSync(join(__dirname, 'src/cli/surface.ts')) ? '^src
 /** @type {import('dependency-cruiser').IConfiguration} */
 module.exports = {
   forbidden: [
-    layer('base', BASE, [], 'Base modules (config, errors, hash, names, size, time, log, version, filesystems) import only each other.'),
+    layer(
+      'base',
+      BASE,
+      [],
+      'Base modules (config, errors, hash, names, size, time, log, version, filesystems, atomic-file) import only each other.',
+    ),
     layer('contract', CONTRACT, [BASE], 'contract/ (the FlexVolume call contract) imports only base modules.'),
     layer('sys', SYS, [BASE], 'sys/ wraps the kernel and tools; it imports nothing of latch but base modules.'),
     layer('store', STORE, [CONTRACT, BASE], 'store/ is the bottom layer beside sys/: only contract/ and base modules.'),

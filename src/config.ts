@@ -1,9 +1,10 @@
 // One JSON configuration file, validated at start: $LATCH_CONFIG, else /etc/latch/config.json, else the one beside
 // the driver in the plugin dir (<driver dir>/.latch/config.json: all that kube-controller-manager's container sees),
 // else defaults.
-import { closeSync, fstatSync, openSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { closeSync, fstatSync, openSync, readFileSync, statSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { basename, dirname, isAbsolute, join, normalize, resolve } from 'node:path';
+import { writeFileAtomicSync } from './atomic-file.js';
 import type * as ConfigSchema from './config-schema.js';
 import { ConfigError, errorMessage } from './errors.js';
 import type { FsType } from './filesystems.js';
@@ -279,12 +280,10 @@ function readRemembered(path: string): RememberedConfig | undefined {
 
 function writeRemembered(path: string, remembered: RememberedConfig): void {
   // Renamed into place whole: a reader sees the old copy or the new one. Not synced: a copy lost is validated again.
-  const temp = `${path}.${process.pid}.tmp`;
   try {
-    writeFileSync(temp, JSON.stringify(remembered), { mode: 0o600, flag: 'wx' });
-    renameSync(temp, path);
+    writeFileAtomicSync(path, JSON.stringify(remembered), { sync: 'none' });
   } catch {
-    rmSync(temp, { force: true });
+    // Not written: the next call validates again.
   }
 }
 

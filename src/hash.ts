@@ -1,5 +1,5 @@
-// Hashes and random tags for names, without node:crypto: loading it costs a driver call 2.5 ms of CPU (a tenth of a
-// node start-up), and every attach and isattached names its ticket, every ledger write its temp file.
+// Hashes for names, without node:crypto: loading it costs a driver call 2.5 ms of CPU (a tenth of a node start-up),
+// and every attach and isattached names its ticket.
 import { sha256 } from '@noble/hashes/sha2.js';
 import { bytesToHex } from '@noble/hashes/utils.js';
 
@@ -9,24 +9,4 @@ import { bytesToHex } from '@noble/hashes/utils.js';
  */
 export function sha256Hex(text: string): string {
   return bytesToHex(sha256(Buffer.from(text, 'utf8')));
-}
-
-/**
- * Eight random hex digits that keep one process's temp file names apart from another's with the same pid (a pid
- * namespace, a recycled pid). Not a secret and not a lock: every such name is created exclusively, so a clash
- * fails the create, it never shares a file.
- */
-export function tempTag(): string {
-  return Math.floor(Math.random() * 0x1_0000_0000)
-    .toString(16)
-    .padStart(8, '0');
-}
-
-/**
- * The name of a temp file made beside `name` and renamed or linked onto it: `.<name>.<pid>.<tempTag>.tmp`. Hidden,
- * and in the shape that the clean-ups of dead writers' temps match (the loop pool's, the installer's, the files
- * beside the driver).
- */
-export function tempName(name: string): string {
-  return `.${name}.${process.pid}.${tempTag()}.tmp`;
 }

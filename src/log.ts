@@ -2,7 +2,7 @@
 // Logging must never break a call, never reach stdout/stderr, and never carry a secret.
 import { closeSync, mkdirSync, openSync, renameSync, statSync, writeSync } from 'node:fs';
 import { dirname } from 'node:path';
-import { LATCH_OPTIONS } from './names.js';
+import { K8S_OPTION_PREFIX, LATCH_OPTIONS, SECRET_OPTION_PREFIX } from './names.js';
 import { isoTime } from './time.js';
 
 const KEEP_ROTATED = 3;
@@ -75,13 +75,9 @@ function rotateIfLarge(target: LogTarget): void {
   }
 }
 
-const SECRET_PREFIX = 'kubernetes.io/secret/';
-
-const K8S = 'kubernetes.io/';
-
 /** Whether an option's value may be logged: latch's own options and the kubernetes.io/* keys other than secrets. */
 function isLoggableOption(key: string): boolean {
-  if (key.startsWith(K8S)) return !key.startsWith(SECRET_PREFIX);
+  if (key.startsWith(K8S_OPTION_PREFIX)) return !key.startsWith(SECRET_OPTION_PREFIX);
   return (LATCH_OPTIONS as readonly string[]).includes(key);
 }
 

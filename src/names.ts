@@ -18,6 +18,15 @@ export const DRIVER_NAME_PATTERN = /^[a-z0-9][a-z0-9.-]*\/[a-z0-9][a-z0-9.-]*$/;
  */
 export const LATCH_OPTIONS = ['volume', 'size', 'fsType', 'readOnly', 'mountOptions'] as const;
 
+/** The options kubelet adds to the user's (`kubernetes.io/fsType`, `kubernetes.io/pod.uid`, ...). */
+export const K8S_OPTION_PREFIX = 'kubernetes.io/';
+
+/**
+ * The options that carry a PV's secret, base64, one per key (`kubernetes.io/secret/<key>`): the options parser
+ * decodes them, and the call log never writes their values.
+ */
+export const SECRET_OPTION_PREFIX = 'kubernetes.io/secret/';
+
 /** Throws unless `name` is safe to use as a file name component; `what` names the field in the message. */
 export function checkVolumeName(name: string, what = 'volume name', max = MAX_VOLUME_NAME): string {
   if (name.length === 0) throw new LatchError(`${what} is empty`);

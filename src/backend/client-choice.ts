@@ -6,10 +6,12 @@
 // node that started mapping with one must keep it (the module may become loadable later, when a package brings it).
 // To choose again, remove that file while no volume is mapped on the node. An explicit "krbd" or "rbd-fuse" is used
 // as it is.
-import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { release } from 'node:os';
 import { join } from 'node:path';
+import { writeFileAtomicSync } from '../atomic-file.js';
 import type { RbdClientKind, RbdClientSetting } from '../config.js';
+import { nodeClientFile } from './rbd-layout.js';
 
 const CLIENTS: readonly RbdClientKind[] = ['krbd', 'rbd-fuse'];
 
@@ -28,16 +30,14 @@ export function chooseRbdClient(
   options: { record: boolean; kernel?: KernelPaths },
 ): RbdClientKind {
   if (setting !== 'auto') return setting;
-  const file = join(mountDir, '.node-client');
+  const file = nodeClientFile(mountDir);
   const recorded = readRecorded(file);
   if (recorded !== undefined) return recorded;
   const chosen: RbdClientKind = kernelHasRbd(options.kernel ?? HOST) ? 'krbd' : 'rbd-fuse';
   if (options.record) {
-    // Through a temporary file and rename: a concurrent call reads the whole word or nothing.
+    // Atomically: a concurrent call reads the whole word or nothing; durably: the node keeps its client after a reboot.
     mkdirSync(mountDir, { recursive: true, mode: 0o700 });
-    const temp = `${file}.${process.pid}`;
-    writeFileSync(temp, `${chosen}\n`, { mode: 0o644 });
-    renameSync(temp, file);
+    writeFileAtomicSync(file, `${chosen}\n`, { mode: 0o644 });
   }
   return chosen;
 }

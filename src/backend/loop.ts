@@ -6,7 +6,6 @@ import { chmod, link, lstat, mkdir, open, readdir, readFile, realpath, rmdir, st
 import type { Stats } from 'node:fs';
 import { basename, dirname, isAbsolute, join, resolve } from 'node:path';
 import { LatchError } from '../errors.js';
-import { tempName } from '../hash.js';
 import { checkVolumeName } from '../names.js';
 import { formatSize } from '../size.js';
 import { blockDeviceSize } from '../sys/blockdev.js';
@@ -14,7 +13,7 @@ import { CommandError } from '../sys/run.js';
 import { detachLoop, listLoopDevices, loopDeviceInfo, loopNumber, refreshLoopCapacity, setupLoop, type LoopDevice } from '../sys/loop.js';
 import { deviceToUse, keepOneDevice } from './devices.js';
 import type { Backend, ReadableImage, SnapshotBackend, SnapshotInfo } from './types.js';
-import { syncDir } from '../sys/files.js';
+import { leftoverOf, syncDir, tempPathFor, writeFileAtomic } from '../atomic-file.js';
 import { processExists } from '../sys/processes.js';
 import { canReflink, cloneFile, extentUsage, type CloneMethod } from '../sys/clone.js';
 
@@ -99,7 +98,7 @@ export class LoopBackend implements Backend, SnapshotBackend {
     // count), so the commit that makes the new name durable carries the inode with its size and mode (a journal
     // commits whole transactions in order; btrfs logs the inode of a new name). An fsync of the image first would
     // be a second journal commit that protects nothing more.
-    const temp = join(this.poolDir, tempName(imageFileName(volume)));
+    const temp = tempPathFor(path);
     const handle = await open(temp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o600);
     try {
       try {
@@ -158,7 +157,7 @@ export class LoopBackend implements Backend, SnapshotBackend {
     if (existing.length === 0) {
       // A create killed between its temp file and the temp's removal (a SIGKILLed waitforattach) left that file; the
       // volume's next set-up, which the repeated call always reaches, removes it.
-      await removeDeadTemps(this.poolDir, `.${imageFileName(volume)}.`);
+      await removeDeadTemps(this.poolDir, imageFileName(volume));
       await this.setUp(volume, path);
     }
     // Several callers may have raced past the check above (or a killed call left a second device). Every caller
@@ -313,7 +312,7 @@ export class LoopBackend implements Backend, SnapshotBackend {
     if (await statImage(path)) throw new LatchError(`volume ${volume} already has a snapshot named ${name}`);
     await removeDeadTemps(dir);
 
-    const temp = join(dir, tempName(`${name}${IMAGE_SUFFIX}`));
+    const temp = tempPathFor(path);
     const createdAt = new Date().toISOString();
     try {
       // A sparse copy reads and writes the whole image: allow it about 20 MB/s, and never less than 10 minutes.
@@ -326,7 +325,8 @@ export class LoopBackend implements Backend, SnapshotBackend {
         await handle.close();
       }
       const meta: SnapshotMeta = { volume, name, createdAt, sizeBytes: source.size, method };
-      await writeFileSynced(join(dir, `${name}.json`), `${JSON.stringify(meta)}\n`);
+      // Only the file is fsynced here: the directory is, once, after the link below.
+      await writeFileAtomic(join(dir, `${name}.json`), `${JSON.stringify(meta)}\n`, { sync: 'file' });
       try {
         await link(temp, path);
       } catch (err) {
@@ -492,21 +492,11 @@ async function readSnapshotMeta(path: string): Promise<SnapshotMeta | undefined>
   }
 }
 
-async function writeFileSynced(path: string, text: string): Promise<void> {
-  const handle = await open(path, 'w', 0o600);
-  try {
-    await handle.writeFile(text);
-    await handle.sync();
-  } finally {
-    await handle.close();
-  }
-}
-
 /**
- * Removes the temp files (`.<name>.img.<pid>.<random>.tmp`: images and snapshot copies being made) whose process is
- * gone, in `dir`; only those whose name starts with `prefix` when it is given.
+ * Removes the temp files (atomic-file.ts: images and snapshot copies being made, snapshot records) whose process is
+ * gone, in `dir`; only those of the file named `of` when it is given.
  */
-async function removeDeadTemps(dir: string, prefix = ''): Promise<void> {
+async function removeDeadTemps(dir: string, of?: string): Promise<void> {
   let files: string[];
   try {
     files = await readdir(dir);
@@ -514,9 +504,8 @@ async function removeDeadTemps(dir: string, prefix = ''): Promise<void> {
     return;
   }
   for (const file of files) {
-    if (!file.startsWith(prefix)) continue;
-    const pid = /^\..*\.(\d+)\.[0-9a-f]+\.tmp$/.exec(file)?.[1];
-    if (pid === undefined || processExists(Number(pid))) continue;
+    const leftover = leftoverOf(file);
+    if (leftover === undefined || (of !== undefined && leftover.name !== of) || processExists(leftover.pid)) continue;
     await unlink(join(dir, file)).catch(() => undefined);
   }
 }

@@ -8,7 +8,7 @@
 // that waits for the image file, losetup, umount) runs in a child under guardFuse, which aborts the connection
 // through fusectl when it overruns, so no driver call hangs on it.
 import { mkdir, realpath, rm, rmdir } from 'node:fs/promises';
-import { basename, dirname, join } from 'node:path';
+import { basename } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { LatchError, errorMessage } from '../errors.js';
 import { checkNoFilesystemLeft } from '../sys/blockdev.js';
@@ -39,6 +39,7 @@ import { isClientInstance, rbdConfigOverride, rbdWatcherList, type CephIdentity 
 import { run } from '../sys/run.js';
 import { deviceToUse, keepOneDevice } from './devices.js';
 import type { NodeClient } from './node-client.js';
+import { fuseImageFile, fuseLogDir, fuseLogFile, fuseMountPoint, imageOfFuseFile } from './rbd-layout.js';
 
 export interface RbdFuseLoopOptions {
   identity: CephIdentity;
@@ -71,8 +72,8 @@ export class RbdFuseLoopClient implements NodeClient {
   async map(image: string, _mode?: { readOnly: boolean }): Promise<string> {
     const dir = await this.mountDir(true);
     if (dir === undefined) throw new LatchError(`cannot create the rbd mount directory ${this.options.mountDir}`);
-    const mountPoint = join(dir, image);
-    const file = join(mountPoint, image);
+    const mountPoint = fuseMountPoint(dir, image);
+    const file = fuseImageFile(dir, image);
     const existing = await this.devicesOf(file);
     if (existing.length > 0) {
       if ((await rbdFusePids(mountPoint)).length === 1 && (await fuseMountsAt(mountPoint)).length === 1) return this.keepOne(existing);
@@ -83,7 +84,7 @@ export class RbdFuseLoopClient implements NodeClient {
       await this.unmap(image);
     }
 
-    await this.ensureMount(image, mountPoint);
+    await this.ensureMount(dir, image);
     try {
       await this.waitForImageFile(mountPoint, file);
       // Another process may have set one up meanwhile only if it ignored the mapping lock; check again anyway.
@@ -105,7 +106,7 @@ export class RbdFuseLoopClient implements NodeClient {
   async deviceOf(image: string): Promise<string | undefined> {
     const dir = await this.mountDir(false);
     if (dir === undefined) return undefined;
-    return (await deviceToUse(await this.devicesOf(join(dir, image, image))))?.device;
+    return (await deviceToUse(await this.devicesOf(fuseImageFile(dir, image))))?.device;
   }
 
   /**
@@ -114,11 +115,11 @@ export class RbdFuseLoopClient implements NodeClient {
    */
   async clientAddress(image: string): Promise<string | undefined> {
     const dir = await this.mountDir(false);
-    if (dir === undefined || (await rbdFusePids(join(dir, image))).length !== 1) return undefined;
+    if (dir === undefined || (await rbdFusePids(fuseMountPoint(dir, image))).length !== 1) return undefined;
     const { identity, pool } = this.options;
     const deadline = Date.now() + CLIENT_REPORT_WAIT_MS;
     for (;;) {
-      const ids = await rbdFuseGlobalIds(this.logFile(dir, image));
+      const ids = await rbdFuseGlobalIds(fuseLogFile(dir, image));
       const own = (await rbdWatcherList(identity, pool, image)).filter((w) => w.globalId !== undefined && ids.has(w.globalId));
       if (own.length > 1)
         throw new LatchError(
@@ -143,16 +144,14 @@ export class RbdFuseLoopClient implements NodeClient {
     if (loopNumber(real) === undefined) return undefined;
     const info = await loopDeviceInfo(real);
     if (!info) return undefined;
-    const mountPoint = dirname(info.backingFile);
-    if (dirname(mountPoint) !== dir || basename(mountPoint) !== basename(info.backingFile)) return undefined;
-    return basename(info.backingFile);
+    return imageOfFuseFile(dir, info.backingFile);
   }
 
   async isMapped(image: string): Promise<boolean> {
     const dir = await this.mountDir(false);
     if (dir === undefined) return false;
-    const mountPoint = join(dir, image);
-    if ((await this.devicesOf(join(mountPoint, image))).length > 0) return true;
+    const mountPoint = fuseMountPoint(dir, image);
+    if ((await this.devicesOf(fuseImageFile(dir, image))).length > 0) return true;
     if ((await fuseMountsAt(mountPoint)).length > 0) return true;
     return (await rbdFusePids(mountPoint)).length > 0;
   }
@@ -160,8 +159,8 @@ export class RbdFuseLoopClient implements NodeClient {
   async unmap(image: string): Promise<void> {
     const dir = await this.mountDir(false);
     if (dir === undefined) return;
-    const mountPoint = join(dir, image);
-    const file = join(mountPoint, image);
+    const mountPoint = fuseMountPoint(dir, image);
+    const file = fuseImageFile(dir, image);
 
     const devices = await this.devicesOf(file);
     const mounted = await mountedSources();
@@ -204,20 +203,20 @@ export class RbdFuseLoopClient implements NodeClient {
     if (survivors.length > 0) await killAndWait(survivors, EXIT_WAIT_MS);
     await this.checkGone(image, mountPoint, file);
     await rmdir(mountPoint).catch(() => undefined); // only an empty, unmounted directory; anything else stays
-    await rm(this.logFile(dir, image), { force: true });
+    await rm(fuseLogFile(dir, image), { force: true });
   }
 
   async abort(image: string): Promise<void> {
     const dir = await this.mountDir(false);
     if (dir === undefined) return;
-    for (const mount of await fuseMountsAt(join(dir, image))) await abortFuseConnection(mount);
+    for (const mount of await fuseMountsAt(fuseMountPoint(dir, image))) await abortFuseConnection(mount);
   }
 
   async refreshSize(image: string, sizeBytes: number): Promise<void> {
     const dir = await this.mountDir(false);
     if (dir === undefined) return;
-    const mountPoint = join(dir, image);
-    const file = join(mountPoint, image);
+    const mountPoint = fuseMountPoint(dir, image);
+    const file = fuseImageFile(dir, image);
     const wanted = Math.floor(sizeBytes / 512) * 512;
     for (const dev of await this.devicesOf(file)) {
       const deadline = Date.now() + this.fuseTimeoutMs;
@@ -244,13 +243,14 @@ export class RbdFuseLoopClient implements NodeClient {
    * daemon without its mount, stacked mounts) is cleared first: no device uses it (the caller checked), so nothing
    * can be lost.
    */
-  private async ensureMount(image: string, mountPoint: string): Promise<void> {
+  private async ensureMount(dir: string, image: string): Promise<void> {
+    const mountPoint = fuseMountPoint(dir, image);
     const mounts = await fuseMountsAt(mountPoint);
     const pids = await rbdFusePids(mountPoint);
     if (mounts.length === 1 && pids.length === 1) return;
     if (mounts.length > 0 || pids.length > 0) await this.clearDeadMount(mountPoint, pids);
     await mkdir(mountPoint, { recursive: true, mode: 0o700 });
-    await mkdir(join(dirname(mountPoint), '.logs'), { recursive: true, mode: 0o700 });
+    await mkdir(fuseLogDir(dir), { recursive: true, mode: 0o700 });
     const { identity, pool } = this.options;
     // startRbdFuse turns librbd's cache off on the command line, but a pool or image setting beats the command line,
     // and with the cache a fenced node's fsync returns success for writes that never land (startRbdFuse).
@@ -262,13 +262,8 @@ export class RbdFuseLoopClient implements NodeClient {
           `remove it (rbd config ${cache.source} rm ${cache.source === 'pool' ? pool : this.spec(image)} rbd_cache)`,
       );
     }
-    const logFile = this.logFile(dirname(mountPoint), image);
+    const logFile = fuseLogFile(dir, image);
     await startRbdFuse({ identity, pool, image, mountPoint, timeoutMs: this.options.timeoutMs, logFile });
-  }
-
-  /** The log of the image's rbd-fuse (its sessions' global ids): beside the mount points, never below one. */
-  private logFile(dir: string, image: string): string {
-    return join(dir, '.logs', `${image}.log`);
   }
 
   /** rbd-fuse -r shows the image's file once it has opened the image; until then the mount is empty. */

@@ -6,11 +6,10 @@
 // Fencing is the fencer's (rbd-fencer.ts); this side records which client instance serves each mapping, so that a
 // fence can name it even after the node lost contact with the cluster, and refuses a read-write map while a client
 // the ledger does not know of has the image open or locked.
-import { mkdir, readFile, rename, rm, unlink, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { mkdir, readFile, rm, unlink } from 'node:fs/promises';
+import { writeFileAtomic } from '../atomic-file.js';
 import type { RbdClientKind } from '../config.js';
 import { LatchError } from '../errors.js';
-import { tempName } from '../hash.js';
 import { checkVolumeName } from '../names.js';
 import { formatSize } from '../size.js';
 import { withHostLock } from '../sys/lock.js';
@@ -36,6 +35,7 @@ import { KernelRbdClient } from './krbd.js';
 import { RbdFuseLoopClient } from './rbd-fuse-loop.js';
 import type { NodeClient } from './node-client.js';
 import type { AttachAccess, Backend, ReadableImage, SnapshotInfo } from './types.js';
+import { clientRecordDir, clientRecordFile, snapshotExportFile } from './rbd-layout.js';
 
 export interface RbdBackendOptions extends CephIdentity {
   pool: string;
@@ -254,14 +254,12 @@ export class RbdBackend implements Backend {
 
   /** Where the instance that serves the image's mapping is kept: beside the mount points, never below one. */
   private clientFile(image: string): string {
-    return join(this.mountDir, '.clients', image);
+    return clientRecordFile(this.mountDir, image);
   }
 
   private async rememberClient(image: string, client: string): Promise<void> {
-    const file = this.clientFile(image);
-    await mkdir(join(this.mountDir, '.clients'), { recursive: true, mode: 0o700 });
-    await writeFile(`${file}.tmp`, `${client}\n`, { mode: 0o600 });
-    await rename(`${file}.tmp`, file);
+    await mkdir(clientRecordDir(this.mountDir), { recursive: true, mode: 0o700 });
+    await writeFileAtomic(this.clientFile(image), `${client}\n`);
   }
 
   private spec(image: string): string {
@@ -324,7 +322,7 @@ export class RbdBackend implements Backend {
     const snap = (await rbdSnapList(this.identity, this.pool, image)).find((s) => s.name === name);
     if (!snap) throw new LatchError(`volume ${volume} has no snapshot named ${name} (latch snapshot list ${volume})`);
     await mkdir(this.mountDir, { recursive: true, mode: 0o700 });
-    const file = join(this.mountDir, tempName(`export-${image}@${name}`));
+    const file = snapshotExportFile(this.mountDir, image, name);
     // An export reads the whole snapshot: allow it about 20 MB/s, and never less than 10 minutes.
     await rbdExportSnapshot(this.identity, this.pool, image, name, file, Math.max(600_000, snap.size / 20_000)).catch(
       async (err: unknown) => {

@@ -9,7 +9,7 @@ import { dirname } from 'node:path';
 import { promisify } from 'node:util';
 import { brotliCompress, brotliDecompress, constants as zlibConstants } from 'node:zlib';
 import { chunkPath, type BackupTarget } from './layout.js';
-import { writeFileAtomic } from './files.js';
+import { writeFileAtomic } from '../atomic-file.js';
 
 export const DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024;
 /**
@@ -58,7 +58,7 @@ export async function storeChunk(target: BackupTarget, hash: string, data: Buffe
   // Private: a chunk is a piece of a volume (layout.ts).
   await mkdir(dirname(path), { recursive: true, mode: 0o700 });
   // Without a directory fsync per chunk (as before): verify finds a chunk a power loss took.
-  await writeFileAtomic(path, packed, false, 0o600);
+  await writeFileAtomic(path, packed, { sync: 'file' });
   return packed.length;
 }
 

@@ -12,7 +12,7 @@
 import { hostname } from 'node:os';
 import { dirname } from 'node:path';
 import { LatchError } from '../errors.js';
-import { syncDir } from '../sys/files.js';
+import { syncDir } from '../atomic-file.js';
 import { DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, chunkExists, chunkLength, isAllZero, sha256, storeChunk } from './chunks.js';
 import { dataRanges, overlapsData, type ByteRange } from './extents.js';
 import { readExactly, readdirOrEmpty, removeTempFiles, tightenTarget } from './files.js';

@@ -3,9 +3,9 @@
 import { stat, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { LatchError } from '../errors.js';
-import { syncDir } from '../sys/files.js';
+import { leftoverOf, syncDir } from '../atomic-file.js';
 import { readdirOrEmpty, removeTempFiles, tightenTarget } from './files.js';
-import { TEMP_SUFFIX, backupsDir, checkTarget, chunksDir, isChunkHash, manifestPath, type BackupTarget } from './layout.js';
+import { backupsDir, checkTarget, chunksDir, isChunkHash, manifestPath, type BackupTarget } from './layout.js';
 import { withTargetLock, type HeldLock, type LockOptions } from './lock.js';
 import { listBackups } from './manifest.js';
 
@@ -70,7 +70,7 @@ async function collect(target: BackupTarget, lock: HeldLock): Promise<GcReport> 
     const dir = join(chunksDir(target), shard);
     let removedHere = 0;
     for (const file of await readdirOrEmpty(dir)) {
-      if (file.endsWith(TEMP_SUFFIX)) continue;
+      if (leftoverOf(file) !== undefined) continue;
       if (!isChunkHash(file) || needed.has(file)) {
         report.keptChunks++;
         continue;

@@ -1,35 +1,10 @@
-// The careful ways the engine writes and reads files in a target that may be a network share.
-import { constants } from 'node:fs';
-import { chmod, mkdir, open, readdir, rename, unlink } from 'node:fs/promises';
+// The careful ways the engine reads files in a target that may be a network share.
+import { chmod, mkdir, readdir, unlink } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
-import { basename, dirname, join } from 'node:path';
+import { join } from 'node:path';
+import { leftoverOf } from '../atomic-file.js';
 import { LatchError } from '../errors.js';
-import { syncDir } from '../sys/files.js';
-import { TEMP_SUFFIX, backupsDir, chunksDir, tempPathFor, type BackupTarget } from './layout.js';
-
-/**
- * Writes `data` to `path` so that a reader sees the old state or the whole new file, never a part: a private temp
- * file, fsync, rename over, fsync of the directory (the rename itself must survive a power loss). `syncDirectory`
- * false leaves that last step to the caller (many chunks in one directory share one directory fsync).
- */
-export async function writeFileAtomic(path: string, data: Uint8Array | string, syncDirectory = true, mode = 0o600): Promise<void> {
-  const dir = dirname(path);
-  const temp = tempPathFor(dir, basename(path));
-  const handle = await open(temp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, mode);
-  try {
-    try {
-      await handle.writeFile(data);
-      await handle.sync();
-    } finally {
-      await handle.close();
-    }
-    await rename(temp, path);
-  } catch (err) {
-    await unlink(temp).catch(() => undefined);
-    throw err;
-  }
-  if (syncDirectory) await syncDir(dir);
-}
+import { backupsDir, chunksDir, type BackupTarget } from './layout.js';
 
 /**
  * Reads exactly `length` bytes at `position` (into `into`, when given: a buffer of at least `length` bytes to reuse);
@@ -46,11 +21,14 @@ export async function readExactly(handle: FileHandle, length: number, position: 
   return buffer;
 }
 
-/** Removes the temp files of dead writers in `dir` (only call this holding the target's lock). Returns how many. */
+/**
+ * Removes the temp files of dead writers in `dir` (only call this holding the target's lock: every writer holds it, so
+ * none is alive). Returns how many.
+ */
 export async function removeTempFiles(dir: string): Promise<number> {
   let removed = 0;
   for (const name of await readdirOrEmpty(dir)) {
-    if (!name.endsWith(TEMP_SUFFIX)) continue;
+    if (leftoverOf(name) === undefined) continue;
     await unlink(join(dir, name)).catch(() => undefined);
     removed++;
   }

@@ -8,8 +8,7 @@
 // Everything latch writes here is root's alone: files 0600, directories 0700 (chunks and manifests hold volume data
 // and what it is). Targets written by older versions are tightened by the next writer: chunks/ and backups/ become
 // 0700 (which closes everything below them, whatever the older files' modes): files.ts, tightenTarget.
-//   *.tmp                            files being written; a dead writer's are removed under the lock
-import { randomBytes } from 'node:crypto';
+//   .<name>.<pid>.<tag>.tmp          files being written (atomic-file.ts); a dead writer's are removed under the lock
 import { stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { LatchError } from '../errors.js';
@@ -28,7 +27,6 @@ export interface BackupTarget {
 }
 
 export const MANIFEST_SUFFIX = '.json';
-export const TEMP_SUFFIX = '.tmp';
 
 export function chunksDir(target: BackupTarget): string {
   return join(target.path, 'chunks');
@@ -48,11 +46,6 @@ export function manifestPath(target: BackupTarget, name: string): string {
 
 export function lockPath(target: BackupTarget): string {
   return join(target.path, 'lock');
-}
-
-/** A private name next to `finalPath` for writing it before the rename that publishes it. */
-export function tempPathFor(dir: string, base: string): string {
-  return join(dir, `.${base}.${process.pid}.${randomBytes(4).toString('hex')}${TEMP_SUFFIX}`);
 }
 
 /** Backup names become file names in the target: the volume name rules, shorter. */

@@ -9,12 +9,12 @@
 // `staleAfterMs` (default 10 minutes), which covers a holder on a node that died.
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
-import { basename, dirname } from 'node:path';
 import { link, open, readFile, rename, stat, unlink, utimes } from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { tempPathFor } from '../atomic-file.js';
 import { LatchError } from '../errors.js';
 import { processExists } from '../sys/processes.js';
-import { lockPath, tempPathFor, type BackupTarget } from './layout.js';
+import { lockPath, type BackupTarget } from './layout.js';
 
 export interface LockOptions {
   /** Who holds it, for people reading the lock file and error messages (the node name). */
@@ -112,7 +112,7 @@ export async function withTargetLock<T>(
  * 10 minutes (the agent's kill test hit it).
  */
 async function tryCreate(path: string, owner: LockOwner): Promise<boolean> {
-  const temp = tempPathFor(dirname(path), basename(path));
+  const temp = tempPathFor(path);
   const handle = await open(temp, 'wx', 0o600);
   try {
     try {

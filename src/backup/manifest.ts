@@ -23,7 +23,8 @@ import { open, readFile } from 'node:fs/promises';
 import { LatchError } from '../errors.js';
 import { DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, chunkLength, isAllZero, sha256 } from './chunks.js';
 import { backupKey, macMatches, manifestMac, type BackupKey } from './keys.js';
-import { readExactly, writeFileAtomic, readdirOrEmpty } from './files.js';
+import { writeFileAtomic } from '../atomic-file.js';
+import { readExactly, readdirOrEmpty } from './files.js';
 import { MANIFEST_SUFFIX, backupsDir, checkBackupName, isChunkHash, manifestPath, type BackupTarget } from './layout.js';
 
 /** The format new backups are written in. */

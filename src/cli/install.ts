@@ -8,10 +8,10 @@
 // (host/beside-driver.ts; docs/protocol.md, "Discovery and install").
 import { createHash } from 'node:crypto';
 import { constants } from 'node:fs';
-import { access, lstat, mkdir, open, readdir, rename, stat, unlink } from 'node:fs/promises';
+import { access, lstat, mkdir, open, readdir, stat, unlink } from 'node:fs/promises';
+import type { FileHandle } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { LatchError } from '../errors.js';
-import { tempName } from '../hash.js';
 import type { Config } from '../config.js';
 import {
   prepareConfigBeside,
@@ -28,7 +28,7 @@ import { applyEdits, type ByteEdit } from '../host/elf.js';
 import { choosePluginDir } from '../host/plugin-dir.js';
 import type { Preset } from '../host/presets.js';
 import { formatSize } from '../size.js';
-import { syncDir } from '../sys/files.js';
+import { leftoverOf, syncDir, writeFileAtomic } from '../atomic-file.js';
 import { reloadPageCache, type PageCacheReload } from '../sys/page-cache.js';
 import { driverNameFrom } from './driver-name.js';
 import type { CommandIO } from './io.js';
@@ -158,8 +158,8 @@ export interface InstallResult {
 
 /**
  * Copies `source` to the driver's path atomically. Same content and mode already there: nothing is written (an
- * unchanged file does not make kubelet re-probe). Otherwise: dot-file in the same directory, write, fsync, chmod
- * 0755, rename over the old file, fsync the directory.
+ * unchanged file does not make kubelet re-probe). Otherwise written atomically, 0755 (atomic-file.ts): under a
+ * dot-name that kubelet's prober ignores, renamed over the old file.
  */
 export async function installDriver(options: InstallDriverOptions): Promise<InstallResult> {
   return withDriverDirLock(driverPath(options.pluginDir, options.driverName).dir, async () => {
@@ -209,18 +209,15 @@ async function installLocked(options: InstallDriverOptions): Promise<InstallResu
   await removeStaleTemps(dir, basename(file));
   // The runtime the replaced driver names stays until the next install: a call of it may be starting right now.
   const previousRuntime = before.state === 'present' ? await runtimeNamedBy(file, seenAsDir) : undefined;
-  const temp = join(dir, tempName(basename(file)));
-  const copied = await copyTo(options.source, temp, edits);
-  try {
-    if (copied !== wanted.sha256) {
-      throw new LatchError(`${options.source} changed while it was being copied (a build running?); run install again`);
-    }
-    await rename(temp, file);
-  } catch (err) {
-    await unlink(temp).catch(() => undefined);
-    throw err;
-  }
-  await syncDir(dir);
+  await writeFileAtomic(
+    file,
+    async (output) => {
+      if ((await copyTo(options.source, output, edits)) !== wanted.sha256) {
+        throw new LatchError(`${options.source} changed while it was being copied (a build running?); run install again`);
+      }
+    },
+    { mode: 0o755 },
+  );
   const keep = [runtime && basename(runtime.installedDir), previousRuntime].filter((n): n is string => n !== undefined);
   await pruneBesideDir(dir, keep);
   return {
@@ -232,36 +229,23 @@ async function installLocked(options: InstallDriverOptions): Promise<InstallResu
   };
 }
 
-/**
- * Copies into a new file (exclusive create), with the edits applied, fsyncs it and makes it 0755; returns the
- * sha256 of what was written.
- */
-async function copyTo(source: string, target: string, edits: readonly ByteEdit[]): Promise<string> {
+/** Copies `source` into `output`, with the edits applied; returns the sha256 of what was written. */
+async function copyTo(source: string, output: FileHandle, edits: readonly ByteEdit[]): Promise<string> {
   const hash = createHash('sha256');
   const input = await open(source, 'r');
   try {
-    const output = await open(target, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o700);
-    try {
-      const buffer = Buffer.allocUnsafe(CHUNK);
-      let position = 0;
-      for (;;) {
-        const { bytesRead } = await input.read(buffer, 0, CHUNK, null);
-        if (bytesRead === 0) break;
-        const chunk = buffer.subarray(0, bytesRead);
-        applyEdits(chunk, position, edits);
-        position += bytesRead;
-        hash.update(chunk);
-        let written = 0;
-        while (written < bytesRead) written += (await output.write(chunk, written, bytesRead - written)).bytesWritten;
-      }
-      await output.sync();
-      await output.chmod(0o755);
-    } catch (err) {
-      await output.close().catch(() => undefined);
-      await unlink(target).catch(() => undefined);
-      throw err;
+    const buffer = Buffer.allocUnsafe(CHUNK);
+    let position = 0;
+    for (;;) {
+      const { bytesRead } = await input.read(buffer, 0, CHUNK, null);
+      if (bytesRead === 0) break;
+      const chunk = buffer.subarray(0, bytesRead);
+      applyEdits(chunk, position, edits);
+      position += bytesRead;
+      hash.update(chunk);
+      let written = 0;
+      while (written < bytesRead) written += (await output.write(chunk, written, bytesRead - written)).bytesWritten;
     }
-    await output.close();
   } finally {
     await input.close();
   }
@@ -299,8 +283,7 @@ async function removeStaleTemps(dir: string, driver: string): Promise<void> {
   } catch {
     return;
   }
-  const ours = new RegExp(`^\\.${driver.replace(/[.]/g, '\\.')}\\.[0-9]+\\.[0-9a-f]{8}\\.tmp$`);
-  for (const name of names.filter((n) => ours.test(n))) {
+  for (const name of names.filter((n) => leftoverOf(n)?.name === driver)) {
     try {
       if (Date.now() - (await lstat(join(dir, name))).mtimeMs > STALE_TEMP_MS) await unlink(join(dir, name));
     } catch {

@@ -7,7 +7,7 @@ import { removeBesideDir, withDriverDirLock } from '../host/beside-driver.js';
 import { driverPath } from '../host/driver-file.js';
 import { inventory } from '../host/inventory.js';
 import { choosePluginDir } from '../host/plugin-dir.js';
-import { syncDir } from '../sys/files.js';
+import { syncDir } from '../atomic-file.js';
 import { driverNameFrom } from './driver-name.js';
 import type { CommandIO } from './io.js';
 

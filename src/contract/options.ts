@@ -3,7 +3,7 @@
 import type { Config } from '../config.js';
 import type { FsType } from '../filesystems.js';
 import { LatchError } from '../errors.js';
-import { LATCH_OPTIONS, checkNamespaceName, checkPvName, checkVolumeName } from '../names.js';
+import { K8S_OPTION_PREFIX, LATCH_OPTIONS, SECRET_OPTION_PREFIX, checkNamespaceName, checkPvName, checkVolumeName } from '../names.js';
 import { parseSize } from '../size.js';
 
 const MOUNT_OPTION_ALLOWLIST = [
@@ -24,9 +24,6 @@ const MOUNT_OPTION_ALLOWLIST = [
 /** How many unknown option names a log line lists, and how long each may be: a log line stays bounded. */
 const MAX_UNKNOWN_LISTED = 20;
 const MAX_UNKNOWN_NAME = 64;
-
-const K8S = 'kubernetes.io/';
-const SECRET_PREFIX = 'kubernetes.io/secret/';
 
 export interface PodInfo {
   name?: string;
@@ -111,7 +108,7 @@ export function parseOptions(json: string, config: Pick<Config, 'allowedFsTypes'
   // The options are a free-form dictionary (the FlexVolume spec): other keys are accepted, except likely typos of ours.
   const unknownKeys: string[] = [];
   for (const key of Object.keys(raw)) {
-    if (key.startsWith(K8S) || (LATCH_OPTIONS as readonly string[]).includes(key)) continue;
+    if (key.startsWith(K8S_OPTION_PREFIX) || (LATCH_OPTIONS as readonly string[]).includes(key)) continue;
     const meant = misspelledOptionOf(key);
     if (meant !== undefined) throw new LatchError(`unknown option "${key.slice(0, MAX_UNKNOWN_NAME)}": did you mean "${meant}"?`);
     unknownKeys.push(key);
@@ -121,7 +118,8 @@ export function parseOptions(json: string, config: Pick<Config, 'allowedFsTypes'
 
   const secrets: Record<string, string> = {};
   for (const [key, value] of Object.entries(raw as Record<string, string>)) {
-    if (key.startsWith(SECRET_PREFIX)) secrets[key.slice(SECRET_PREFIX.length)] = Buffer.from(value, 'base64').toString('utf8');
+    if (key.startsWith(SECRET_OPTION_PREFIX))
+      secrets[key.slice(SECRET_OPTION_PREFIX.length)] = Buffer.from(value, 'base64').toString('utf8');
   }
   const volume = o.volume;
   const pvOrVolumeName = o['kubernetes.io/pvOrVolumeName'];
@@ -253,11 +251,11 @@ function checkValues(raw: Record<string, unknown>, limits: Limits): CheckedValue
   }
   for (const [key, value] of Object.entries(raw)) {
     if (typeof value === 'string') continue;
-    const what = key.startsWith(SECRET_PREFIX) ? 'a base64 string' : 'a string (FlexVolume options are strings)';
+    const what = key.startsWith(SECRET_OPTION_PREFIX) ? 'a base64 string' : 'a string (FlexVolume options are strings)';
     throw new LatchError(`option "${key}" must be ${what}, not ${describe(value)}`);
   }
   for (const [key, value] of Object.entries(raw as Record<string, string>)) {
-    if (key.startsWith(SECRET_PREFIX) && (!/^[A-Za-z0-9+/]*={0,2}$/.test(value) || value.length % 4 !== 0))
+    if (key.startsWith(SECRET_OPTION_PREFIX) && (!/^[A-Za-z0-9+/]*={0,2}$/.test(value) || value.length % 4 !== 0))
       throw new LatchError(`option "${key}" is not valid base64 (kubelet base64-encodes secret values)`);
   }
   return checked;

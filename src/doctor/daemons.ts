@@ -3,7 +3,7 @@
 // `systemctl restart <service>` (KillMode=control-group, the default), and the pods' I/O on its volume fails.
 // And rbd-fuse daemons an older latch started with librbd's cache on, which a fence can make lie about fsync.
 import { realpath } from 'node:fs/promises';
-import { dirname } from 'node:path';
+import { isFuseMountPoint } from '../backend/rbd-layout.js';
 import { serviceOf } from '../sys/cgroup.js';
 import { rbdFuseProcesses, runsWithoutRbdCache } from '../sys/fuse.js';
 import type { AddFinding } from './findings.js';
@@ -50,7 +50,7 @@ export async function checkDaemonCache(mountDir: string, add: AddFinding): Promi
     return; // nothing was ever mapped here
   }
   const daemons = (await rbdFuseProcesses()).flatMap(({ pid, argv }) => {
-    const mountPoint = argv.find((arg) => arg.startsWith('/') && dirname(arg) === dir);
+    const mountPoint = argv.find((arg) => isFuseMountPoint(dir, arg));
     return mountPoint === undefined ? [] : [{ pid, argv, mountPoint }];
   });
   let cached = 0;

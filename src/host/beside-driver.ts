@@ -16,8 +16,7 @@ import { copyFile, lstat, mkdir, open, readdir, readFile, rename, rm, stat } fro
 import { basename, dirname, join } from 'node:path';
 import { BESIDE_DRIVER_DIR, type Config } from '../config.js';
 import { errorMessage, LatchError } from '../errors.js';
-import { tempName } from '../hash.js';
-import { syncDir } from '../sys/files.js';
+import { leftoverOf, syncDir, tempPathFor, writeFileAtomic } from '../atomic-file.js';
 import { withHostLock } from '../sys/lock.js';
 import { fileDigest } from './driver-file.js';
 import { readRuntimeSlots, slotEdit, type ByteEdit } from './elf.js';
@@ -127,7 +126,7 @@ export async function installRuntime(plan: RuntimePlan): Promise<void> {
   if (await runtimeInstalled(plan)) return;
   const beside = dirname(plan.installedDir);
   await ensureBesideDir(beside);
-  const temp = join(beside, tempName(basename(plan.installedDir)));
+  const temp = tempPathFor(plan.installedDir);
   await mkdir(temp, { mode: 0o755 });
   try {
     for (const f of plan.files) {
@@ -157,7 +156,7 @@ export async function installRuntime(plan: RuntimePlan): Promise<void> {
       // install in another mount namespace, whose lock is not ours). A damaged one goes aside, as rename cannot
       // replace a directory that is not empty; the driver naming it was broken already.
       if (!(await runtimeInstalled(plan))) {
-        const aside = `${temp}.old`;
+        const aside = tempPathFor(plan.installedDir);
         await rename(plan.installedDir, aside);
         await rename(temp, plan.installedDir);
         await rm(aside, { recursive: true, force: true });
@@ -221,7 +220,8 @@ export async function pruneBesideDir(driverDir: string, keep: readonly string[])
     const path = join(beside, name);
     try {
       if (/^runtime-[0-9a-f]{12}$/.test(name) && !keep.includes(name)) await rm(path, { recursive: true, force: true });
-      else if (/^\..*\.[0-9]+\.[0-9a-f]{8}\.tmp(\.old)?$/.test(name) && Date.now() - (await lstat(path)).mtimeMs > STALE_TEMP_MS) {
+      // Older installs put a damaged runtime aside as <temp>.old; now that is a temp name of its own.
+      else if (leftoverOf(name.replace(/\.old$/, '')) !== undefined && Date.now() - (await lstat(path)).mtimeMs > STALE_TEMP_MS) {
         await rm(path, { recursive: true, force: true });
       }
     } catch {
@@ -294,25 +294,8 @@ async function writePrivate(path: string, data: Buffer): Promise<void> {
     ([old, info]) => old.equals(data) && info.isFile() && (info.mode & 0o777) === 0o600,
     () => false,
   );
-  if (same) return;
-  const temp = join(dirname(path), tempName(basename(path)));
-  const handle = await open(temp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o600);
-  try {
-    await handle.chmod(0o600); // whatever the umask
-    await handle.writeFile(data);
-    await handle.sync();
-  } catch (err) {
-    await handle.close().catch(() => undefined);
-    await rm(temp, { force: true });
-    throw err;
-  }
-  await handle.close();
-  try {
-    await rename(temp, path);
-  } catch (err) {
-    await rm(temp, { force: true });
-    throw err;
-  }
+  // The directory is fsynced once, after all of them (writeConfigBeside).
+  if (!same) await writeFileAtomic(path, data, { sync: 'file' });
 }
 
 async function ensureBesideDir(beside: string): Promise<void> {

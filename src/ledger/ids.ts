@@ -15,6 +15,16 @@ export function podTicketId(pvName: string, driverName: string, node: string, po
   return `workload-${sha256Hex(`${pvName}${driverName}${node}\0pod\0${podKey}`)}`;
 }
 
+/**
+ * The ID of the workload ticket a pod's volume asks for, the one builder of it: keyed by the name detach and unmount
+ * know (the PV's name, or the inline volume's). Without `podKey`, attach mode's ticket of the node (attach adds it,
+ * waitforattach and isattached poll it, detach removes it); with it, non-attach mode's ticket of that pod on the node
+ * (mount adds it, unmount removes it).
+ */
+export function workloadTicketId(pvName: string, driverName: string, node: string, podKey?: string): string {
+  return podKey === undefined ? ticketId('workload', pvName, driverName, node) : podTicketId(pvName, driverName, node, podKey);
+}
+
 /** A ticket ID short enough for tables and messages: the type and the first 12 hex digits. */
 export function shortTicketId(id: string): string {
   return `${id.slice(0, id.indexOf('-') + 13)}...`;

@@ -4,10 +4,31 @@
 import type { AttachAccess } from '../backend/types.js';
 import type { Context } from '../context.js';
 import { LatchError, errorMessage } from '../errors.js';
+import { isInUse } from '../ledger/arbitrate.js';
 import type { VolumeDoc } from '../ledger/types.js';
 import { clearOwnFence } from './fence.js';
 import { claimHome, refuseAwayFromHome } from './home.js';
-import { releaseIfProvenFree } from './self-release.js';
+import { clearHoldToCheck, markHoldToCheck, releaseIfProvenFree } from './self-release.js';
+
+/**
+ * Claims this node's grant (granted -> attaching) and sets up the volume's device: waitforattach's and mount's one
+ * sequence, under the node's volume lock the caller holds. A marker on disk is written before the claim and removed
+ * once the device is recorded (or there was no grant to claim): if the call dies in between, the next call on this
+ * node checks the hold (self-release.ts). Undefined when the grant was withdrawn meanwhile.
+ */
+export async function claimAndSetUpDevice(ctx: Context, name: string): Promise<{ device: string; doc: VolumeDoc } | undefined> {
+  const { config, ledger } = ctx;
+  const node = config.nodeName;
+  await markHoldToCheck(config, name);
+  const claimed = await ledger.claimGrant(name, node);
+  if (!claimed || !isInUse(claimed.status.nodes[node]?.phase)) {
+    await clearHoldToCheck(config, name);
+    return undefined;
+  }
+  const setUp = await setUpDevice(ctx, name, claimed);
+  await clearHoldToCheck(config, name);
+  return setUp;
+}
 
 /**
  * After the grant, under the node's volume lock (so that no self-release runs meanwhile): makes sure the storage exists (created only for a volume that never held a filesystem, in its home node's pool), sets up

@@ -2,9 +2,10 @@
 // own. kubelet passes secrets to `mount` only (non-attach mode; docs/protocol.md), as `kubernetes.io/secret/<key>`
 // options, which parseOptions decodes. The key goes into a keyring file (0600, in the node-private mountDir) that the
 // Ceph tools read: never into argv, a message or the log.
-import { mkdir, readFile, rename, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { mkdir, readFile } from 'node:fs/promises';
+import { writeFileAtomic } from '../atomic-file.js';
 import { configuredBackend } from '../backend/index.js';
+import { keyringDir, keyringFile } from '../backend/rbd-layout.js';
 import type { Context } from '../context.js';
 import { LatchError } from '../errors.js';
 
@@ -23,14 +24,11 @@ export async function contextForSecrets(ctx: Context, secrets: Record<string, st
   }
   if (!CEPHX_KEY.test(key)) throw new LatchError('the secret\'s "key" is not a cephx key (base64)');
 
-  const dir = join(rbd.mountDir, '.keys');
-  const keyring = join(dir, `client.${clientId}.keyring`);
+  const keyring = keyringFile(rbd.mountDir, clientId);
   const content = `[client.${clientId}]\n\tkey = ${key}\n`;
   if ((await readFile(keyring, 'utf8').catch(() => undefined)) !== content) {
-    await mkdir(dir, { recursive: true, mode: 0o700 });
-    const temp = `${keyring}.${process.pid}.tmp`;
-    await writeFile(temp, content, { mode: 0o600 });
-    await rename(temp, keyring);
+    await mkdir(keyringDir(rbd.mountDir), { recursive: true, mode: 0o700 });
+    await writeFileAtomic(keyring, content);
   }
   ctx.log.cephxId = clientId;
   return { ...ctx, backend: configuredBackend({ ...ctx.config, backend: { ...rbd, clientId, keyring } }) };

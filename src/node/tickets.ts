@@ -2,12 +2,13 @@
 // (mount). Both name the volume the same way and record the PV name, because detach and unmount know nothing else.
 // Here too what a call may do with the volume it names (docs/operations.md, "Tenancy"): use it only if the volume
 // allows its PV name and namespace, create it only if lazyCreate is on and its namespace's quota has room.
+import type { Config } from '../config.js';
 import type { VolumeOptions } from '../contract/options.js';
 import type { Context } from '../context.js';
 import { LatchError } from '../errors.js';
 import { accessRefusal, namespaceUsage, type Caller } from '../ledger/access.js';
 import type { TicketRequest } from '../ledger/arbitrate.js';
-import { podTicketId, ticketId } from '../ledger/ids.js';
+import { workloadTicketId } from '../ledger/ids.js';
 import type { NewVolumeSpec } from '../ledger/ledger.js';
 import type { VolumeDoc } from '../ledger/types.js';
 import { formatSize } from '../size.js';
@@ -30,6 +31,16 @@ export interface PodOfMount {
   uid?: string;
 }
 
+/** The name a workload ticket is keyed by: the one detach and unmount will know, the PV's (or the inline volume's). */
+function ticketPvName(options: VolumeOptions): string {
+  return options.pvOrVolumeName ?? options.name;
+}
+
+/** The ID of `node`'s workload ticket for the volume the options name (attach mode: waitforattach, isattached). */
+export function nodeWorkloadTicketId(config: Pick<Config, 'driverName'>, options: VolumeOptions, node: string): string {
+  return workloadTicketId(ticketPvName(options), config.driverName, node);
+}
+
 /**
  * Resolves the volume, refuses a caller the volume does not allow (or a creation this call may not make), records a
  * `volume` option's alias for its PV name (never redirecting one), and builds the ticket of `node` (for a pod: that
@@ -37,8 +48,7 @@ export interface PodOfMount {
  */
 export async function workloadRequest(ctx: Context, options: VolumeOptions, node: string, forPod?: PodOfMount): Promise<WorkloadRequest> {
   const { ledger, config } = ctx;
-  // detach and unmount will only know this name, so it is what the ticket ID hashes.
-  const pvName = options.pvOrVolumeName ?? options.name;
+  const pvName = ticketPvName(options);
   const name = await ledger.resolve(options);
   // Only mount carries the pod's namespace from kubelet; on any other call a namespace in the options is the user's own.
   const caller = await callerOf(ctx, options, name, forPod !== undefined);
@@ -47,7 +57,7 @@ export async function workloadRequest(ctx: Context, options: VolumeOptions, node
   if (existing) refuseUnlessAllowed(existing, caller);
   else await checkMayCreate(ctx, name, sizeBytes, caller.namespace);
   if (options.volume !== undefined) await ledger.linkPv(pvName, options.volume);
-  const id = forPod ? podTicketId(pvName, config.driverName, node, forPod.key) : ticketId('workload', pvName, config.driverName, node);
+  const id = workloadTicketId(pvName, config.driverName, node, forPod?.key);
   ctx.log.volume = name;
   ctx.log.ticket = id;
   const pod = options.pod ?? (forPod?.uid !== undefined ? { uid: forPod.uid } : undefined);
@@ -88,7 +98,7 @@ export async function checkCaller(ctx: Context, options: VolumeOptions, name: st
  * an alias leads here.
  */
 async function callerOf(ctx: Context, options: VolumeOptions, name: string, withNamespace: boolean): Promise<Caller> {
-  const pvName = options.pvOrVolumeName ?? options.name;
+  const pvName = ticketPvName(options);
   const namespace = withNamespace ? options.pod?.namespace : undefined;
   const aliasLeadsHere = pvName !== name && (await ctx.ledger.aliasOf(pvName)) === name;
   return { pvName, ...(namespace !== undefined && { namespace }), aliasLeadsHere };

@@ -2,7 +2,7 @@
 import { nodeName, volumeOptions } from '../contract/args.js';
 import { success } from '../contract/reply.js';
 import { isSatisfied } from '../ledger/arbitrate.js';
-import { ticketId } from '../ledger/ids.js';
+import { nodeWorkloadTicketId } from '../node/tickets.js';
 import { defineOp } from './op.js';
 
 export const op = defineOp({
@@ -10,7 +10,7 @@ export const op = defineOp({
   attachModeOnly: true,
   async run(ctx, { json, nodeName: node }) {
     const name = await ctx.ledger.resolve(json);
-    const id = ticketId('workload', json.pvOrVolumeName ?? json.name, ctx.config.driverName, node);
+    const id = nodeWorkloadTicketId(ctx.config, json, node);
     const doc = await ctx.ledger.get(name);
     ctx.log.volume = name;
     const attached = doc !== undefined && isSatisfied(doc, id);

@@ -3,14 +3,13 @@
 import { path, volumeOptions } from '../contract/args.js';
 import { failure, success } from '../contract/reply.js';
 import { LatchError, NotSupportedError, errorMessage } from '../errors.js';
-import { isFencedOff, isInUse, ticketsOfNode } from '../ledger/arbitrate.js';
-import { setUpDevice } from '../node/device.js';
+import { isFencedOff, ticketsOfNode } from '../ledger/arbitrate.js';
+import { claimAndSetUpDevice } from '../node/device.js';
 import { clearOwnFence } from '../node/fence.js';
 import { awayFromHome } from '../node/home.js';
 import { contextForSecrets } from '../node/secrets.js';
 import { withVolumeLock } from '../node/lock.js';
 import { bindVolumeAt, ensureDirectory, mountVolumeAt } from '../node/mount.js';
-import { clearHoldToCheck, markHoldToCheck } from '../node/self-release.js';
 import { leaveNode, podKeyOf, stagingPath } from '../node/staging.js';
 import { workloadRequest } from '../node/tickets.js';
 import { defineOp } from './op.js';
@@ -77,13 +76,9 @@ export const op = defineOp({
       }
 
       try {
-        // If this call dies before the device is recorded, the next call on this node checks the hold (self-release.ts).
-        await markHoldToCheck(config, name);
-        const claimed = await ledger.claimGrant(name, node);
-        if (!claimed || !isInUse(claimed.status.nodes[node]?.phase)) {
-          throw new LatchError(`volume ${name} was withdrawn from node ${node} while it was being mounted; try again`);
-        }
-        const { device, doc } = await setUpDevice(ctx, name, claimed);
+        const setUp = await claimAndSetUpDevice(ctx, name);
+        if (!setUp) throw new LatchError(`volume ${name} was withdrawn from node ${node} while it was being mounted; try again`);
+        const { device, doc } = setUp;
         const nodeReadOnly = doc.status.nodes[node]?.readOnly ?? true;
         ctx.log.staging = staging;
         // The staging mount serves every pod here: read-only only when the node holds the volume read-only.
@@ -96,7 +91,6 @@ export const op = defineOp({
           0o700,
         );
         await bindVolumeAt(ctx, staging, podDir, device, json.readOnly);
-        await clearHoldToCheck(config, name);
         return success();
       } catch (err) {
         // Leave nothing behind for a pod that did not get its mount: kubelet sends no unmount for it.

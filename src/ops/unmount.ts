@@ -5,7 +5,7 @@ import { path } from '../contract/args.js';
 import { failure, success } from '../contract/reply.js';
 import { NotSupportedError } from '../errors.js';
 import { ticketsOfNode } from '../ledger/arbitrate.js';
-import { podTicketId } from '../ledger/ids.js';
+import { workloadTicketId } from '../ledger/ids.js';
 import type { VolumeDoc } from '../ledger/types.js';
 import { withVolumeLock } from '../node/lock.js';
 import { leaveNode, podKeyOf } from '../node/staging.js';
@@ -59,7 +59,7 @@ export const op = defineOp({
 
 /** The ticket mount made for this pod: by its deterministic ID, else by this node's ticket recording the pod's UID. */
 function podTicketOf(doc: VolumeDoc, pvName: string, driverName: string, node: string, podKey: string): string | undefined {
-  const id = podTicketId(pvName, driverName, node, podKey);
+  const id = workloadTicketId(pvName, driverName, node, podKey);
   if (doc.spec.tickets[id]) return id;
   return Object.values(doc.spec.tickets).find((t) => t.type === 'workload' && t.nodeID === node && t.requestedBy.pod?.uid === podKey)?.id;
 }

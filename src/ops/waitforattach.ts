@@ -4,14 +4,12 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { optionalPath, volumeOptions } from '../contract/args.js';
 import { failure, success } from '../contract/reply.js';
-import { isFencedOff, isInUse } from '../ledger/arbitrate.js';
-import { ticketId } from '../ledger/ids.js';
-import { setUpDevice } from '../node/device.js';
+import { isFencedOff } from '../ledger/arbitrate.js';
+import { claimAndSetUpDevice } from '../node/device.js';
 import { clearOwnFence } from '../node/fence.js';
 import { awayFromHome } from '../node/home.js';
 import { withVolumeLock } from '../node/lock.js';
-import { clearHoldToCheck, markHoldToCheck } from '../node/self-release.js';
-import { checkCaller } from '../node/tickets.js';
+import { checkCaller, nodeWorkloadTicketId } from '../node/tickets.js';
 import { defineOp } from './op.js';
 
 const POLL_MS = 500;
@@ -28,7 +26,7 @@ export const op = defineOp({
     ctx.log.node = node;
     // This node's workload ticket: polling it says "still wanted" (at most once per ticketTouchSeconds), so the
     // reaper never takes a ticket whose pod is still starting.
-    const id = ticketId('workload', json.pvOrVolumeName ?? json.name, config.driverName, node);
+    const id = nodeWorkloadTicketId(config, json, node);
     const touchMs = config.ticketTouchSeconds * 1000;
 
     // Wait until the ledger grants this node the volume (or it already has it).
@@ -50,18 +48,11 @@ export const op = defineOp({
       doc = await ledger.touchTicket(name, id, touchMs);
     }
 
-    // Claim (granted -> attaching) and set up under the node's volume lock, with a marker on disk: if this call dies
-    // before the device is recorded, the next call on this node checks the hold (node/self-release.ts).
+    // Claim (granted -> attaching) and set up under the node's volume lock.
     return withVolumeLock(config, name, async () => {
-      await markHoldToCheck(config, name);
-      const claimed = await ledger.claimGrant(name, node);
-      if (!claimed || !isInUse(claimed.status.nodes[node]?.phase)) {
-        await clearHoldToCheck(config, name);
-        return failure(`volume ${name} was withdrawn from node ${node} while it was waiting for it; kubelet tries again`);
-      }
-      const { device } = await setUpDevice(ctx, name, claimed);
-      await clearHoldToCheck(config, name);
-      return success({ device });
+      const setUp = await claimAndSetUpDevice(ctx, name);
+      if (!setUp) return failure(`volume ${name} was withdrawn from node ${node} while it was waiting for it; kubelet tries again`);
+      return success({ device: setUp.device });
     });
   },
 });

@@ -20,7 +20,7 @@ import {
 import type * as NodeFs from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { ConflictError, DamagedDocumentError, LatchError, StoreError } from '../errors.js';
-import { tempTag } from '../hash.js';
+import { tempTag } from '../atomic-file.js';
 import { parseKey, type Store, type Versioned } from './types.js';
 import { ChangeSignal } from './watch.js';
 

@@ -4,7 +4,7 @@
 import { constants } from 'node:fs';
 import { copyFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { tempName } from '../hash.js';
+import { tempPathFor } from '../atomic-file.js';
 import { run } from './run.js';
 
 /** How a copy was made: 'reflink' shares every block with the source until either changes; 'copy' shares none. */
@@ -27,8 +27,8 @@ export async function cloneFile(source: string, dest: string, copyTimeoutMs: num
 
 /** Whether files in `dir` can be reflinked (a clone of an empty temp file there, removed again). */
 export async function canReflink(dir: string): Promise<boolean> {
-  const source = join(dir, tempName('.reflink-probe'));
-  const dest = join(dir, tempName('.reflink-probe-clone'));
+  const source = tempPathFor(join(dir, '.reflink-probe'));
+  const dest = tempPathFor(join(dir, '.reflink-probe-clone'));
   try {
     await writeFile(source, '', { flag: 'wx', mode: 0o600 });
     await copyFile(source, dest, constants.COPYFILE_EXCL | constants.COPYFILE_FICLONE_FORCE);

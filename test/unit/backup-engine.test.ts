@@ -448,7 +448,7 @@ describe('interrupted backups', () => {
     assert.ok(existsSync(lockPath(target)), 'the dead writer left its lock');
     assert.deepEqual(await listBackups(target), []);
     // What a writer killed between writing and renaming a chunk leaves behind.
-    writeFileSync(join(target.path, 'backups', '.killed.json.1.abcd.tmp'), '{');
+    writeFileSync(join(target.path, 'backups', '.killed.json.1.0000abcd.tmp'), '{');
 
     const m = await createBackup({ target, source: image.path, volume: 'v', name: 'next', chunkSize: CHUNK, lock: { waitMs: 2000 } });
     assert.equal(m.stats.dataChunks, new Set(DATA).size);

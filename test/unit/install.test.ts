@@ -12,6 +12,7 @@ import {
   rmSync,
   statSync,
   symlinkSync,
+  utimesSync,
   writeFileSync,
 } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -194,6 +195,28 @@ describe('install and uninstall', () => {
     assert.equal((await installDriver({ pluginDir, driverName: 'latch/loop', source: b })).action, 'upgraded');
     assert.equal(statSync(file).mode & 0o7777, 0o755);
     assert.deepEqual(readdirSync(join(pluginDir, 'latch~loop')), ['loop']);
+  });
+
+  test('removes the temp files of killed installs, once old, and nothing that is not one of its temp files', async () => {
+    const pluginDir = join(fresh('plugins'), 'exec');
+    const dir = join(pluginDir, 'latch~loop');
+    const beside = join(dir, '.latch');
+    mkdirSync(beside, { recursive: true });
+    const old = new Date(Date.now() - 11 * 60 * 1000);
+    const plant = (path: string, age = old) => {
+      writeFileSync(path, 'half');
+      utimesSync(path, age, age);
+    };
+    plant(join(dir, '.loop.4242.0a1b2c3d.tmp')); // a killed install's driver copy: removed
+    plant(join(dir, '.loop.4243.0a1b2c3d.tmp'), new Date()); // an install still writing: kept
+    plant(join(dir, '.other.4242.0a1b2c3d.tmp')); // not the driver's: kept
+    plant(join(beside, '.config.json.4242.0a1b2c3d.tmp')); // removed
+    mkdirSync(join(beside, '.runtime-0123456789ab.4242.0a1b2c3d.tmp.old')); // an older install's runtime put aside: removed
+    utimesSync(join(beside, '.runtime-0123456789ab.4242.0a1b2c3d.tmp.old'), old, old);
+    plant(join(beside, '.keep-me')); // nobody's temp file: kept
+    await installDriver({ pluginDir, driverName: 'latch/loop', source: build('#!/bin/sh\n') });
+    assert.deepEqual(readdirSync(dir).sort(), ['.latch', '.loop.4243.0a1b2c3d.tmp', '.other.4242.0a1b2c3d.tmp', 'loop']);
+    assert.deepEqual(readdirSync(beside), ['.keep-me']);
   });
 
   test('refuses to replace a directory where the driver belongs', async () => {

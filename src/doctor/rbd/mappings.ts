@@ -6,6 +6,7 @@ import { realpath } from 'node:fs/promises';
 import { basename, dirname } from 'node:path';
 import { krbdMappings } from '../../backend/krbd.js';
 import { deviceInUse } from '../../backend/devices.js';
+import { fuseImageFile, isFuseMountPoint } from '../../backend/rbd-layout.js';
 import type { Inventory } from '../../host/inventory.js';
 import { isInUse, nodeHoldsDevice } from '../../ledger/arbitrate.js';
 import type { VolumeDoc } from '../../ledger/types.js';
@@ -39,7 +40,7 @@ async function readRbdNodeState(mountDir: string): Promise<RbdNodeState | undefi
     return undefined; // no mount dir: nothing was ever mapped here
   }
   const table = await readMountInfo();
-  const under = (path: string) => dirname(path) === dir;
+  const under = (path: string) => isFuseMountPoint(dir, path);
   const loops = (await listLoopDevices()).filter((l) => under(dirname(l.backingFile)));
   return {
     mountDir: dir,
@@ -216,7 +217,7 @@ export function rbdMappingFindings(state: RbdNodeState | undefined, node: string
   }
 
   const held = new Map(holds.map((doc) => [doc.name, doc]));
-  const isMapped = (volume: string) => state?.loops.some((l) => l.backingFile === `${state.mountDir}/${volume}/${volume}`) ?? false;
+  const isMapped = (volume: string) => state?.loops.some((l) => l.backingFile === fuseImageFile(state.mountDir, volume)) ?? false;
   findings.push(...staleTickets(holds, node, isMapped, 'no loop device over its rbd-fuse file is set up here'));
 
   for (const m of mappings.values()) {
