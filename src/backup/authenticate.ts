@@ -4,7 +4,8 @@
 // Holding the target's lock, so that no delete or gc runs meanwhile.
 import { LatchError } from '../errors.js';
 import { backupKey } from './keys.js';
-import { checkTarget, type BackupTarget } from './layout.js';
+import type { BackupTarget } from './layout.js';
+import { checkTarget } from './store.js';
 import { withTargetLock, type LockOptions } from './lock.js';
 import { publishManifest, readCheckedManifest } from './manifest.js';
 import { verifyManifest, type VerifyReport } from './verify.js';

@@ -5,7 +5,7 @@ import type { FileHandle } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { LatchError } from '../errors.js';
 import { syncDir } from '../sys/files.js';
-import { TEMP_SUFFIX, backupsDir, chunksDir, tempPathFor, type BackupTarget } from './layout.js';
+import { TEMP_SUFFIX, backupsDir, chunksDir, tempPathFor, type DirTarget } from './layout.js';
 
 /**
  * Writes `data` to `path` so that a reader sees the old state or the whole new file, never a part: a private temp
@@ -71,7 +71,7 @@ export async function readdirOrEmpty(dir: string): Promise<string[]> {
  * lock) calls it first. Older versions left them 0755 with 0644 files inside; a 0700 directory closes all that is
  * below it, so the older files need not be visited. The target directory itself is the admin's and is left alone.
  */
-export async function tightenTarget(target: BackupTarget): Promise<void> {
+export async function tightenTarget(target: DirTarget): Promise<void> {
   for (const dir of [chunksDir(target), backupsDir(target)]) {
     await mkdir(dir, { recursive: true, mode: 0o700 });
     await chmod(dir, 0o700);
