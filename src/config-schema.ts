@@ -84,7 +84,9 @@ function buildSchema() {
           }, 'must be a plain URL: no user, password, query or fragment (credentials go in credentialsFile)'),
         ),
         // S3's bucket name rules (3-63 lower-case letters, digits, "." and "-").
-        bucket: z.string().check(z.regex(/^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$/, 'must be an S3 bucket name (3-63 of a-z, 0-9, "." and "-")')),
+        bucket: z
+          .string()
+          .check(z.regex(/^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$/, 'must be an S3 bucket name (3-63 of a-z, 0-9, "." and "-")')),
         prefix: z._default(
           z.string().check(
             z.regex(/^([A-Za-z0-9._-]+\/)*$/, 'must be empty or path segments each ending in "/", e.g. "cluster-a/"'),

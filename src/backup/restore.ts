@@ -66,7 +66,15 @@ export async function restoreBackup(options: RestoreOptions): Promise<RestoreRep
   }
 
   const handle = await open(destination, isDevice ? 'r+' : constants.O_RDWR | constants.O_CREAT | constants.O_NOFOLLOW, 0o600);
-  const report: RestoreReport = { name, sizeBytes, dataChunks: 0, holeChunks: 0, bytesWritten: 0, authenticated, encrypted: codec.encrypted };
+  const report: RestoreReport = {
+    name,
+    sizeBytes,
+    dataChunks: 0,
+    holeChunks: 0,
+    bytesWritten: 0,
+    authenticated,
+    encrypted: codec.encrypted,
+  };
   try {
     if (!isDevice) {
       await handle.truncate(0);

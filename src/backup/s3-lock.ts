@@ -48,7 +48,12 @@ function parse(text: string): LockBody | undefined {
   }
 }
 
-export async function withS3Lock<T>(target: S3Target, owner: LockOwner, options: LockOptions, fn: (lock: HeldLock) => Promise<T>): Promise<T> {
+export async function withS3Lock<T>(
+  target: S3Target,
+  owner: LockOwner,
+  options: LockOptions,
+  fn: (lock: HeldLock) => Promise<T>,
+): Promise<T> {
   const store = (await storeOf(target)) as S3Store;
   const waitMs = options.waitMs ?? DEFAULT_WAIT_MS;
   const staleAfterMs = options.staleAfterMs ?? DEFAULT_STALE_MS;
@@ -102,6 +107,7 @@ export async function withS3Lock<T>(target: S3Target, owner: LockOwner, options:
   } finally {
     clearInterval(heartbeat);
     await beating;
-    if (!lost && etag !== undefined) await store.replaceIf(LOCK, `${JSON.stringify({ beat: 0 } satisfies LockBody)}\n`, etag).catch(() => undefined);
+    if (!lost && etag !== undefined)
+      await store.replaceIf(LOCK, `${JSON.stringify({ beat: 0 } satisfies LockBody)}\n`, etag).catch(() => undefined);
   }
 }

@@ -53,7 +53,9 @@ export async function readCredentials(target: S3Target): Promise<Credentials> {
   const one = async (name: keyof Credentials) => {
     const path = join(dir, name);
     const refuse = (why: string) =>
-      new LatchError(`the S3 credentials file ${path} (backupTarget.credentialsDir) ${why}${why.includes('chmod') ? ' (a Kubernetes secret volume: defaultMode 0400)' : ''}`);
+      new LatchError(
+        `the S3 credentials file ${path} (backupTarget.credentialsDir) ${why}${why.includes('chmod') ? ' (a Kubernetes secret volume: defaultMode 0400)' : ''}`,
+      );
     const raw = await readPrivateFile(path, refuse, dir);
     const value = raw.toString('utf8').trim();
     raw.fill(0);
@@ -99,7 +101,9 @@ export class S3Store implements TargetStore {
       );
     }
     if (UNREACHABLE.includes(code ?? name) || name === 'TimeoutError' || name === 'RequestTimeout') {
-      return new LatchError(`the S3 target ${where} did not answer while ${doing} (${code ?? name}); nothing that was under way was published`);
+      return new LatchError(
+        `the S3 target ${where} did not answer while ${doing} (${code ?? name}); nothing that was under way was published`,
+      );
     }
     return new LatchError(`the S3 target ${where} failed while ${doing}: ${name}${status ? ` (HTTP ${status})` : ''}`);
   }
@@ -230,9 +234,15 @@ export class S3Store implements TargetStore {
     return this.conditionalPut(key, text, { IfMatch: quoted.slice(1, -1) });
   }
 
-  private async conditionalPut(key: string, text: string, condition: { IfNoneMatch?: string; IfMatch?: string }): Promise<string | undefined> {
+  private async conditionalPut(
+    key: string,
+    text: string,
+    condition: { IfNoneMatch?: string; IfMatch?: string },
+  ): Promise<string | undefined> {
     try {
-      const put = await this.client.send(new this.sdk.PutObjectCommand({ Bucket: this.target.bucket, Key: this.key(key), Body: text, ...condition }));
+      const put = await this.client.send(
+        new this.sdk.PutObjectCommand({ Bucket: this.target.bucket, Key: this.key(key), Body: text, ...condition }),
+      );
       return put.ETag ?? '';
     } catch (err) {
       const { name, status } = errorOf(err);
@@ -253,7 +263,9 @@ export async function openS3Store(target: S3Target): Promise<S3Store> {
     try {
       ca = [...rootCertificates, await readFile(target.caFile, 'utf8')];
     } catch (err) {
-      throw new LatchError(`the CA file ${target.caFile} (backupTarget.caFile) cannot be read (${(err as NodeJS.ErrnoException).code ?? 'error'})`);
+      throw new LatchError(
+        `the CA file ${target.caFile} (backupTarget.caFile) cannot be read (${(err as NodeJS.ErrnoException).code ?? 'error'})`,
+      );
     }
   }
   const client = new sdk.S3Client({

@@ -136,7 +136,12 @@ function inNetns(netns: string | undefined, command: string, args: string[]): [s
  * Spawns a long-running child with its output in `logFile`, in the network namespace `netns` if given; the kernel
  * kills it if this process dies (setpriv; nsenter execs the command without forking, so that reaches it).
  */
-export function spawnTracked(command: string, args: string[], logFile: string, netns?: string): { child: ChildProcess; exited: Promise<void> } {
+export function spawnTracked(
+  command: string,
+  args: string[],
+  logFile: string,
+  netns?: string,
+): { child: ChildProcess; exited: Promise<void> } {
   const found = which(command);
   if (!found) throw new Error(`${command} is not installed`);
   const [bin, binArgs] = inNetns(netns, found, args);

@@ -43,7 +43,8 @@ export async function backupCreate(options: BackupCreateOptions, io: CommandIO):
   const job = { kind: 'backup' as const, backup: name, ...(options.fromSnapshot !== undefined && { fromSnapshot: options.fromSnapshot }) };
   const request = jobRequest(ctx, volume, job, node);
   const underWay = doc.spec.tickets[request.id] !== undefined;
-  if (!underWay && (await manifestExists(target, name))) throw new LatchError(`a backup named ${name} already exists in ${describeTarget(target)}`);
+  if (!underWay && (await manifestExists(target, name)))
+    throw new LatchError(`a backup named ${name} already exists in ${describeTarget(target)}`);
 
   if (!(node === config.nodeName && holdersOf(doc).includes(node)) || underWay) {
     await requestAndReport(ctx, io, volume, request, options);
