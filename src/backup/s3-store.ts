@@ -13,13 +13,14 @@ import { Agent as HttpsAgent } from 'node:https';
 import { readFile } from 'node:fs/promises';
 import { rootCertificates } from 'node:tls';
 import { join } from 'node:path';
+import type * as SdkModule from '@aws-sdk/client-s3';
 import type { S3Client } from '@aws-sdk/client-s3';
 import { LatchError } from '../errors.js';
 import { readPrivateFile } from './keys.js';
 import { describeTarget, type S3Target } from './layout.js';
 import type { GetResult, StoredObject, TargetStore } from './store.js';
 
-type Sdk = typeof import('@aws-sdk/client-s3');
+type Sdk = typeof SdkModule;
 
 interface Credentials {
   accessKeyId: string;
@@ -112,6 +113,13 @@ export class S3Store implements TargetStore {
     try {
       await this.client.send(new this.sdk.HeadBucketCommand({ Bucket: this.target.bucket }));
     } catch (err) {
+      // A HEAD's error has no body, so no name ("Unknown"): a listing of one key says which refusal it is.
+      if (errorOf(err).status !== 403 && errorOf(err).status !== 404) throw this.fault(err, 'checking the bucket');
+      try {
+        await this.client.send(new this.sdk.ListObjectsV2Command({ Bucket: this.target.bucket, Prefix: this.key(''), MaxKeys: 1 }));
+      } catch (named) {
+        throw this.fault(named, 'checking the bucket');
+      }
       throw this.fault(err, 'checking the bucket');
     }
   }
@@ -272,8 +280,9 @@ export async function openS3Store(target: S3Target): Promise<S3Store> {
     endpoint: target.endpoint,
     region: target.region ?? 'us-east-1',
     forcePathStyle: true,
-    // Read anew whenever the SDK asks (a rotated secret is picked up by a long-running agent).
-    credentials: () => readCredentials(target),
+    // The SDK keeps credentials until they expire: a minute, so that a long-running agent picks up a rotated secret
+    // (or a file whose mode went wrong) within a minute.
+    credentials: async () => ({ ...(await readCredentials(target)), expiration: new Date(Date.now() + 60_000) }),
     // Everything explicit, so that nothing is read from the environment or ~/.aws (a host's own AWS settings).
     useFipsEndpoint: false,
     useDualstackEndpoint: false,
