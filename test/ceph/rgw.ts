@@ -14,7 +14,7 @@ import { writeFileSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import type { ChildProcess } from 'node:child_process';
 import { run } from '../../src/sys/run.js';
-import { freeFixedPort, spawnTracked, tail, until, type CephCluster } from './cluster.js';
+import { freeFixedPort, spawnTracked, tail, until, which, type CephCluster } from './cluster.js';
 
 export interface Rgw {
   /** http://127.0.0.1:PORT */
@@ -33,6 +33,14 @@ export interface Rgw {
 }
 
 const RGW_ID = 'rgw.test';
+
+/** Why the gateway cannot run here (a message for `skip`), or undefined when it can. */
+export function rgwSkipReason(): string | undefined {
+  if (!which('radosgw') || !which('radosgw-admin')) {
+    return 'the RADOS Gateway is not installed: run scripts/setup.sh, or apt-get install -y --no-install-recommends radosgw';
+  }
+  return undefined;
+}
 
 export async function startRgw(cluster: CephCluster, timeoutMs = 60_000): Promise<Rgw> {
   const dir = join(cluster.dir, 'rgw');

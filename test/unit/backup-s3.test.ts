@@ -19,11 +19,11 @@ import { restoreBackup } from '../../src/backup/restore.js';
 import { storeOf } from '../../src/backup/store.js';
 import { verifyBackup } from '../../src/backup/verify.js';
 import { cephSkipReason, startCephCluster, type CephCluster } from '../ceph/cluster.js';
-import { startRgw, type Rgw } from '../ceph/rgw.js';
+import { rgwSkipReason, startRgw, type Rgw } from '../ceph/rgw.js';
 import { bundleForNode } from '../fixtures/bundle.js';
 
 const CHUNK = 256 * 1024;
-const skip = cephSkipReason();
+const skip = cephSkipReason() ?? rgwSkipReason();
 let ceph: CephCluster | undefined;
 let rgw: Rgw;
 let s3: S3Client;
@@ -240,10 +240,10 @@ describe('backups to S3 (Ceph RADOS Gateway)', { skip }, () => {
     assert.equal((await verifyBackup({ target, name: 'b' })).ok, true);
   });
 
-  it('a chunk or a manifest altered in the bucket: verify names it, restore refuses', async (t) => {
-    const started = performance.now();
+  it('a chunk or a manifest altered in the bucket: verify names it, restore refuses', async () => {
+    // (The first bucket made after the gateway's restart takes ~30 s: the gateway notifies its peers' caches of the
+    // change, and the killed instance's RADOS watch lingers until the OSD times it out. Objects are not affected.)
     const target = await s3Target();
-    t.diagnostic(`bucket made in ${(performance.now() - started).toFixed(0)} ms`);
     const m = await createBackup({ target, source: image(4).path, volume: 'v', name: 'b', chunkSize: CHUNK });
     const id = m.chunks[2] as string;
     const chunkObject = `${target.prefix}chunks/${id.slice(0, 2)}/${id}`;
@@ -254,7 +254,6 @@ describe('backups to S3 (Ceph RADOS Gateway)', { skip }, () => {
     altered[100] = (altered[100] ?? 0) ^ 1;
     await s3.send(new PutObjectCommand({ Bucket: target.bucket, Key: chunkObject, Body: altered }));
     const verify = await verifyBackup({ target, name: 'b' });
-    t.diagnostic(`verified at ${(performance.now() - started).toFixed(0)} ms`);
     assert.equal(verify.ok, false);
     assert.match(verify.problems[0]?.detail ?? '', /fails authentication/);
     await assert.rejects(restoreBackup({ target, name: 'b', destination: join(fresh('restore'), 'x.img') }), /chunk 2 .* is corrupt/);
