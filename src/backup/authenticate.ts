@@ -6,7 +6,8 @@ import { LatchError } from '../errors.js';
 import { backupKey } from './keys.js';
 import type { BackupTarget } from './layout.js';
 import { checkTarget } from './store.js';
-import { withTargetLock, type LockOptions } from './lock.js';
+import type { LockOptions } from './lock.js';
+import { withTargetLock } from './target-lock.js';
 import { publishManifest, readCheckedManifest } from './manifest.js';
 import { verifyManifest, type VerifyReport } from './verify.js';
 

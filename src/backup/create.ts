@@ -20,7 +20,8 @@ import { dataRanges, overlapsData, type ByteRange } from './extents.js';
 import { readExactly } from './files.js';
 import { checkBackupName, describeTarget, type BackupTarget } from './layout.js';
 import { backupKey } from './keys.js';
-import { withTargetLock, type HeldLock, type LockOptions } from './lock.js';
+import type { HeldLock, LockOptions } from './lock.js';
+import { withTargetLock } from './target-lock.js';
 import { checkTarget, storeOf } from './store.js';
 import {
   ENCRYPTED_FORMAT,

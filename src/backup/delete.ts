@@ -2,7 +2,8 @@
 // lock, so no backup in progress can have counted on a chunk that gc removes.
 import { LatchError } from '../errors.js';
 import { CHUNKS, chunkKey, describeTarget, isChunkHash, manifestKey, type BackupTarget } from './layout.js';
-import { withTargetLock, type HeldLock, type LockOptions } from './lock.js';
+import type { HeldLock, LockOptions } from './lock.js';
+import { withTargetLock } from './target-lock.js';
 import { listBackups, manifestExists } from './manifest.js';
 import { checkTarget, storeOf } from './store.js';
 

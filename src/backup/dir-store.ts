@@ -7,7 +7,7 @@ import { dirname, join } from 'node:path';
 import { syncDir } from '../sys/files.js';
 import { readdirOrEmpty, removeTempFiles, tightenTarget, writeFileAtomic } from './files.js';
 import { BACKUPS, CHUNKS, TEMP_SUFFIX, checkDirTarget, type DirTarget } from './layout.js';
-import type { GetResult, StoredObject, TargetStore } from './store.js';
+import type { GetResult, StoredObject, TargetStore } from './target-store.js';
 
 export class DirStore implements TargetStore {
   private readonly touched = new Set<string>();

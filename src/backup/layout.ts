@@ -86,10 +86,6 @@ export function backupsDir(target: DirTarget): string {
   return join(target.path, 'backups');
 }
 
-export function manifestPath(target: DirTarget, name: string): string {
-  return join(backupsDir(target), `${checkBackupName(name)}${MANIFEST_SUFFIX}`);
-}
-
 export function lockPath(target: DirTarget): string {
   return join(target.path, 'lock');
 }

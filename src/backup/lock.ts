@@ -8,7 +8,8 @@
 // process of this host that no longer exists, or when its holder has not touched it (a heartbeat every minute) for
 // `staleAfterMs` (default 10 minutes), which covers a holder on a node that died.
 //
-// An S3 target's lock is the object `<prefix>lock`, with the same rules, made of conditional writes (s3-lock.ts).
+// An S3 target's lock is the object `<prefix>lock`, with the same rules, made of conditional writes (s3-lock.ts);
+// target-lock.ts takes the one or the other.
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import { basename, dirname } from 'node:path';
@@ -47,28 +48,9 @@ export const DEFAULT_WAIT_MS = 60_000;
 export const DEFAULT_STALE_MS = 10 * 60_000;
 export const DEFAULT_HEARTBEAT_MS = 60_000;
 
-/** Runs `fn` holding the target's lock; `purpose` ("create backup X") is shown to whoever waits for it. */
-export async function withTargetLock<T>(
-  target: BackupTarget,
-  purpose: string,
-  options: LockOptions,
-  fn: (lock: HeldLock) => Promise<T>,
-): Promise<T> {
-  const owner = newOwner(purpose, options);
-  heldHere.add(owner.token);
-  try {
-    if (target.type === 's3') {
-      const { withS3Lock } = await import('./s3-lock.js');
-      return await withS3Lock(target, owner, options, fn);
-    }
-    return await withDirLock(target, owner, options, fn);
-  } finally {
-    heldHere.delete(owner.token);
-  }
-}
-
-function newOwner(purpose: string, options: LockOptions): LockOwner {
-  return {
+/** Who is about to take a lock, counted as held by this process until `forgetOwner` (target-lock.ts). */
+export function newOwner(purpose: string, options: LockOptions): LockOwner {
+  const owner: LockOwner = {
     ...(options.node !== undefined && { node: options.node }),
     host: hostname(),
     pid: process.pid,
@@ -76,6 +58,12 @@ function newOwner(purpose: string, options: LockOptions): LockOwner {
     startedAt: new Date().toISOString(),
     token: randomBytes(12).toString('hex'),
   };
+  heldHere.add(owner.token);
+  return owner;
+}
+
+export function forgetOwner(owner: LockOwner): void {
+  heldHere.delete(owner.token);
 }
 
 // The tokens of the locks this process holds now: a lock of this process with another token is one it could not
@@ -88,7 +76,13 @@ export function holderIsDeadHere(holder: LockOwner | undefined): boolean {
   return holder.pid === process.pid ? !heldHere.has(holder.token) : !processExists(holder.pid);
 }
 
-async function withDirLock<T>(target: DirTarget, owner: LockOwner, options: LockOptions, fn: (lock: HeldLock) => Promise<T>): Promise<T> {
+/** A directory target's lock (above). */
+export async function withDirLock<T>(
+  target: DirTarget,
+  owner: LockOwner,
+  options: LockOptions,
+  fn: (lock: HeldLock) => Promise<T>,
+): Promise<T> {
   const path = lockPath(target);
   const waitMs = options.waitMs ?? DEFAULT_WAIT_MS;
   const staleAfterMs = options.staleAfterMs ?? DEFAULT_STALE_MS;

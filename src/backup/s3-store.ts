@@ -18,7 +18,7 @@ import type { S3Client } from '@aws-sdk/client-s3';
 import { LatchError } from '../errors.js';
 import { readPrivateFile } from './keys.js';
 import { describeTarget, type S3Target } from './layout.js';
-import type { GetResult, StoredObject, TargetStore } from './store.js';
+import type { GetResult, StoredObject, TargetStore } from './target-store.js';
 
 type Sdk = typeof SdkModule;
 
@@ -31,7 +31,7 @@ interface Credentials {
 const KEY_PATTERN = /^[\x21-\x7e]{1,256}$/;
 
 /** The target's credentials, from its credentialsFile or its credentialsDir (a Kubernetes secret volume). */
-export async function readCredentials(target: S3Target): Promise<Credentials> {
+async function readCredentials(target: S3Target): Promise<Credentials> {
   if (target.credentialsFile !== undefined) {
     const path = target.credentialsFile;
     const refuse = (why: string) => new LatchError(`the S3 credentials file ${path} (backupTarget.credentialsFile) ${why}`);
