@@ -79,8 +79,9 @@ function buildSchema() {
         type: z.literal('s3'),
         endpoint: z.url({ protocol: /^https?$/, error: 'must be an http:// or https:// URL, e.g. https://s3.example.com' }).check(
           z.refine((u) => {
-            const url = new URL(u);
-            return url.username === '' && url.password === '' && url.search === '' && url.hash === '';
+            // (Also run when the URL check above failed: that one then says what is wrong.)
+            const url = URL.canParse(u) ? new URL(u) : undefined;
+            return url === undefined || (url.username === '' && url.password === '' && url.search === '' && url.hash === '');
           }, 'must be a plain URL: no user, password, query or fragment (credentials go in credentialsFile)'),
         ),
         // S3's bucket name rules (3-63 lower-case letters, digits, "." and "-").
