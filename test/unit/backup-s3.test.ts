@@ -269,6 +269,59 @@ describe('backups to S3 (Ceph RADOS Gateway)', { skip }, () => {
     assert.ok(!existsSync(out), 'nothing written');
   });
 
+  it('the lock on S3: two writers take turns; a live holder elsewhere makes a third busy; a stale one is taken over; a writer that lost it publishes nothing', async () => {
+    const target = await s3Target();
+    const src = image(6);
+    // Two target objects: two stores and clients, as two nodes would have.
+    await Promise.all(
+      ['a', 'b'].map((name) => createBackup({ target: { ...target }, source: src.path, volume: 'v', name, chunkSize: CHUNK })),
+    );
+    assert.deepEqual((await listBackups(target)).map((b) => b.name).sort(), ['a', 'b']);
+
+    const lockKey = `${target.prefix}lock`;
+    const otherNode = JSON.stringify({
+      owner: {
+        node: 'node-z',
+        host: 'elsewhere',
+        pid: 1,
+        purpose: 'backup x of volume y',
+        startedAt: new Date().toISOString(),
+        token: 'f'.repeat(24),
+      },
+      beat: 0,
+    });
+    await s3.send(new PutObjectCommand({ Bucket: target.bucket, Key: lockKey, Body: otherNode }));
+    await assert.rejects(
+      createBackup({ target, source: src.path, volume: 'v', name: 'c', chunkSize: CHUNK, lock: { waitMs: 1_000 } }),
+      /is busy: backup x of volume y on node node-z .*delete the object cluster-a\/lock in the bucket/,
+    );
+    await new Promise((r) => setTimeout(r, 2_100));
+    await createBackup({
+      target,
+      source: src.path,
+      volume: 'v',
+      name: 'c',
+      chunkSize: CHUNK,
+      lock: { waitMs: 1_000, staleAfterMs: 1_000 },
+    });
+
+    const lost = await createBackup({
+      target,
+      source: src.path,
+      volume: 'v',
+      name: 'd',
+      chunkSize: CHUNK,
+      onChunk: async (index) => {
+        if (index === 1) await s3.send(new PutObjectCommand({ Bucket: target.bucket, Key: lockKey, Body: otherNode }));
+      },
+    }).then(
+      () => assert.fail('published without the lock'),
+      (err: Error) => err.message,
+    );
+    assert.match(lost, /lost the lock of the backup target .* nothing was published/);
+    assert.deepEqual((await listBackups(target)).map((b) => b.name).sort(), ['a', 'b', 'c']);
+  });
+
   it('a SIGKILL of the process making a backup, then of one restoring: the next run completes; nothing half-made is listed', async () => {
     const target = await s3Target();
     const src = image(40);
