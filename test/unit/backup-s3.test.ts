@@ -4,7 +4,7 @@
 // a SIGKILL of the process making a backup or a restore. Each is a clear failure, nothing half-made is listed, and
 // the next run completes.
 import assert from 'node:assert/strict';
-import { spawn, execFileSync } from 'node:child_process';
+import { spawn, spawnSync, execFileSync } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -135,6 +135,37 @@ describe('backups to S3 (Ceph RADOS Gateway)', { skip }, () => {
     assert.deepEqual(await objects(target, 'chunks/'), []);
     assert.deepEqual(await listBackups(target), []);
     await assert.rejects(deleteBackup({ target, name: 'one' }), /backup one does not exist in s3:\/\/latch-test-\d+\/cluster-a\//);
+  });
+
+  it('the built executable lists, verifies and deletes S3 backups (the S3 client evaluated from the bundle on first use)', async () => {
+    const target = await s3Target();
+    await createBackup({ target, source: image(3).path, volume: 'v', name: 'cli', chunkSize: CHUNK });
+    const dir = fresh('cli');
+    const config = join(dir, 'config.json');
+    writeFileSync(
+      config,
+      JSON.stringify({ nodeName: 'node-a', stateDir: join(dir, 'state'), logFile: join(dir, 'latch.log'), backupTarget: target }),
+    );
+    const latch = (...args: string[]) => {
+      const done = spawnSync(process.execPath, [join(__dirname, '../../bin/latch'), ...args], {
+        encoding: 'utf8',
+        env: { ...process.env, LATCH_CONFIG: config },
+        timeout: 60_000,
+      });
+      assert.deepEqual([done.status, done.stderr], [0, ''], `latch ${args.join(' ')}: exit 0, nothing on stderr`);
+      return done.stdout;
+    };
+    const listed = JSON.parse(latch('backup', 'list', '-o', 'json')) as { name: string; authenticated: boolean }[];
+    assert.deepEqual(
+      listed.map((b) => [b.name, b.authenticated]),
+      [['cli', true]],
+    );
+    assert.match(
+      latch('backup', 'verify', 'cli'),
+      /^backup cli of volume v is intact: 3 chunk\(s\) read back and decrypted, image checksum matches, manifest authenticated/,
+    );
+    latch('backup', 'delete', 'cli');
+    assert.deepEqual(await listBackups(target), []);
   });
 
   it('measures: an S3 backup against a directory backup of the same data, and a restore from S3, checksummed', async (t) => {
