@@ -75,6 +75,9 @@ function errorOf(err: unknown): { name: string; status: number | undefined; code
 const UNREACHABLE = ['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'EHOSTUNREACH', 'ENETUNREACH', 'ENOTFOUND', 'EAI_AGAIN'];
 
 export class S3Store implements TargetStore {
+  /** Learnt from the store: it takes If-Match only without the ETag's quotes (RGW 16.2; replaceIf). */
+  private unquotedIfMatch = false;
+
   constructor(
     private readonly target: S3Target,
     private readonly sdk: Sdk,
@@ -235,11 +238,15 @@ export class S3Store implements TargetStore {
    */
   async replaceIf(key: string, text: string, etag: string): Promise<string | undefined> {
     const quoted = etag.startsWith('"') ? etag : `"${etag}"`;
+    const unquoted = quoted.slice(1, -1);
+    if (this.unquotedIfMatch) return this.conditionalPut(key, text, { IfMatch: unquoted });
     const replaced = await this.conditionalPut(key, text, { IfMatch: quoted });
     if (replaced !== undefined) return replaced;
     const now = await this.readLock(key);
     if (now === undefined || now.etag !== etag) return undefined;
-    return this.conditionalPut(key, text, { IfMatch: quoted.slice(1, -1) });
+    const again = await this.conditionalPut(key, text, { IfMatch: unquoted });
+    if (again !== undefined) this.unquotedIfMatch = true;
+    return again;
   }
 
   private async conditionalPut(
