@@ -290,7 +290,8 @@ export async function openS3Store(target: S3Target): Promise<S3Store> {
     // The SDK keeps credentials until they expire: a minute, so that a long-running agent picks up a rotated secret
     // (or a file whose mode went wrong) within a minute.
     credentials: async () => ({ ...(await readCredentials(target)), expiration: new Date(Date.now() + 60_000) }),
-    // Everything explicit, so that nothing is read from the environment or ~/.aws (a host's own AWS settings).
+    // Everything that decides where and how requests go is explicit: a host's own AWS settings (environment, ~/.aws)
+    // do not change it.
     useFipsEndpoint: false,
     useDualstackEndpoint: false,
     useArnRegion: false,
