@@ -218,8 +218,11 @@ export class S3Store implements TargetStore {
   async readLock(key: string): Promise<{ text: string; etag: string; modified: Date } | undefined> {
     try {
       const got = await this.client.send(new this.sdk.GetObjectCommand({ Bucket: this.target.bucket, Key: this.key(key) }));
-      const text = (await got.Body?.transformToString('utf8')) ?? '';
-      return { text: text.slice(0, 4096), etag: got.ETag ?? '', modified: got.LastModified ?? new Date(0) };
+      // A lock is a line of JSON; anything much larger is junk, kept out of memory (and read as unreadable).
+      let text = '';
+      if ((got.ContentLength ?? 0) <= 64 * 1024) text = (await got.Body?.transformToString('utf8')) ?? '';
+      else (got.Body as { destroy?: () => void } | undefined)?.destroy?.();
+      return { text, etag: got.ETag ?? '', modified: got.LastModified ?? new Date(0) };
     } catch (err) {
       if (errorOf(err).name === 'NoSuchKey') return undefined;
       throw this.fault(err, `reading ${key}`);
