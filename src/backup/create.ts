@@ -19,7 +19,7 @@ import { ENCRYPTION, codecForWriting, type ChunkCodec } from './codec.js';
 import { dataRanges, overlapsData, type ByteRange } from './extents.js';
 import { readExactly } from './files.js';
 import { checkBackupName, describeTarget, type BackupTarget } from './layout.js';
-import { backupKey } from './keys.js';
+import { backupKey, type BackupKey } from './keys.js';
 import type { HeldLock, LockOptions } from './lock.js';
 import { withTargetLock } from './target-lock.js';
 import { checkTarget, storeOf } from './store.js';
@@ -71,11 +71,12 @@ export async function createBackup(options: CreateBackupOptions): Promise<Manife
   }
   await checkTarget(target);
   // A key file that cannot be used fails the backup before it reads anything, not when it publishes.
-  const codec = codecForWriting(await backupKey(target), target.encrypt);
+  const key = await backupKey(target);
+  const codec = codecForWriting(key, target.encrypt);
   const node = options.node;
 
   return withTargetLock(target, `backup ${name} of volume ${volume}`, { ...options.lock, node }, (lock) =>
-    writeBackup(options, { name, chunkSize, createdAt, now, node, codec }, lock).catch((err: unknown) => {
+    writeBackup(options, { name, chunkSize, createdAt, now, node, codec, key }, lock).catch((err: unknown) => {
       throw targetFault(target, err);
     }),
   );
@@ -100,11 +101,20 @@ function targetFault(target: BackupTarget, err: unknown): unknown {
 
 async function writeBackup(
   options: CreateBackupOptions,
-  settled: { name: string; chunkSize: number; createdAt: string; now: () => number; node: string | undefined; codec: ChunkCodec },
+  settled: {
+    name: string;
+    chunkSize: number;
+    createdAt: string;
+    now: () => number;
+    node: string | undefined;
+    /** How chunks are named and sealed, and the key they and the manifest are under (undefined: none configured). */
+    codec: ChunkCodec;
+    key: BackupKey | undefined;
+  },
   lock: HeldLock,
 ): Promise<Manifest> {
   const { target, volume } = options;
-  const { name, chunkSize, createdAt, now, node, codec } = settled;
+  const { name, chunkSize, createdAt, now, node, codec, key } = settled;
   const store = await storeOf(target);
   const { handle, sizeBytes, isFile } = await openImage(options.source);
   const what = options.sourceDescription ?? options.source;
@@ -219,7 +229,7 @@ async function writeBackup(
     ...(options.fsType !== undefined && { fsType: options.fsType }),
     stats,
   };
-  await publishManifest(target, manifest);
+  await publishManifest(target, manifest, key);
   return manifest;
 }
 

@@ -92,9 +92,10 @@ export interface Manifest {
  * Writes the manifest, which makes the backup exist (or replaces it: `latch backup authenticate`); authenticated with
  * the target's key when one is configured. Refusing a name that is taken is the caller's (it holds the lock).
  */
-export async function publishManifest(target: BackupTarget, manifest: Manifest): Promise<void> {
+export async function publishManifest(target: BackupTarget, manifest: Manifest, keyUsed?: BackupKey): Promise<void> {
   const body = JSON.stringify(manifest);
-  const key = await backupKey(target);
+  // A backup's chunks and its manifest under the same key, even if the key file was replaced while it ran.
+  const key = keyUsed ?? (await backupKey(target));
   if (manifest.format === ENCRYPTED_FORMAT && !key) throw new LatchError('an encrypted backup needs the backup key (backupTarget.keyFile)');
   const envelope = key
     ? { ...manifest, keyId: key.id, hmacSha256: manifestMac(key, body, manifest.format === ENCRYPTED_FORMAT) }
