@@ -183,6 +183,26 @@ describe('backups encrypted with the target key', () => {
     assert.match((await listBackups(wrong))[0]?.error ?? '', /not authentic/);
   });
 
+  it('a key file replaced while a backup runs: the backup is whole under the key it started with, and refused under the new one', async () => {
+    const key = keyFile();
+    const oldKey = readFileSync(key);
+    const target: DirTarget = { type: 'dir', path: fresh('target'), keyFile: key };
+    const src = image([0, 2]);
+    await createBackup({
+      target,
+      source: src.path,
+      volume: 'v',
+      name: 'b',
+      chunkSize: CHUNK,
+      beforePublish: async () => writeFileSync(key, `${randomBytes(48).toString('base64')}\n`),
+    });
+    await assert.rejects(verifyBackup({ target, name: 'b' }), /is not authentic/);
+    writeFileSync(key, oldKey);
+    const out = join(fresh('restore'), 'x.img');
+    await restoreBackup({ target, name: 'b', destination: out });
+    assert.ok(readFileSync(out).equals(src.bytes));
+  });
+
   it('old unencrypted backups stay readable beside encrypted ones, flagged as not encrypted; encrypt: false keeps new chunks in the clear', async () => {
     const path = fresh('target');
     const src = image([0, 4]);
