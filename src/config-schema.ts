@@ -70,6 +70,45 @@ function buildSchema() {
       fencer: z.optional(z.strictObject({ clientId: cephxId, keyring: absolutePath })),
     }),
   ]);
+  // Backups: a directory, or a prefix in an S3 bucket (src/backup/s3-store.ts). The key encrypts and authenticates.
+  const backupKeys = { keyFile: z.optional(absolutePath), encrypt: z.optional(z.boolean()) };
+  const backupTarget = z.discriminatedUnion('type', [
+    z.strictObject({ type: z.literal('dir'), path: absolutePath, ...backupKeys }),
+    z
+      .strictObject({
+        type: z.literal('s3'),
+        endpoint: z.url({ protocol: /^https?$/, error: 'must be an http:// or https:// URL, e.g. https://s3.example.com' }).check(
+          z.refine((u) => {
+            // (Also run when the URL check above failed: that one then says what is wrong.)
+            const url = URL.canParse(u) ? new URL(u) : undefined;
+            return url === undefined || (url.username === '' && url.password === '' && url.search === '' && url.hash === '');
+          }, 'must be a plain URL: no user, password, query or fragment (credentials go in credentialsFile)'),
+        ),
+        // S3's bucket name rules (3-63 lower-case letters, digits, "." and "-").
+        bucket: z
+          .string()
+          .check(z.regex(/^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$/, 'must be an S3 bucket name (3-63 of a-z, 0-9, "." and "-")')),
+        prefix: z._default(
+          z.string().check(
+            z.regex(/^([A-Za-z0-9._-]+\/)*$/, 'must be empty or path segments each ending in "/", e.g. "cluster-a/"'),
+            z.refine((p) => !p.split('/').some((s) => s === '.' || s === '..'), 'must not have "." or ".." segments'),
+            z.maxLength(512),
+          ),
+          '',
+        ),
+        region: z.optional(z.string().check(z.regex(/^[a-z0-9-]{1,64}$/, 'must be a region name, e.g. us-east-1'))),
+        credentialsFile: z.optional(absolutePath),
+        credentialsDir: z.optional(absolutePath),
+        caFile: z.optional(absolutePath),
+        ...backupKeys,
+      })
+      .check(
+        z.refine(
+          (t) => (t.credentialsFile === undefined) !== (t.credentialsDir === undefined),
+          'an S3 target needs exactly one of credentialsFile (a JSON file) and credentialsDir (a Kubernetes secret volume)',
+        ),
+      ),
+  ]);
   const nodeName = z
     .string()
     .check(z.regex(/^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$/, 'must be a lower-case host name as kubelet reports it'), z.maxLength(253));
@@ -108,7 +147,7 @@ function buildSchema() {
     commandTimeout: z._default(integer(1, 3600), 120),
     store: z._default(store, { type: 'file' }),
     backend: z._default(backend, { type: 'loop' }),
-    backupTarget: z.optional(z.strictObject({ type: z.literal('dir'), path: absolutePath, keyFile: z.optional(absolutePath) })),
+    backupTarget: z.optional(backupTarget),
     lazyCreate: z._default(z.boolean(), true),
     namespaceQuota: z.optional(z.strictObject({ volumes: z.optional(integer(0)), bytes: z.optional(size) })),
     abandonedTicketSeconds: z._default(integer(0), 900),

@@ -53,13 +53,26 @@ export type RbdClientKind = 'rbd-fuse' | 'krbd';
 export type RbdClientSetting = RbdClientKind | 'auto';
 type BackendConfig = { type: 'loop' } | RbdBackendConfig;
 
-/** Where `latch backup` writes: an existing directory, local or a shared mount (NFS, CephFS) every node sees. */
-export interface BackupTargetConfig {
-  type: 'dir';
-  path: string;
-  /** A root-only file holding the key that authenticates manifests (docs/operations.md, "Backups"); every node the same. */
-  keyFile?: string;
-}
+/**
+ * Where `latch backup` writes: an existing directory, local or a shared mount (NFS, CephFS) every node sees, or a prefix
+ * in an S3 bucket (docs/operations.md, "Backups"). `keyFile`: a root-only file holding the key that encrypts chunks and
+ * authenticates manifests, every node the same; `encrypt: false` keeps new chunks in the clear (manifests still
+ * authenticated).
+ */
+export type BackupTargetConfig =
+  | { type: 'dir'; path: string; keyFile?: string; encrypt?: boolean }
+  | {
+      type: 's3';
+      endpoint: string;
+      bucket: string;
+      prefix: string;
+      region?: string;
+      credentialsFile?: string;
+      credentialsDir?: string;
+      caFile?: string;
+      keyFile?: string;
+      encrypt?: boolean;
+    };
 
 export interface Config {
   /** Where the configuration came from: a file path, or "built-in defaults". */

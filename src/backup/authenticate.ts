@@ -4,8 +4,10 @@
 // Holding the target's lock, so that no delete or gc runs meanwhile.
 import { LatchError } from '../errors.js';
 import { backupKey } from './keys.js';
-import { checkTarget, type BackupTarget } from './layout.js';
-import { withTargetLock, type LockOptions } from './lock.js';
+import type { BackupTarget } from './layout.js';
+import { checkTarget } from './store.js';
+import type { LockOptions } from './lock.js';
+import { withTargetLock } from './target-lock.js';
 import { publishManifest, readCheckedManifest } from './manifest.js';
 import { verifyManifest, type VerifyReport } from './verify.js';
 

@@ -5,21 +5,26 @@
 // kernel and records without reading: extents.ts); only new chunks are compressed and written. The next chunk is
 // read while the current one is hashed, and compression runs on libuv's thread pool.
 //
-// Crash safety: chunks appear only complete (temp, fsync, rename); the manifest is written last (temp, fsync,
-// rename, directory fsync), after the directories of the new chunks are fsynced. A backup killed at any point has
-// no manifest, so `list` never shows it; its stored chunks are reused by the next backup or removed by gc, and its
-// temp files are removed by the next writer (all writers hold the target's lock).
+// Crash safety: chunks appear only complete (a directory's temp, fsync, rename; an S3 PUT, which stores an object
+// whole or not at all); the manifest is written last, after the store is flushed (a directory's new chunk
+// directories fsynced). A backup killed at any point has no manifest, so `list` never shows it; its stored chunks
+// are reused by the next backup or removed by gc, and its temp files are removed by the next writer (all writers
+// hold the target's lock).
+//
+// With a key, chunks are named by a keyed ID and encrypted (codec.ts), and the manifest is latch-backup/v3.
 import { hostname } from 'node:os';
-import { dirname } from 'node:path';
 import { LatchError } from '../errors.js';
-import { syncDir } from '../atomic-file.js';
-import { DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, chunkExists, chunkLength, isAllZero, sha256, storeChunk } from './chunks.js';
+import { DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, chunkExists, chunkLength, isAllZero, storeChunk } from './chunks.js';
+import { ENCRYPTION, codecForWriting, type ChunkCodec } from './codec.js';
 import { dataRanges, overlapsData, type ByteRange } from './extents.js';
-import { readExactly, readdirOrEmpty, removeTempFiles, tightenTarget } from './files.js';
-import { backupsDir, checkBackupName, checkTarget, chunkPath, chunksDir, type BackupTarget } from './layout.js';
-import { backupKey } from './keys.js';
-import { withTargetLock, type HeldLock, type LockOptions } from './lock.js';
+import { readExactly } from './files.js';
+import { checkBackupName, describeTarget, type BackupTarget } from './layout.js';
+import { backupKey, type BackupKey } from './keys.js';
+import type { HeldLock, LockOptions } from './lock.js';
+import { withTargetLock } from './target-lock.js';
+import { checkTarget, storeOf } from './store.js';
 import {
+  ENCRYPTED_FORMAT,
   MANIFEST_FORMAT,
   chunkListDigest,
   listBackups,
@@ -66,11 +71,12 @@ export async function createBackup(options: CreateBackupOptions): Promise<Manife
   }
   await checkTarget(target);
   // A key file that cannot be used fails the backup before it reads anything, not when it publishes.
-  await backupKey(target);
+  const key = await backupKey(target);
+  const codec = codecForWriting(key, target.encrypt);
   const node = options.node;
 
   return withTargetLock(target, `backup ${name} of volume ${volume}`, { ...options.lock, node }, (lock) =>
-    writeBackup(options, { name, chunkSize, createdAt, now, node }, lock).catch((err: unknown) => {
+    writeBackup(options, { name, chunkSize, createdAt, now, node, codec, key }, lock).catch((err: unknown) => {
       throw targetFault(target, err);
     }),
   );
@@ -88,23 +94,32 @@ function targetFault(target: BackupTarget, err: unknown): unknown {
   };
   if (code === undefined || !(code in what)) return err;
   return new LatchError(
-    `the backup target ${target.path} ${what[code]} (${(err as Error).message}); the backup was abandoned and nothing was published`,
+    `the backup target ${describeTarget(target)} ${what[code]} (${(err as Error).message}); the backup was abandoned and nothing was published`,
     { cause: err },
   );
 }
 
 async function writeBackup(
   options: CreateBackupOptions,
-  settled: { name: string; chunkSize: number; createdAt: string; now: () => number; node: string | undefined },
+  settled: {
+    name: string;
+    chunkSize: number;
+    createdAt: string;
+    now: () => number;
+    node: string | undefined;
+    /** How chunks are named and sealed, and the key they and the manifest are under (undefined: none configured). */
+    codec: ChunkCodec;
+    key: BackupKey | undefined;
+  },
   lock: HeldLock,
 ): Promise<Manifest> {
   const { target, volume } = options;
-  const { name, chunkSize, createdAt, now, node } = settled;
+  const { name, chunkSize, createdAt, now, node, codec, key } = settled;
+  const store = await storeOf(target);
   const { handle, sizeBytes, isFile } = await openImage(options.source);
   const what = options.sourceDescription ?? options.source;
   const stats: BackupStats = { dataChunks: 0, holeChunks: 0, newChunks: 0, newBytesStored: 0, presentChunks: 0, dataBytes: 0 };
   const chunks: (string | null)[] = [];
-  const touchedShards = new Set<string>();
   const seen = new Set<string>();
   const parallel = Math.max(1, options.parallel ?? 4);
   const inFlight = new Set<Promise<void>>();
@@ -116,10 +131,8 @@ async function writeBackup(
     // The hole map (a child process: tens of ms) is asked for while the target is tidied and listed. Undefined for a
     // block device, or when it cannot be had: then every chunk is read.
     mapping = isFile ? dataRanges(options.source, sizeBytes) : Promise.resolve(undefined);
-    await tightenTarget(target);
-    await removeTempFiles(backupsDir(target));
-    for (const shard of await readdirOrEmpty(chunksDir(target))) await removeTempFiles(`${chunksDir(target)}/${shard}`);
-    if (await manifestExists(target, name)) throw new LatchError(`a backup named ${name} already exists in ${target.path}`);
+    await store.tidy();
+    if (await manifestExists(target, name)) throw new LatchError(`a backup named ${name} already exists in ${describeTarget(target)}`);
     parent = (await listBackups(target, volume)).filter((b) => b.manifest).at(-1)?.name;
     const ranges = await mapping;
 
@@ -144,9 +157,8 @@ async function writeBackup(
         return;
       }
       stats.newChunks++;
-      touchedShards.add(dirname(chunkPath(target, hash)));
       // Not `+= await`: that reads the total before the await and loses the other jobs' additions.
-      const bytes = await storeChunk(target, hash, data);
+      const bytes = await storeChunk(target, codec, hash, data);
       stats.newBytesStored += bytes;
     };
 
@@ -162,7 +174,7 @@ async function writeBackup(
         stats.holeChunks++;
         if (data) release(data);
       } else {
-        const hash = sha256(data);
+        const hash = codec.id(data);
         chunks.push(hash);
         stats.dataChunks++;
         stats.dataBytes += length;
@@ -196,18 +208,17 @@ async function writeBackup(
     await handle.close();
   }
 
-  // The new chunks' directories, at once: each fsync waits for a journal commit, and concurrent ones share it.
-  await Promise.all([...touchedShards].map((shard) => syncDir(shard)));
-  await syncDir(chunksDir(target));
+  await store.flush();
   await options.beforePublish?.();
   await lock.check();
   const manifest: Manifest = {
-    format: MANIFEST_FORMAT,
+    format: codec.encrypted ? ENCRYPTED_FORMAT : MANIFEST_FORMAT,
     name,
     volume,
     sizeBytes,
     chunkSize,
     compression: 'brotli',
+    ...(codec.encrypted && { encryption: ENCRYPTION }),
     chunks,
     chunkListSha256: chunkListDigest(sizeBytes, chunkSize, chunks),
     createdAt,
@@ -218,7 +229,7 @@ async function writeBackup(
     ...(options.fsType !== undefined && { fsType: options.fsType }),
     stats,
   };
-  await publishManifest(target, manifest);
+  await publishManifest(target, manifest, key);
   return manifest;
 }
 

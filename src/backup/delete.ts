@@ -1,13 +1,11 @@
 // Deleting backups and collecting garbage: a chunk is garbage when no manifest names it. Both hold the target's
 // lock, so no backup in progress can have counted on a chunk that gc removes.
-import { stat, unlink } from 'node:fs/promises';
-import { join } from 'node:path';
 import { LatchError } from '../errors.js';
-import { leftoverOf, syncDir } from '../atomic-file.js';
-import { readdirOrEmpty, removeTempFiles, tightenTarget } from './files.js';
-import { backupsDir, checkTarget, chunksDir, isChunkHash, manifestPath, type BackupTarget } from './layout.js';
-import { withTargetLock, type HeldLock, type LockOptions } from './lock.js';
-import { listBackups } from './manifest.js';
+import { CHUNKS, chunkKey, describeTarget, isChunkHash, manifestKey, type BackupTarget } from './layout.js';
+import type { HeldLock, LockOptions } from './lock.js';
+import { withTargetLock } from './target-lock.js';
+import { listBackups, manifestExists } from './manifest.js';
+import { checkTarget, storeOf } from './store.js';
 
 export interface GcReport {
   removedChunks: number;
@@ -29,14 +27,14 @@ export interface DeleteOptions {
 export async function deleteBackup(options: DeleteOptions): Promise<GcReport> {
   const { target, name } = options;
   await checkTarget(target);
-  const path = manifestPath(target, name);
+  const key = manifestKey(name);
   return withTargetLock(target, `delete backup ${name}`, { ...options.lock, node: options.node }, async (lock) => {
-    try {
-      await unlink(path);
-      await syncDir(backupsDir(target));
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
-      if (!options.missingOk) throw new LatchError(`backup ${name} does not exist in ${target.path} (latch backup list shows the backups)`);
+    const store = await storeOf(target);
+    if (await manifestExists(target, name)) {
+      await store.delete(key);
+      await store.flush();
+    } else if (!options.missingOk) {
+      throw new LatchError(`backup ${name} does not exist in ${describeTarget(target)} (latch backup list shows the backups)`);
     }
     return collect(target, lock);
   });
@@ -63,27 +61,20 @@ async function collect(target: BackupTarget, lock: HeldLock): Promise<GcReport> 
   for (const b of backups) for (const hash of b.manifest?.chunks ?? []) if (hash !== null) needed.add(hash);
 
   const report: GcReport = { removedChunks: 0, freedBytes: 0, keptChunks: 0, removedTempFiles: 0 };
-  await tightenTarget(target);
-  report.removedTempFiles += await removeTempFiles(backupsDir(target));
+  const store = await storeOf(target);
+  report.removedTempFiles += await store.tidy();
   await lock.check();
-  for (const shard of await readdirOrEmpty(chunksDir(target))) {
-    const dir = join(chunksDir(target), shard);
-    let removedHere = 0;
-    for (const file of await readdirOrEmpty(dir)) {
-      if (leftoverOf(file) !== undefined) continue;
-      if (!isChunkHash(file) || needed.has(file)) {
-        report.keptChunks++;
-        continue;
-      }
-      const path = join(dir, file);
-      const size = (await stat(path).catch(() => undefined))?.size ?? 0;
-      await unlink(path).catch(() => undefined);
-      report.removedChunks++;
-      report.freedBytes += size;
-      removedHere++;
+  for (const { key, size } of await store.list(CHUNKS)) {
+    const id = key.slice(key.lastIndexOf('/') + 1);
+    // Only what is certainly a chunk of ours, at its own place, is removed; anything else in chunks/ is left alone.
+    if (!isChunkHash(id) || key !== chunkKey(id) || needed.has(id)) {
+      report.keptChunks++;
+      continue;
     }
-    report.removedTempFiles += await removeTempFiles(dir);
-    if (removedHere > 0) await syncDir(dir);
+    const freed = await store.delete(key);
+    report.removedChunks++;
+    report.freedBytes += size ?? freed ?? 0;
   }
+  await store.flush();
   return report;
 }

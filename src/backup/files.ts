@@ -1,10 +1,10 @@
-// The careful ways the engine reads files in a target that may be a network share.
+// The careful ways the engine reads files in a target that may be a network share (writes: atomic-file.ts).
 import { chmod, mkdir, readdir, unlink } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 import { leftoverOf } from '../atomic-file.js';
 import { LatchError } from '../errors.js';
-import { backupsDir, chunksDir, type BackupTarget } from './layout.js';
+import { backupsDir, chunksDir, type DirTarget } from './layout.js';
 
 /**
  * Reads exactly `length` bytes at `position` (into `into`, when given: a buffer of at least `length` bytes to reuse);
@@ -49,7 +49,7 @@ export async function readdirOrEmpty(dir: string): Promise<string[]> {
  * lock) calls it first. Older versions left them 0755 with 0644 files inside; a 0700 directory closes all that is
  * below it, so the older files need not be visited. The target directory itself is the admin's and is left alone.
  */
-export async function tightenTarget(target: BackupTarget): Promise<void> {
+export async function tightenTarget(target: DirTarget): Promise<void> {
   for (const dir of [chunksDir(target), backupsDir(target)]) {
     await mkdir(dir, { recursive: true, mode: 0o700 });
     await chmod(dir, 0o700);

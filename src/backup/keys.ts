@@ -7,9 +7,13 @@
 // least 32 bytes (trailing whitespace is not part of the key, so `openssl rand -base64 48 > file` works). Its
 // contents never leave this module except as a KeyObject: never in a message, a log line, argv or a manifest (a
 // manifest names the key only by its id, an HMAC of a fixed string: it tells keys apart and reveals nothing).
+//
+// Three subkeys are derived from it with HKDF-SHA256 (a label each), so that no key serves two purposes: the chunks'
+// AES-256-GCM key, the HMAC key that names chunks, and the manifests' HMAC key (codec.ts, manifest.ts). Losing the key
+// file loses every backup made with it: nothing else can decrypt them (docs/operations.md, "Backups").
 import { constants } from 'node:fs';
-import { open } from 'node:fs/promises';
-import { createHmac, createSecretKey, timingSafeEqual, type KeyObject } from 'node:crypto';
+import { open, realpath } from 'node:fs/promises';
+import { createHmac, createSecretKey, hkdfSync, timingSafeEqual, type KeyObject } from 'node:crypto';
 import { LatchError } from '../errors.js';
 import type { BackupTarget } from './layout.js';
 
@@ -18,11 +22,20 @@ const MIN_KEY_BYTES = 32;
 const MAX_KEY_FILE_BYTES = 4096;
 
 export interface BackupKey {
-  /** For the HMAC only: never printed. */
+  /** The key file's key itself: the HMAC of latch-backup/v1 and v2 manifests, and the key id. Never printed. */
   secret: KeyObject;
   /** Tells keys apart in messages and manifests (16 hex digits of an HMAC of a fixed string). */
   id: string;
+  /** Subkeys derived from it (HKDF-SHA256, one label each), for latch-backup/v3: chunks' AES-256-GCM key, */
+  chunkCipher: KeyObject;
+  /** the HMAC-SHA256 key that names chunks (their IDs), */
+  chunkId: KeyObject;
+  /** and the manifests' HMAC-SHA256 key. */
+  manifestMac: KeyObject;
 }
+
+// HKDF's salt: fixed, so that one key file always gives the same subkeys (on every node, for every backup).
+const HKDF_SALT = 'latch-backup-keys/v1';
 
 /**
  * The target's key, or undefined when the configuration names none (manifests are then unauthenticated). Read anew
@@ -35,9 +48,47 @@ export async function backupKey(target: BackupTarget): Promise<BackupKey | undef
 
 async function readKeyFile(path: string): Promise<BackupKey> {
   const refuse = (why: string) => new LatchError(`the backup key file ${path} (backupTarget.keyFile) ${why}`);
+  const raw = await readPrivateFile(path, refuse);
+  let end = raw.length;
+  while (end > 0 && [0x0a, 0x0d, 0x20, 0x09].includes(raw[end - 1] ?? 0)) end--;
+  if (end < MIN_KEY_BYTES) {
+    raw.fill(0);
+    throw refuse(`holds fewer than ${MIN_KEY_BYTES} bytes of key (make one with: openssl rand -base64 48 > ${path})`);
+  }
+  const material = raw.subarray(0, end);
+  const secret = createSecretKey(material);
+  const derive = (label: string) => createSecretKey(Buffer.from(hkdfSync('sha256', material, HKDF_SALT, label, 32)));
+  const key: BackupKey = {
+    secret,
+    id: createHmac('sha256', secret).update('latch-backup-key-id').digest('hex').slice(0, 16),
+    chunkCipher: derive('latch backup chunk encryption (aes-256-gcm)'),
+    chunkId: derive('latch backup chunk id (hmac-sha256)'),
+    manifestMac: derive('latch backup manifest mac (hmac-sha256)'),
+  };
+  raw.fill(0);
+  return key;
+}
+
+/**
+ * The bytes of a file that holds a secret (the backup key, S3 credentials): a regular file, not a link, owned by the
+ * user latch runs as and readable by nobody else, of at most 4 KiB. `refuse` words the error (it names the setting).
+ * `followLinksInside`: a Kubernetes secret volume's files are links into its own ..data directory; a link is then
+ * followed only when it resolves inside that directory.
+ */
+export async function readPrivateFile(path: string, refuse: (why: string) => Error, followLinksInside?: string): Promise<Buffer> {
+  let real = path;
+  if (followLinksInside !== undefined) {
+    try {
+      real = await realpath(path);
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') throw refuse('does not exist');
+      throw refuse(`cannot be resolved (${(err as NodeJS.ErrnoException).code ?? 'error'})`);
+    }
+    if (!real.startsWith(`${await realpath(followLinksInside)}/`)) throw refuse('is a link to outside its directory');
+  }
   let handle;
   try {
-    handle = await open(path, constants.O_RDONLY | constants.O_NOFOLLOW);
+    handle = await open(real, constants.O_RDONLY | constants.O_NOFOLLOW);
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
     if (code === 'ENOENT') throw refuse('does not exist');
@@ -53,24 +104,21 @@ async function readKeyFile(path: string): Promise<BackupKey> {
       throw refuse(`is readable or writable by others (mode ${(stats.mode & 0o777).toString(8)}); chmod 600 it`);
     }
     if (stats.size > MAX_KEY_FILE_BYTES) throw refuse(`holds ${stats.size} bytes, more than a key`);
-    const raw = await handle.readFile();
-    let end = raw.length;
-    while (end > 0 && [0x0a, 0x0d, 0x20, 0x09].includes(raw[end - 1] ?? 0)) end--;
-    if (end < MIN_KEY_BYTES) {
-      raw.fill(0);
-      throw refuse(`holds fewer than ${MIN_KEY_BYTES} bytes of key (make one with: openssl rand -base64 48 > ${path})`);
-    }
-    const secret = createSecretKey(raw.subarray(0, end));
-    raw.fill(0);
-    return { secret, id: createHmac('sha256', secret).update('latch-backup-key-id').digest('hex').slice(0, 16) };
+    return await handle.readFile();
   } finally {
     await handle.close();
   }
 }
 
-/** The HMAC-SHA256 of a manifest's body (its JSON without the authentication fields), in hex. */
-export function manifestMac(key: BackupKey, body: string): string {
-  return createHmac('sha256', key.secret).update('latch-backup-manifest\n').update(body).digest('hex');
+/**
+ * The HMAC-SHA256 of a manifest's body (its JSON without the authentication fields), in hex: under the derived
+ * manifest key for latch-backup/v3 (encrypted), under the key itself for the formats before it.
+ */
+export function manifestMac(key: BackupKey, body: string, derived: boolean): string {
+  return createHmac('sha256', derived ? key.manifestMac : key.secret)
+    .update('latch-backup-manifest\n')
+    .update(body)
+    .digest('hex');
 }
 
 /** Compares a MAC read from a target with the one computed, in constant time. */

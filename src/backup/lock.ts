@@ -7,6 +7,9 @@
 // A holder that dies leaves the file behind. It is stale, and the next writer takes it over, when its holder is a
 // process of this host that no longer exists, or when its holder has not touched it (a heartbeat every minute) for
 // `staleAfterMs` (default 10 minutes), which covers a holder on a node that died.
+//
+// An S3 target's lock is the object `<prefix>lock`, with the same rules, made of conditional writes (s3-lock.ts);
+// target-lock.ts takes the one or the other.
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import { link, open, readFile, rename, stat, unlink, utimes } from 'node:fs/promises';
@@ -14,7 +17,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { tempPathFor } from '../atomic-file.js';
 import { LatchError } from '../errors.js';
 import { processExists } from '../sys/processes.js';
-import { lockPath, type BackupTarget } from './layout.js';
+import { describeTarget, lockPath, type BackupTarget, type DirTarget } from './layout.js';
 
 export interface LockOptions {
   /** Who holds it, for people reading the lock file and error messages (the node name). */
@@ -27,7 +30,7 @@ export interface LockOptions {
   heartbeatMs?: number | undefined;
 }
 
-interface LockOwner {
+export interface LockOwner {
   node?: string | undefined;
   host: string;
   pid: number;
@@ -41,18 +44,12 @@ export interface HeldLock {
   check(): Promise<void>;
 }
 
-const DEFAULT_WAIT_MS = 60_000;
-const DEFAULT_STALE_MS = 10 * 60_000;
-const DEFAULT_HEARTBEAT_MS = 60_000;
+export const DEFAULT_WAIT_MS = 60_000;
+export const DEFAULT_STALE_MS = 10 * 60_000;
+export const DEFAULT_HEARTBEAT_MS = 60_000;
 
-/** Runs `fn` holding the target's lock; `purpose` ("create backup X") is shown to whoever waits for it. */
-export async function withTargetLock<T>(
-  target: BackupTarget,
-  purpose: string,
-  options: LockOptions,
-  fn: (lock: HeldLock) => Promise<T>,
-): Promise<T> {
-  const path = lockPath(target);
+/** Who is about to take a lock, counted as held by this process until `forgetOwner` (target-lock.ts). */
+export function newOwner(purpose: string, options: LockOptions): LockOwner {
   const owner: LockOwner = {
     ...(options.node !== undefined && { node: options.node }),
     host: hostname(),
@@ -61,6 +58,32 @@ export async function withTargetLock<T>(
     startedAt: new Date().toISOString(),
     token: randomBytes(12).toString('hex'),
   };
+  heldHere.add(owner.token);
+  return owner;
+}
+
+export function forgetOwner(owner: LockOwner): void {
+  heldHere.delete(owner.token);
+}
+
+// The tokens of the locks this process holds now: a lock of this process with another token is one it could not
+// release (an S3 store that was down when it tried), and is stale at once, like a dead process's.
+const heldHere = new Set<string>();
+
+/** Whether a holder is a process of this host that no longer exists, or this process, done with it (stale at once). */
+export function holderIsDeadHere(holder: LockOwner | undefined): boolean {
+  if (holder === undefined || holder.host !== hostname()) return false;
+  return holder.pid === process.pid ? !heldHere.has(holder.token) : !processExists(holder.pid);
+}
+
+/** A directory target's lock (above). */
+export async function withDirLock<T>(
+  target: DirTarget,
+  owner: LockOwner,
+  options: LockOptions,
+  fn: (lock: HeldLock) => Promise<T>,
+): Promise<T> {
+  const path = lockPath(target);
   const waitMs = options.waitMs ?? DEFAULT_WAIT_MS;
   const staleAfterMs = options.staleAfterMs ?? DEFAULT_STALE_MS;
   const deadline = Date.now() + waitMs;
@@ -71,7 +94,7 @@ export async function withTargetLock<T>(
       await breakStale(path, holder);
       continue;
     }
-    if (Date.now() >= deadline) throw busy(target, holder, staleAfterMs);
+    if (Date.now() >= deadline) throw busy(target, holder, staleAfterMs, `remove ${lockPath(target)}`);
     await sleep(Math.min(1000, 50 + attempt * 50));
   }
 
@@ -91,7 +114,7 @@ export async function withTargetLock<T>(
       const now = await readOwner(path);
       if (lost || now === 'gone' || now === undefined || now.token !== owner.token) {
         throw new LatchError(
-          `lost the lock of the backup target ${target.path} (another writer took it over, thinking this one dead); nothing was published`,
+          `lost the lock of the backup target ${describeTarget(target)} (another writer took it over, thinking this one dead); nothing was published`,
         );
       }
     },
@@ -149,7 +172,7 @@ async function readOwner(path: string): Promise<LockOwner | 'gone' | undefined> 
 }
 
 async function isStale(path: string, holder: LockOwner | undefined, staleAfterMs: number): Promise<boolean> {
-  if (holder && holder.host === hostname() && !processExists(holder.pid)) return true;
+  if (holderIsDeadHere(holder)) return true;
   try {
     return Date.now() - (await stat(path)).mtimeMs > staleAfterMs;
   } catch {
@@ -176,12 +199,13 @@ async function breakStale(path: string, examined: LockOwner | undefined): Promis
   await unlink(aside).catch(() => undefined);
 }
 
-function busy(target: BackupTarget, holder: LockOwner | undefined, staleAfterMs: number): LatchError {
+/** `removal`: how a person removes the lock by hand ("remove PATH"). */
+export function busy(target: BackupTarget, holder: LockOwner | undefined, staleAfterMs: number, removal: string): LatchError {
   const who = holder
     ? `${holder.purpose} on ${holder.node ? `node ${holder.node}` : `host ${holder.host}`} (pid ${holder.pid}, since ${holder.startedAt})`
     : 'a writer whose lock file cannot be read';
   return new LatchError(
-    `the backup target ${target.path} is busy: ${who}. Try again when it is done; a lock whose holder died is taken over ` +
-      `by itself after ${Math.round(staleAfterMs / 60_000)} minutes without a heartbeat (or remove ${lockPath(target)} once you are sure no latch process uses the target)`,
+    `the backup target ${describeTarget(target)} is busy: ${who}. Try again when it is done; a lock whose holder died is taken over ` +
+      `by itself after ${Math.round(staleAfterMs / 60_000)} minutes without a heartbeat (or ${removal} once you are sure no latch process uses the target)`,
   );
 }

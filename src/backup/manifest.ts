@@ -18,18 +18,31 @@
 // configured, such manifests are used and reported as unauthenticated. With a key configured, they are listed as
 // unauthenticated but refused by verify and restore: otherwise dropping the HMAC would be all a forger needs. A
 // backup made before the key that the admin trusts is signed once, explicitly (`latch backup authenticate`).
+//
+// Encryption. latch-backup/v3 (written with a key, unless backupTarget.encrypt is false) is v2 with encrypted chunks:
+// `encryption` names the scheme (codec.ts: AES-256-GCM chunks, HMAC-SHA256 chunk IDs, subkeys by HKDF-SHA256), its
+// chunk list holds the chunks' keyed IDs, and its HMAC is under the derived manifest key (keys.ts). A v3 manifest is
+// authenticated like v2 (one with only an unkeyed checksum is refused by restore and verify, since they need the key
+// to decrypt anyway). v1 and v2 backups stay readable, and are reported as not
+// encrypted. A latch from before v3 refuses a v3 manifest as of an unknown format rather than restoring ciphertext.
 import { createHash } from 'node:crypto';
-import { open, readFile } from 'node:fs/promises';
+import { open } from 'node:fs/promises';
+import { isDeepStrictEqual } from 'node:util';
 import { LatchError } from '../errors.js';
 import { DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, chunkLength, isAllZero, sha256 } from './chunks.js';
+import { ENCRYPTION, codecForReading, type ChunkCodec, type EncryptionScheme } from './codec.js';
 import { backupKey, macMatches, manifestMac, type BackupKey } from './keys.js';
-import { writeFileAtomic } from '../atomic-file.js';
-import { readExactly, readdirOrEmpty } from './files.js';
-import { MANIFEST_SUFFIX, backupsDir, checkBackupName, isChunkHash, manifestPath, type BackupTarget } from './layout.js';
+import { readExactly } from './files.js';
+import { BACKUPS, MANIFEST_SUFFIX, checkBackupName, describeTarget, isChunkHash, manifestKey, type BackupTarget } from './layout.js';
+import { storeOf } from './store.js';
 
-/** The format new backups are written in. */
+/** The format new unencrypted backups are written in. */
 export const MANIFEST_FORMAT = 'latch-backup/v2';
-const FORMATS = ['latch-backup/v1', MANIFEST_FORMAT] as const;
+/** The format of encrypted backups. */
+export const ENCRYPTED_FORMAT = 'latch-backup/v3';
+const FORMATS = ['latch-backup/v1', MANIFEST_FORMAT, ENCRYPTED_FORMAT] as const;
+/** A manifest larger than this is not one latch wrote (a 16 TiB volume's, in 4 MiB chunks, is about 270 MB). */
+const MAX_MANIFEST_BYTES = 512 * 1024 * 1024;
 
 export interface BackupStats {
   /** Chunks with data / all-zero chunks (holes: recorded, not stored). */
@@ -52,9 +65,14 @@ export interface Manifest {
   chunkSize: number;
   /** How chunk files are compressed. */
   compression: 'brotli';
-  /** The sha256 of each chunk's uncompressed bytes, in order; null for an all-zero chunk (a hole). */
+  /** v3: how its chunks are encrypted and named (codec.ts). */
+  encryption?: EncryptionScheme;
+  /**
+   * Each chunk's ID in order (the sha256 of its uncompressed bytes; v3: their HMAC under the chunk-ID key); null for
+   * an all-zero chunk (a hole).
+   */
   chunks: (string | null)[];
-  /** v2: the sha256 of the chunk list (chunkListDigest): what restore and verify check the chunks they read against. */
+  /** v2, v3: the sha256 of the chunk list (chunkListDigest): what restore and verify check the chunks they read against. */
   chunkListSha256?: string;
   /** v1 only: the sha256 of the whole image, holes included. */
   imageSha256?: string;
@@ -74,24 +92,20 @@ export interface Manifest {
  * Writes the manifest, which makes the backup exist (or replaces it: `latch backup authenticate`); authenticated with
  * the target's key when one is configured. Refusing a name that is taken is the caller's (it holds the lock).
  */
-export async function publishManifest(target: BackupTarget, manifest: Manifest): Promise<void> {
+export async function publishManifest(target: BackupTarget, manifest: Manifest, keyUsed?: BackupKey): Promise<void> {
   const body = JSON.stringify(manifest);
-  const key = await backupKey(target);
+  // A backup's chunks and its manifest under the same key, even if the key file was replaced while it ran.
+  const key = keyUsed ?? (await backupKey(target));
+  if (manifest.format === ENCRYPTED_FORMAT && !key) throw new LatchError('an encrypted backup needs the backup key (backupTarget.keyFile)');
   const envelope = key
-    ? { ...manifest, keyId: key.id, hmacSha256: manifestMac(key, body) }
+    ? { ...manifest, keyId: key.id, hmacSha256: manifestMac(key, body, manifest.format === ENCRYPTED_FORMAT) }
     : { ...manifest, checksum: createHash('sha256').update(body).digest('hex') };
-  await writeFileAtomic(manifestPath(target, manifest.name), `${JSON.stringify(envelope)}\n`);
+  await (await storeOf(target)).put(manifestKey(manifest.name), `${JSON.stringify(envelope)}\n`);
 }
 
 /** Whether a manifest of that name exists (complete or not readable). */
 export async function manifestExists(target: BackupTarget, name: string): Promise<boolean> {
-  try {
-    await readFile(manifestPath(target, name));
-    return true;
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return false;
-    throw err;
-  }
+  return (await storeOf(target)).exists(manifestKey(name));
 }
 
 interface ReadManifestOptions {
@@ -106,6 +120,8 @@ interface ReadManifestOptions {
 export interface CheckedManifest {
   manifest: Manifest;
   authenticated: boolean;
+  /** How its chunks are read back (plain, or decrypted with the configured key). */
+  codec: ChunkCodec;
 }
 
 /**
@@ -127,17 +143,13 @@ async function readManifestWith(
   name: string,
   options: ReadManifestOptions,
 ): Promise<CheckedManifest> {
-  const path = manifestPath(target, name);
-  let text: string;
-  try {
-    text = await readFile(path, 'utf8');
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') {
-      throw new LatchError(`backup ${name} does not exist in ${target.path} (latch backup list shows the backups)`);
-    }
-    throw err;
+  const path = `${manifestKey(name)} in ${describeTarget(target)}`;
+  const got = await (await storeOf(target)).get(manifestKey(name), MAX_MANIFEST_BYTES);
+  if (!got.found) throw new LatchError(`backup ${name} does not exist in ${describeTarget(target)} (latch backup list shows the backups)`);
+  if ('tooLarge' in got) {
+    throw new LatchError(`the manifest of backup ${name} (${path}) is corrupted: it holds ${got.tooLarge} bytes, more than a manifest`);
   }
-  const checked = parseManifest(key, text, name, path);
+  const checked = parseManifest(key, got.data.toString('utf8'), name, path);
   if (!checked.authenticated && key !== undefined && !options.allowUnauthenticated) {
     throw new LatchError(
       `the manifest of backup ${name} (${path}) is not authenticated (it has only an unkeyed checksum, which anyone who can ` +
@@ -169,7 +181,7 @@ function parseManifest(key: BackupKey | undefined, text: string, name: string, p
           '(backupTarget.keyFile): it cannot be checked, so it is not used',
       );
     }
-    if (!macMatches(manifestMac(key, body), hmacSha256)) {
+    if (!macMatches(manifestMac(key, body, rest.format === ENCRYPTED_FORMAT), hmacSha256)) {
       const other =
         typeof keyId === 'string' && /^[0-9a-f]{16}$/.test(keyId) && keyId !== key.id
           ? ` (it names key ${keyId}, the configured key is ${key.id})`
@@ -186,6 +198,9 @@ function parseManifest(key: BackupKey | undefined, text: string, name: string, p
   }
   const m = rest as unknown as Manifest;
   if (!FORMATS.includes(m.format)) throw corrupt(`unknown format ${JSON.stringify(m.format)}`);
+  if (m.format === ENCRYPTED_FORMAT ? !isDeepStrictEqual(m.encryption, ENCRYPTION) : m.encryption !== undefined) {
+    throw corrupt(`unknown encryption ${JSON.stringify(m.encryption)}`);
+  }
   if (m.name !== name) throw corrupt(`it names itself ${JSON.stringify(m.name)}`);
   if (
     !Number.isSafeInteger(m.sizeBytes) ||
@@ -198,11 +213,16 @@ function parseManifest(key: BackupKey | undefined, text: string, name: string, p
   }
   if (!Array.isArray(m.chunks) || m.chunks.length !== Math.ceil(m.sizeBytes / m.chunkSize)) throw corrupt('wrong number of chunks');
   if (!m.chunks.every((c) => c === null || isChunkHash(c))) throw corrupt('a chunk entry is not a sha256');
-  const checksumField = m.format === MANIFEST_FORMAT ? m.chunkListSha256 : m.imageSha256;
+  const checksumField = m.format === 'latch-backup/v1' ? m.imageSha256 : m.chunkListSha256;
   if (typeof checksumField !== 'string' || !/^[0-9a-f]{64}$/.test(checksumField)) throw corrupt('no image checksum');
   if (m.compression !== 'brotli') throw corrupt(`unknown compression ${JSON.stringify(m.compression)}`);
   if (m.fsType !== undefined && (typeof m.fsType !== 'string' || !/^[a-z0-9]{1,16}$/.test(m.fsType))) throw corrupt('bad fsType');
-  return { manifest: m, authenticated };
+  if (m.encryption !== undefined && key === undefined) {
+    throw new LatchError(
+      `backup ${name} (${path}) is encrypted, and no backup key is configured here (backupTarget.keyFile): it cannot be read without the key it was made with`,
+    );
+  }
+  return { manifest: m, authenticated, codec: codecForReading(key, m.encryption) };
 }
 
 /**
@@ -248,7 +268,7 @@ export interface ImageCheck {
 }
 
 export function imageCheck(manifest: Manifest): ImageCheck {
-  if (manifest.format === MANIFEST_FORMAT) {
+  if (manifest.format !== 'latch-backup/v1') {
     const seen: (string | null)[] = [];
     return {
       add: (hash) => seen.push(hash),
@@ -286,8 +306,9 @@ export async function listBackups(target: BackupTarget, volume?: string): Promis
   const listed: ListedBackup[] = [];
   // Read once: a key file that cannot be used fails the listing, rather than every manifest in it.
   const key = await backupKey(target);
-  for (const file of await readdirOrEmpty(backupsDir(target))) {
-    if (!file.endsWith(MANIFEST_SUFFIX) || file.startsWith('.')) continue;
+  for (const { key: objectKey } of await (await storeOf(target)).list(BACKUPS)) {
+    const file = objectKey.slice(BACKUPS.length);
+    if (!file.endsWith(MANIFEST_SUFFIX) || file.startsWith('.') || file.includes('/')) continue;
     const name = file.slice(0, -MANIFEST_SUFFIX.length);
     try {
       checkBackupName(name);

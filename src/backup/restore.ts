@@ -13,8 +13,9 @@ import { LatchError } from '../errors.js';
 import { blockDeviceSize } from '../sys/blockdev.js';
 import { zeroRange } from '../sys/zero.js';
 import { chunkLength, readAhead } from './chunks.js';
-import { checkTarget, type BackupTarget } from './layout.js';
+import type { BackupTarget } from './layout.js';
 import { imageCheck, readCheckedManifest } from './manifest.js';
+import { checkTarget } from './store.js';
 
 export interface RestoreOptions {
   target: BackupTarget;
@@ -37,13 +38,15 @@ export interface RestoreReport {
   bytesWritten: number;
   /** Whether the configured key authenticated the manifest (false only when no key is configured: manifest.ts). */
   authenticated: boolean;
+  /** Whether its chunks were encrypted (false: a backup made without a key, or before encryption). */
+  encrypted: boolean;
 }
 
 export async function restoreBackup(options: RestoreOptions): Promise<RestoreReport> {
   const { target, name, destination } = options;
   await checkTarget(target);
   // With a key configured, an unauthenticated manifest is refused here: a restore never takes one on trust.
-  const { manifest, authenticated } = await readCheckedManifest(target, name);
+  const { manifest, authenticated, codec } = await readCheckedManifest(target, name);
   const { sizeBytes, chunkSize } = manifest;
 
   const existing = await stat(destination).catch((err: NodeJS.ErrnoException) => {
@@ -63,7 +66,15 @@ export async function restoreBackup(options: RestoreOptions): Promise<RestoreRep
   }
 
   const handle = await open(destination, isDevice ? 'r+' : constants.O_RDWR | constants.O_CREAT | constants.O_NOFOLLOW, 0o600);
-  const report: RestoreReport = { name, sizeBytes, dataChunks: 0, holeChunks: 0, bytesWritten: 0, authenticated };
+  const report: RestoreReport = {
+    name,
+    sizeBytes,
+    dataChunks: 0,
+    holeChunks: 0,
+    bytesWritten: 0,
+    authenticated,
+    encrypted: codec.encrypted,
+  };
   try {
     if (!isDevice) {
       await handle.truncate(0);
@@ -72,7 +83,7 @@ export async function restoreBackup(options: RestoreOptions): Promise<RestoreRep
     const check = imageCheck(manifest);
     const parallel = Math.max(1, options.parallel ?? 4);
     // The next `parallel` data chunks are read and decompressed while one is written.
-    const take = readAhead(target, manifest, parallel);
+    const take = readAhead(target, codec, manifest, parallel);
     let holeStart: number | undefined;
     const flushHoles = async (end: number) => {
       if (holeStart !== undefined && isDevice) await zeroRange(handle, destination, holeStart, end - holeStart);

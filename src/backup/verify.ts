@@ -2,8 +2,9 @@
 // recomputed from them (the chunk list's for a v2 manifest, the sha256 of every byte for a v1: manifest.ts). Reads
 // only; it takes no lock.
 import { chunkLength, readAhead } from './chunks.js';
-import { checkTarget, type BackupTarget } from './layout.js';
+import type { BackupTarget } from './layout.js';
 import { imageCheck, readCheckedManifest, type CheckedManifest } from './manifest.js';
+import { checkTarget } from './store.js';
 
 export interface ChunkProblem {
   /** The chunk's position in the image (its byte offset is index × chunkSize). */
@@ -27,6 +28,8 @@ export interface VerifyReport {
    * anyone who could write the target could have made it (only without a key configured: with one, it is refused).
    */
   authenticated: boolean;
+  /** Whether its chunks are encrypted (false: made without a key, or before encryption). */
+  encrypted: boolean;
 }
 
 export interface VerifyOptions {
@@ -46,7 +49,7 @@ export async function verifyBackup(options: VerifyOptions): Promise<VerifyReport
 /** Verifies the backup of a manifest already read (`latch backup authenticate` signs the very manifest it checked). */
 export async function verifyManifest(
   target: BackupTarget,
-  { manifest, authenticated }: CheckedManifest,
+  { manifest, authenticated, codec }: CheckedManifest,
   parallelOption?: number,
 ): Promise<VerifyReport> {
   const { name, chunks, sizeBytes, chunkSize } = manifest;
@@ -54,7 +57,7 @@ export async function verifyManifest(
   const parallel = Math.max(1, parallelOption ?? 4);
 
   // A chunk that appears at several positions is read once, unless the image check needs its bytes at each (v1).
-  const take = readAhead(target, manifest, parallel, { repeatsOnce: !check.needsBytes });
+  const take = readAhead(target, codec, manifest, parallel, { repeatsOnce: !check.needsBytes });
 
   const problems: ChunkProblem[] = [];
   const damaged = new Map<string, ChunkProblem>();
@@ -93,5 +96,6 @@ export async function verifyManifest(
     problems,
     imageChecksumMatches,
     authenticated,
+    encrypted: codec.encrypted,
   };
 }

@@ -102,7 +102,7 @@ const FUSECTL = '/sys/fs/fuse/connections';
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
-function which(command: string): string | undefined {
+export function which(command: string): string | undefined {
   const dirs = [...(process.env.PATH ?? '').split(delimiter), '/usr/bin', '/usr/sbin', '/bin', '/sbin'];
   for (const dir of dirs) {
     if (dir && existsSync(join(dir, command))) return join(dir, command);
@@ -136,7 +136,12 @@ function inNetns(netns: string | undefined, command: string, args: string[]): [s
  * Spawns a long-running child with its output in `logFile`, in the network namespace `netns` if given; the kernel
  * kills it if this process dies (setpriv; nsenter execs the command without forking, so that reaches it).
  */
-function spawnTracked(command: string, args: string[], logFile: string, netns?: string): { child: ChildProcess; exited: Promise<void> } {
+export function spawnTracked(
+  command: string,
+  args: string[],
+  logFile: string,
+  netns?: string,
+): { child: ChildProcess; exited: Promise<void> } {
   const found = which(command);
   if (!found) throw new Error(`${command} is not installed`);
   const [bin, binArgs] = inNetns(netns, found, args);
@@ -158,7 +163,7 @@ function isRunning(child: ChildProcess | undefined): boolean {
   return child !== undefined && child.exitCode === null && child.signalCode === null;
 }
 
-function tail(file: string, lines = 25): string {
+export function tail(file: string, lines = 25): string {
   try {
     return readFileSync(file, 'utf8').trimEnd().split('\n').slice(-lines).join('\n');
   } catch {
@@ -167,7 +172,7 @@ function tail(file: string, lines = 25): string {
 }
 
 /** Polls `probe` until it returns a value that is not a string (a string says why not yet), or fails after `timeoutMs`. */
-async function until<T>(what: string, timeoutMs: number, probe: () => Promise<T | string>, intervalMs = 250): Promise<T> {
+export async function until<T>(what: string, timeoutMs: number, probe: () => Promise<T | string>, intervalMs = 250): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   let last = 'not tried';
   for (;;) {
@@ -184,7 +189,7 @@ async function until<T>(what: string, timeoutMs: number, probe: () => Promise<T 
 }
 
 /** A TCP port on 127.0.0.1 that is free now and outside the ephemeral range the kernel hands to outgoing sockets. */
-async function freeFixedPort(avoid: number[]): Promise<number> {
+export async function freeFixedPort(avoid: number[]): Promise<number> {
   let [low, high] = [32768, 60999];
   try {
     [low, high] = readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/).map(Number) as [number, number];

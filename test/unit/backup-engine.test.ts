@@ -32,7 +32,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createBackup, defaultBackupName } from '../../src/backup/create.js';
 import { collectGarbage, deleteBackup } from '../../src/backup/delete.js';
-import { checkBackupName, chunkPath, lockPath, type BackupTarget } from '../../src/backup/layout.js';
+import { checkBackupName, chunkPath, lockPath, type DirTarget as BackupTarget } from '../../src/backup/layout.js';
 import { dataRanges, overlapsData, parseSeekMap } from '../../src/backup/extents.js';
 import { chunkListDigest, chunkListSha256OfImage, listBackups, readManifest, type Manifest } from '../../src/backup/manifest.js';
 import { restoreBackup } from '../../src/backup/restore.js';

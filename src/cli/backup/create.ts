@@ -2,7 +2,8 @@
 // snapshot taken with its filesystem frozen. In use on another node, or idle: asked of the node agent through a
 // backup ticket (docs/jobs.md), on the node that holds it or, for an idle volume, on --node or this node.
 import { createBackup, defaultBackupName } from '../../backup/create.js';
-import { checkBackupName, checkTarget } from '../../backup/layout.js';
+import { checkBackupName, describeTarget } from '../../backup/layout.js';
+import { checkTarget } from '../../backup/store.js';
 import { manifestExists } from '../../backup/manifest.js';
 import { LatchError } from '../../errors.js';
 import { checkVolumeName } from '../../names.js';
@@ -43,7 +44,8 @@ export async function backupCreate(options: BackupCreateOptions, io: CommandIO):
   const job = { kind: 'backup' as const, backup: name, ...(options.fromSnapshot !== undefined && { fromSnapshot: options.fromSnapshot }) };
   const request = jobRequest(ctx, volume, job, node);
   const underWay = doc.spec.tickets[request.id] !== undefined;
-  if (!underWay && (await manifestExists(target, name))) throw new LatchError(`a backup named ${name} already exists in ${target.path}`);
+  if (!underWay && (await manifestExists(target, name)))
+    throw new LatchError(`a backup named ${name} already exists in ${describeTarget(target)}`);
 
   if (!(node === config.nodeName && holdersOf(doc).includes(node)) || underWay) {
     await requestAndReport(ctx, io, volume, request, options);
@@ -76,7 +78,7 @@ export async function backupCreate(options: BackupCreateOptions, io: CommandIO):
   }
   const s = manifest.stats;
   io.out(
-    `backup ${manifest.name} of volume ${volume} created in ${target.path} (${source.consistency}${source.note ? `: ${source.note}` : ''}, from ${manifest.source}):\n` +
+    `backup ${manifest.name} of volume ${volume} created in ${describeTarget(target)} (${source.consistency}${source.note ? `: ${source.note}` : ''}, from ${manifest.source}):\n` +
       `  ${formatSize(manifest.sizeBytes)}, ${s.dataChunks} data chunk(s) (${formatSize(s.dataBytes)}), ${s.holeChunks} hole(s)\n` +
       `  ${s.newChunks} new chunk(s) written (${formatSize(s.newBytesStored)} compressed), ${s.presentChunks} already in the target` +
       (manifest.parent ? ` (previous backup: ${manifest.parent})` : '') +

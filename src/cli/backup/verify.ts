@@ -12,7 +12,8 @@ export async function backupVerify(options: { name: string; output: OutputFormat
     io.out(formatJson(report));
   } else if (report.ok) {
     io.out(
-      `backup ${report.name} of volume ${report.volume} is intact: ${report.chunksChecked} chunk(s) read back, image checksum matches` +
+      `backup ${report.name} of volume ${report.volume} is intact: ${report.chunksChecked} chunk(s) read back` +
+        `${report.encrypted ? ' and decrypted' : ''}, image checksum matches` +
         (report.authenticated
           ? ', manifest authenticated by the backup key\n'
           : '; its manifest is UNAUTHENTICATED (no backup key is configured: anyone who can write the target could have written it)\n'),

@@ -3,7 +3,8 @@
 // (written last, atomically: src/backup/create.ts), so a complete manifest of that name for this volume is this job's,
 // done by an earlier attempt; an interrupted attempt left no manifest, and is redone (its stored chunks are reused).
 import { createBackup } from '../../backup/create.js';
-import { checkTarget, type BackupTarget } from '../../backup/layout.js';
+import { describeTarget, type BackupTarget } from '../../backup/layout.js';
+import { checkTarget } from '../../backup/store.js';
 import { manifestExists, readManifest, type Manifest } from '../../backup/manifest.js';
 import { JobInterruptedError, LatchError } from '../../errors.js';
 import { isSatisfied } from '../../ledger/arbitrate.js';
@@ -68,7 +69,7 @@ export const backupJob: JobHandler<'backup'> = {
       // readManifest checks it whole (checksum): a damaged one is an error, never "done".
       const manifest = await readManifest(target, job.backup);
       if (manifest.volume !== volume)
-        throw new LatchError(`a backup named ${job.backup} already exists in ${target.path}, of volume ${manifest.volume}`);
+        throw new LatchError(`a backup named ${job.backup} already exists in ${describeTarget(target)}, of volume ${manifest.volume}`);
       return {
         message: `backup ${job.backup} of volume ${volume} exists (made by an earlier attempt)`,
         result: summary(manifest, 'done before'),

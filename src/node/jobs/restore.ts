@@ -54,6 +54,7 @@ async function restore(job: JobOf<'restore'>, { ctx, volume, device, signal }: J
       holeChunks: report.holeChunks,
       bytesWritten: report.bytesWritten,
       authenticated: report.authenticated,
+      encrypted: report.encrypted,
       // The checksum the restored image matched: v2 manifests carry the chunk list's, v1 the whole image's.
       ...(manifest.chunkListSha256 !== undefined ? { chunkListSha256: manifest.chunkListSha256 } : { imageSha256: manifest.imageSha256 }),
       ...(filesystem !== undefined && { filesystem }),
