@@ -14,7 +14,7 @@
 // the runtime it installs beside the driver (src/host/runtime.ts); the driver then needs nothing outside the plugin
 // dir, not even /proc (an $ORIGIN RPATH would need /proc/self/exe).
 //
-// The runtime also holds the native helper (src/native/helper.c, compiled here with the host's C compiler), which a
+// The runtime also holds the native helper (src/native/*.c, compiled here with the host's C compiler), which a
 // driver call starts its children and takes its locks with (src/sys/native.ts). The build's RPATH names the build's
 // runtime directory after the host's library directory, so that bin/latch-sea finds the helper where it is built.
 import { build } from 'esbuild';
@@ -300,7 +300,7 @@ async function buildSea(outfile) {
     // them), the kernel can then map the code in 2 MiB pages; read back from disk, it is mapped in 4 KiB pages either
     // way (docs/performance.md, "The executable's page cache").
     // The helper as a library the executable needs: its constructor takes the call's turn before Node starts
-    // (src/native/helper.c). A patchelf of its own: given with --set-rpath, patchelf 0.14 wrote its name as the RPATH.
+    // (src/native/turns.c). A patchelf of its own: given with --set-rpath, patchelf 0.14 wrote its name as the RPATH.
     quietly(patchelf(), ['--page-size', String(2 * 1024 * 1024), '--add-needed', NATIVE_HELPER, exe]);
     quietly(patchelf(), [
       '--page-size',
@@ -348,8 +348,10 @@ function collectRuntime(dir) {
 }
 
 /**
- * Compiles the native helper (src/native/helper.c, a Node-API addon: src/sys/native.ts) to `output`. Node-API's headers
- * come from the node-api-headers package, so the build needs a C compiler and nothing of Node's.
+ * Compiles the native helper (src/native/*.c, a Node-API addon: src/sys/native.ts) to `output`. Node-API's headers
+ * come from the node-api-headers package, so the build needs a C compiler and nothing of Node's. Only the module's
+ * entry points are exported (-fvisibility=hidden): what its files share stays inside the library, where no symbol of
+ * the executable that loads it can be taken for one of them.
  */
 function buildNativeHelper(output) {
   const compiler = process.env.CC || 'cc';
@@ -369,9 +371,15 @@ function buildNativeHelper(output) {
     '-DNAPI_VERSION=8',
     '-I',
     headers,
+    '-fvisibility=hidden',
+    '-I',
+    'src/native',
     '-o',
     output,
-    'src/native/helper.c',
+    ...readdirSync('src/native')
+      .filter((name) => name.endsWith('.c'))
+      .sort()
+      .map((name) => join('src/native', name)),
   ]);
 }
 

@@ -523,7 +523,7 @@ async function concurrentLifecycles(count: number): Promise<void> {
   const driver = productionDriver();
   const { dir, env } = workDir();
   const { call, how: spawnedBy } = callStarter(driver);
-  // The same calls without turns (src/native/helper.c), for comparison: all of them running at once.
+  // The same calls without turns (src/native/turns.c), for comparison: all of them running at once.
   const envWithoutTurns = { ...env, LATCH_TURNS: '0' };
   // Each failed lifecycle's failing call and its reply (or exit code), kept in the results file: a failure under
   // load is rare, and without its reply there is nothing to go on.
