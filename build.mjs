@@ -207,15 +207,33 @@ const bundleOptions = {
   logLevel: 'warning',
 };
 
-await build({ ...bundleOptions, outfile: 'bin/latch', banner: { js: '#!/usr/bin/env node' } });
-chmodSync('bin/latch', 0o755);
+/**
+ * `--spawn-module FILE --out FILE`: a single executable whose children are started by FILE in place of
+ * src/sys/run/spawn.ts (npm run bench's execa section builds bin/latch-sea-execa so, from test/bench/execa-spawn.ts).
+ * bin/latch is left as it is.
+ */
+const spawnModule = process.argv.includes('--spawn-module') ? resolve(process.argv[process.argv.indexOf('--spawn-module') + 1]) : undefined;
+const seaOut = process.argv.includes('--out') ? process.argv[process.argv.indexOf('--out') + 1] : 'bin/latch-sea';
+if (spawnModule !== undefined) {
+  bundleOptions.plugins.unshift({
+    name: 'spawn-stand-in',
+    setup(b) {
+      b.onResolve({ filter: /^[.]\/spawn[.]js$/ }, (args) =>
+        args.importer === join(SRC, 'sys/run/run.ts') ? { path: spawnModule } : undefined,
+      );
+    },
+  });
+} else {
+  await build({ ...bundleOptions, outfile: 'bin/latch', banner: { js: '#!/usr/bin/env node' } });
+  chmodSync('bin/latch', 0o755);
+}
 
 /** Bytes of the interpreter and RPATH slots (with their NUL); the longest path `latch install` can write there. */
 const RUNTIME_SLOT = 1024;
 /** The file name src/sys/native.ts loads the native helper by, from the runtime directory. */
 const NATIVE_HELPER = 'latch-helper.node';
 
-if (process.argv.includes('--sea')) await buildSea('bin/latch-sea');
+if (process.argv.includes('--sea')) await buildSea(seaOut);
 
 /**
  * Node 20 single-executable application (https://nodejs.org/docs/latest-v20.x/api/single-executable-applications.html):
