@@ -5,7 +5,7 @@ import { forkOutsideOwnCgroup, hostRunsSystemd } from '../cgroup.js';
 import { CommandError, formatDuration, lastLineSuffix, outputTail, showCommand } from './command-error.js';
 import { MAX_BUFFER } from './output-files.js';
 import { KILL_GRACE_MS, running, signalGroup } from './process-groups.js';
-import { checkArgv, defaultCommandTimeout, elapsedMs, type RunResult } from './run.js';
+import { DEFAULT_COMMAND_TIMEOUT_MS, checkArgv, elapsedMs, type RunResult } from './run.js';
 import { extendedPath, findExecutable, setprivPath } from './search-path.js';
 
 /**
@@ -28,7 +28,7 @@ export async function startDaemon(command: string, args: string[], options: Daem
   }
   // A name too long for a unit (a long volume name): systemd names the scope itself (run-rXXXX.scope).
   const scope = options.scope !== undefined && options.scope.length <= MAX_SCOPE_NAME ? options.scope : undefined;
-  const timeoutMs = options.timeoutMs ?? defaultCommandTimeout();
+  const timeoutMs = options.timeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS;
   const searchPath = extendedPath(process.env.PATH);
   const executable = findExecutable(command, searchPath);
   const shown = showCommand(command, args);
@@ -94,7 +94,7 @@ export async function startDaemon(command: string, args: string[], options: Daem
 }
 
 export interface DaemonOptions {
-  /** Deadline of the start-up (the foreground part); default: setDefaultCommandTimeout(). */
+  /** Deadline of the start-up (the foreground part); default DEFAULT_COMMAND_TIMEOUT_MS (120 s). */
   timeoutMs?: number;
   /**
    * The name of the transient systemd scope (without `.scope`) the daemon runs in where systemd runs the host, e.g.

@@ -7,7 +7,7 @@ import { extendedPath, findExecutable } from './search-path.js';
 import { spawnCollecting } from './spawn.js';
 
 export interface RunOptions {
-  /** Deadline for the child; default: setDefaultCommandTimeout(), initially 120 s. */
+  /** Deadline for the child; default DEFAULT_COMMAND_TIMEOUT_MS (120 s). */
   timeoutMs?: number;
   /** Written to the child's stdin (otherwise stdin is /dev/null). Never put secrets on the command line; here is fine. */
   input?: string;
@@ -22,6 +22,9 @@ export interface RunOptions {
   env?: NodeJS.ProcessEnv;
 }
 
+/** The deadline a caller passes on to the children it runs (the configuration's commandTimeout, from its context). */
+export type ChildDeadline = Pick<RunOptions, 'timeoutMs'>;
+
 export interface RunResult {
   stdout: string;
   stderr: string;
@@ -29,9 +32,11 @@ export interface RunResult {
   durationMs: number;
 }
 
-const INITIAL_TIMEOUT_MS = 120_000;
-
-let defaultTimeoutMs = INITIAL_TIMEOUT_MS;
+/**
+ * The deadline of a child whose caller names none: the configuration's default commandTimeout. What a driver call
+ * runs gets the configured one from its context (the host system, the backend and the storage's identity carry it).
+ */
+export const DEFAULT_COMMAND_TIMEOUT_MS = 120_000;
 
 /**
  * Whole milliseconds since `started` (process.hrtime.bigint()). Not performance.now(): its first use loads Node's
@@ -39,17 +44,6 @@ let defaultTimeoutMs = INITIAL_TIMEOUT_MS;
  */
 export function elapsedMs(started: bigint): number {
   return Math.round(Number(process.hrtime.bigint() - started) / 1e6);
-}
-
-/** Sets the deadline used when a call passes no timeoutMs (from the config's commandTimeout). */
-export function setDefaultCommandTimeout(ms: number): void {
-  if (!Number.isFinite(ms) || ms <= 0) throw new LatchError(`command timeout must be a positive number of milliseconds, got ${ms}`);
-  defaultTimeoutMs = ms;
-}
-
-/** The deadline of a child whose caller names none. */
-export function defaultCommandTimeout(): number {
-  return defaultTimeoutMs;
 }
 
 /**
@@ -60,7 +54,7 @@ export function defaultCommandTimeout(): number {
  */
 export async function run(command: string, args: string[], options: RunOptions = {}): Promise<RunResult> {
   checkArgv(command, args);
-  const timeoutMs = options.timeoutMs ?? defaultTimeoutMs;
+  const timeoutMs = options.timeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS;
   if (!Number.isFinite(timeoutMs) || timeoutMs <= 0) {
     throw new LatchError(`timeout for ${command} must be a positive number of milliseconds, got ${timeoutMs}`);
   }
