@@ -14,7 +14,7 @@
 // the runtime it installs beside the driver (src/host/runtime.ts); the driver then needs nothing outside the plugin
 // dir, not even /proc (an $ORIGIN RPATH would need /proc/self/exe).
 //
-// The runtime also holds the native helper (src/native/helper.c, compiled here with the host's C compiler), which a
+// The runtime also holds the native helper (src/native/*.c, compiled here with the host's C compiler), which a
 // driver call starts its children and takes its locks with (src/sys/native.ts). The build's RPATH names the build's
 // runtime directory after the host's library directory, so that bin/latch-sea finds the helper where it is built.
 import { build } from 'esbuild';
@@ -209,15 +209,33 @@ const bundleOptions = {
   logLevel: 'warning',
 };
 
-await build({ ...bundleOptions, outfile: 'bin/latch', banner: { js: '#!/usr/bin/env node' } });
-chmodSync('bin/latch', 0o755);
+/**
+ * `--spawn-module FILE --out FILE`: a single executable whose children are started by FILE in place of
+ * src/sys/run/spawn.ts (npm run bench's execa section builds bin/latch-sea-execa so, from test/bench/execa-spawn.ts).
+ * bin/latch is left as it is.
+ */
+const spawnModule = process.argv.includes('--spawn-module') ? resolve(process.argv[process.argv.indexOf('--spawn-module') + 1]) : undefined;
+const seaOut = process.argv.includes('--out') ? process.argv[process.argv.indexOf('--out') + 1] : 'bin/latch-sea';
+if (spawnModule !== undefined) {
+  bundleOptions.plugins.unshift({
+    name: 'spawn-stand-in',
+    setup(b) {
+      b.onResolve({ filter: /^[.]\/spawn[.]js$/ }, (args) =>
+        args.importer === join(SRC, 'sys/run/run.ts') ? { path: spawnModule } : undefined,
+      );
+    },
+  });
+} else {
+  await build({ ...bundleOptions, outfile: 'bin/latch', banner: { js: '#!/usr/bin/env node' } });
+  chmodSync('bin/latch', 0o755);
+}
 
 /** Bytes of the interpreter and RPATH slots (with their NUL); the longest path `latch install` can write there. */
 const RUNTIME_SLOT = 1024;
 /** The file name src/sys/native.ts loads the native helper by, from the runtime directory. */
 const NATIVE_HELPER = 'latch-helper.node';
 
-if (process.argv.includes('--sea')) await buildSea('bin/latch-sea');
+if (process.argv.includes('--sea')) await buildSea(seaOut);
 
 /**
  * Node 20 single-executable application (https://nodejs.org/docs/latest-v20.x/api/single-executable-applications.html):
@@ -302,7 +320,7 @@ async function buildSea(outfile) {
     // them), the kernel can then map the code in 2 MiB pages; read back from disk, it is mapped in 4 KiB pages either
     // way (docs/performance.md, "The executable's page cache").
     // The helper as a library the executable needs: its constructor takes the call's turn before Node starts
-    // (src/native/helper.c). A patchelf of its own: given with --set-rpath, patchelf 0.14 wrote its name as the RPATH.
+    // (src/native/turns.c). A patchelf of its own: given with --set-rpath, patchelf 0.14 wrote its name as the RPATH.
     quietly(patchelf(), ['--page-size', String(2 * 1024 * 1024), '--add-needed', NATIVE_HELPER, exe]);
     quietly(patchelf(), [
       '--page-size',
@@ -350,8 +368,10 @@ function collectRuntime(dir) {
 }
 
 /**
- * Compiles the native helper (src/native/helper.c, a Node-API addon: src/sys/native.ts) to `output`. Node-API's headers
- * come from the node-api-headers package, so the build needs a C compiler and nothing of Node's.
+ * Compiles the native helper (src/native/*.c, a Node-API addon: src/sys/native.ts) to `output`. Node-API's headers
+ * come from the node-api-headers package, so the build needs a C compiler and nothing of Node's. Only the module's
+ * entry points are exported (-fvisibility=hidden): what its files share stays inside the library, where no symbol of
+ * the executable that loads it can be taken for one of them.
  */
 function buildNativeHelper(output) {
   const compiler = process.env.CC || 'cc';
@@ -371,9 +391,15 @@ function buildNativeHelper(output) {
     '-DNAPI_VERSION=8',
     '-I',
     headers,
+    '-fvisibility=hidden',
+    '-I',
+    'src/native',
     '-o',
     output,
-    'src/native/helper.c',
+    ...readdirSync('src/native')
+      .filter((name) => name.endsWith('.c'))
+      .sort()
+      .map((name) => join('src/native', name)),
   ]);
 }
 

@@ -53,7 +53,7 @@ export function createContext(config: Config, parts: ContextParts = {}): Context
       return (backend ??= (require('./backend/index.js') as typeof BackendIndex).configuredBackend(config));
     },
     get system() {
-      return (system ??= (require('./sys/system.js') as typeof HostSystem).hostSystem);
+      return (system ??= (require('./sys/system.js') as typeof HostSystem).hostSystem(config.commandTimeout * 1000));
     },
     clock,
     log,

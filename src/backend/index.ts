@@ -7,7 +7,8 @@ import type { RbdBackend } from './rbd.js';
 import type { Backend, Fencer, SnapshotBackend } from './types.js';
 
 export function configuredBackend(config: Pick<Config, 'backend' | 'poolDir' | 'maxSize' | 'commandTimeout'>): Backend {
-  if (config.backend.type === 'loop') return new LoopBackend({ poolDir: config.poolDir, maxSize: config.maxSize });
+  if (config.backend.type === 'loop')
+    return new LoopBackend({ poolDir: config.poolDir, maxSize: config.maxSize, commandTimeoutMs: config.commandTimeout * 1000 });
   return lazyRbdBackend(config.backend, config.maxSize, config.commandTimeout * 1000);
 }
 
@@ -57,5 +58,8 @@ export async function configuredFencer(config: Pick<Config, 'backend' | 'command
   const rbd = config.backend;
   if (rbd.type !== 'rbd' || rbd.fencer === undefined) return undefined;
   const { RbdFencer } = await import('./rbd-fencer.js');
-  return new RbdFencer({ pool: rbd.pool, identity: { cephConf: rbd.cephConf, ...rbd.fencer } });
+  return new RbdFencer({
+    pool: rbd.pool,
+    identity: { cephConf: rbd.cephConf, ...rbd.fencer, commandTimeoutMs: config.commandTimeout * 1000 },
+  });
 }

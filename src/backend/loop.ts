@@ -9,7 +9,7 @@ import { LatchError } from '../errors.js';
 import { checkVolumeName } from '../names.js';
 import { formatSize } from '../size.js';
 import { blockDeviceSize } from '../sys/blockdev.js';
-import { CommandError } from '../sys/run.js';
+import { CommandError, type ChildDeadline } from '../sys/run.js';
 import { detachLoop, listLoopDevices, loopDeviceInfo, loopNumber, refreshLoopCapacity, setupLoop, type LoopDevice } from '../sys/loop.js';
 import { deviceToUse, keepOneDevice } from './devices.js';
 import type { Backend, ReadableImage, SnapshotBackend, SnapshotInfo } from './types.js';
@@ -22,6 +22,8 @@ export interface LoopBackendOptions {
   poolDir: string;
   /** Largest size a volume may be created with or grown to, in bytes. */
   maxSize: number;
+  /** Deadline of each child (losetup, filefrag): the configuration's commandTimeout; without it, run()'s default. */
+  commandTimeoutMs?: number;
 }
 
 const IMAGE_SUFFIX = '.img';
@@ -46,6 +48,8 @@ export function volumeOfImageFile(file: string): string | undefined {
 export class LoopBackend implements Backend, SnapshotBackend {
   readonly poolDir: string;
   readonly maxSize: number;
+  /** The deadline of every child it runs. */
+  private readonly timeout: ChildDeadline;
   readonly freedByUnmount = true;
 
   constructor(options: LoopBackendOptions) {
@@ -55,6 +59,7 @@ export class LoopBackend implements Backend, SnapshotBackend {
     }
     this.poolDir = resolve(options.poolDir);
     this.maxSize = options.maxSize;
+    this.timeout = { timeoutMs: options.commandTimeoutMs };
   }
 
   get storage(): string {
@@ -165,7 +170,7 @@ export class LoopBackend implements Backend, SnapshotBackend {
     const devices = await this.liveDevices(volume);
     if (devices.length === 0) throw new LatchError(`losetup set up ${path}, but no loop device backed by it is visible in /sys`);
     // Best effort: a device still open (udev probing it) is left with autoclear and goes away on its last close.
-    return keepOneDevice(devices, (dup) => detachLoop(dup.device, dup.backingFile));
+    return keepOneDevice(devices, (dup) => detachLoop(dup.device, dup.backingFile, this.timeout));
   }
 
   async hasMapping(volume: string): Promise<boolean> {
@@ -183,12 +188,12 @@ export class LoopBackend implements Backend, SnapshotBackend {
    */
   private async setUp(volume: string, path: string): Promise<void> {
     try {
-      await setupLoop(path, { directIo: true, sectorSize: 512 });
+      await setupLoop(path, { directIo: true, sectorSize: 512, ...this.timeout });
     } catch (err) {
       if (!(err instanceof CommandError) || err.timedOut) throw err;
       // A device is there after all (losetup set it up, then failed to switch it) or a concurrent attach made one.
       if ((await this.liveDevices(volume)).length > 0) return;
-      await setupLoop(path);
+      await setupLoop(path, this.timeout);
     }
   }
 
@@ -241,7 +246,7 @@ export class LoopBackend implements Backend, SnapshotBackend {
     const errors: unknown[] = [];
     for (const dev of devices) {
       try {
-        await detachLoop(dev.device, dev.backingFile);
+        await detachLoop(dev.device, dev.backingFile, this.timeout);
       } catch (err) {
         errors.push(err);
       }
@@ -277,7 +282,7 @@ export class LoopBackend implements Backend, SnapshotBackend {
     // Also on a repeated call: a previous one may have grown the image and failed before the refresh.
     const deviceBytes = Math.floor(sizeBytes / 512) * 512;
     for (const dev of await this.liveDevices(volume)) {
-      if ((await blockDeviceSize(dev.device)) < deviceBytes) await refreshLoopCapacity(dev.device);
+      if ((await blockDeviceSize(dev.device)) < deviceBytes) await refreshLoopCapacity(dev.device, this.timeout);
     }
   }
 
@@ -362,7 +367,7 @@ export class LoopBackend implements Backend, SnapshotBackend {
       const method: CloneMethod = meta?.method ?? 'copy';
       const allocated = stats.blocks * 512;
       // Only a reflinked file shares extents; asking filefrag about a plain copy would only cost time.
-      const usage = method === 'reflink' ? await extentUsage(path) : undefined;
+      const usage = method === 'reflink' ? await extentUsage(path, this.timeout) : undefined;
       list.push({
         volume,
         name,

@@ -178,7 +178,7 @@ export class RbdFuseLoopClient implements NodeClient {
     let detached = true;
     for (const dev of devices) {
       try {
-        await detachLoop(dev.device, dev.backingFile);
+        await detachLoop(dev.device, dev.backingFile, { timeoutMs: this.options.timeoutMs });
       } catch {
         detached = false;
       }
@@ -307,7 +307,7 @@ export class RbdFuseLoopClient implements NodeClient {
 
   /** The device every caller keeps (deviceInUse); unmounted duplicates are detached. */
   private keepOne(devices: LoopDevice[]): Promise<string> {
-    return keepOneDevice(devices, (dup) => detachLoop(dup.device, dup.backingFile));
+    return keepOneDevice(devices, (dup) => detachLoop(dup.device, dup.backingFile, { timeoutMs: this.options.timeoutMs }));
   }
 
   /**

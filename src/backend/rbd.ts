@@ -70,7 +70,12 @@ export class RbdBackend implements Backend {
     this.pool = options.pool;
     this.maxSize = options.maxSize;
     this.mountDir = options.mountDir;
-    this.identity = { cephConf: options.cephConf, clientId: options.clientId, keyring: options.keyring };
+    this.identity = {
+      cephConf: options.cephConf,
+      clientId: options.clientId,
+      keyring: options.keyring,
+      commandTimeoutMs: options.timeoutMs,
+    };
     const { pool, timeoutMs } = options;
     this.client =
       options.client === 'krbd'

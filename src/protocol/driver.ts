@@ -10,7 +10,7 @@ import { LatchError, NotSupportedError, errorMessage } from '../errors.js';
 import { redactArgs, writeLog, type CallLog } from '../log.js';
 import type { ArgKinds, ArgValues, OpDefinition } from '../ops/op.js';
 import { nativeHelperUnavailable } from '../sys/native.js';
-import { killAllChildren, setDefaultCommandTimeout } from '../sys/run.js';
+import { killAllChildren } from '../sys/run.js';
 import { usageOf, type OpTable } from './ops.js';
 
 // kubelet kills waitforattach at 10 minutes and waits forever on the others: answer before either happens.
@@ -159,7 +159,6 @@ export async function answerCall(
   if (definition.attachModeOnly && !config.attach) {
     return notSupported(`${op} is not used in non-attach mode (attach: false): mount and unmount do the whole job on the node`);
   }
-  setDefaultCommandTimeout(config.commandTimeout * 1000);
   const args = parseArgs(op, definition, argv, config, log);
   return definition.run(createContext(config, { log }), args);
 }

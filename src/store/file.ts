@@ -21,6 +21,7 @@ import type * as NodeFs from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { ConflictError, DamagedDocumentError, LatchError, StoreError } from '../errors.js';
 import { tempTag } from '../atomic-file.js';
+import { checkKind, checkRevision, encodeValue } from './checks.js';
 import { parseKey, type Store, type Versioned } from './types.js';
 import { ChangeSignal } from './watch.js';
 
@@ -83,7 +84,6 @@ const TEMP_PREFIX = '.tmp-';
 /** A temp file this old belongs to a writer that died or stalled; it is removed, and its writer's link fails. */
 export const STALE_TEMP_MS = 60_000;
 const REVISION_FILE = /^([1-9][0-9]{0,15})\.json$/;
-const KIND = /^[a-z]+$/;
 /** How often a read starts over when the revision it picked was collected under it. */
 const READ_ATTEMPTS = 8;
 
@@ -109,12 +109,6 @@ function ioError(what: string, err: unknown): StoreError {
   return new StoreError(`file store: cannot ${what}: ${reason(err)}`, { cause: err });
 }
 
-function checkRevision(expectedRevision: number): void {
-  if (!Number.isSafeInteger(expectedRevision) || expectedRevision < 0) {
-    throw new LatchError(`file store: expected revision must be a non-negative integer, got ${String(expectedRevision)}`);
-  }
-}
-
 export class FileStore implements Store {
   readonly kind = 'file' as const;
   readonly root: string;
@@ -133,20 +127,14 @@ export class FileStore implements Store {
 
   async put(key: string, value: unknown, expectedRevision: number): Promise<number> {
     const where = this.locate(key);
-    checkRevision(expectedRevision);
-    let text: string | undefined;
-    try {
-      text = JSON.stringify(value);
-    } catch (err) {
-      throw new LatchError(`file store: the value for ${key} cannot be stored as JSON: ${reason(err)}`, { cause: err });
-    }
-    if (text === undefined) throw new LatchError(`file store: the value for ${key} cannot be stored as JSON (${typeof value})`);
+    checkRevision('file', expectedRevision);
+    encodeValue('file', key, value);
     return this.commit(where, expectedRevision, { deleted: false, value });
   }
 
   async delete(key: string, expectedRevision: number): Promise<void> {
     const where = this.locate(key);
-    checkRevision(expectedRevision);
+    checkRevision('file', expectedRevision);
     if (expectedRevision === 0) {
       // "Must not exist": nothing to write either way.
       const cur = await this.current(where.dir);
@@ -157,7 +145,7 @@ export class FileStore implements Store {
   }
 
   async list(kind: string): Promise<string[]> {
-    if (!KIND.test(kind)) throw new LatchError(`file store: invalid kind ${JSON.stringify(kind)}`);
+    checkKind('file', kind);
     const kindDir = join(this.root, kind);
     let entries: Dirent[];
     try {
@@ -194,7 +182,7 @@ export class FileStore implements Store {
    * links its new revision file: every `<n>.json` that appears or goes yields. Temp files are ignored.
    */
   async *watch(kind: string, signal: AbortSignal): AsyncIterable<void> {
-    if (!KIND.test(kind)) throw new LatchError(`file store: invalid kind ${JSON.stringify(kind)}`);
+    checkKind('file', kind);
     const changes = new ChangeSignal(signal);
     const kindDir = join(this.root, kind);
     const watchers = new Map<string, FSWatcher>();

@@ -4,17 +4,18 @@ import { readFile, realpath } from 'node:fs/promises';
 import { basename, isAbsolute } from 'node:path';
 import { FILESYSTEMS, FS_TYPES, growSpecOf, isFsType } from '../filesystems.js';
 import { LatchError } from '../errors.js';
-import { run } from './run.js';
+import { run, type ChildDeadline } from './run.js';
 
 /**
  * The filesystem type blkid finds on `device` (low-level probe, no cache), or undefined when it finds no signature
  * at all. A device that carries a signature that is not a filesystem (a partition table) is not empty: that throws,
  * so nobody formats over it.
  */
-export async function probeFsType(device: string): Promise<string | undefined> {
+export async function probeFsType(device: string, timeout: ChildDeadline = {}): Promise<string | undefined> {
   const dev = checkDevicePath(device);
   const { stdout, exitCode } = await run('blkid', ['-p', '-o', 'export', '-s', 'TYPE', '-s', 'PTTYPE', dev], {
     okExitCodes: [2],
+    timeoutMs: timeout.timeoutMs,
   });
   if (exitCode === 2) return undefined;
   const values = new Map<string, string>();
@@ -36,24 +37,24 @@ export async function probeFsType(device: string): Promise<string | undefined> {
  * terminal). Only for a device that probeFsType has just found blank, with nothing else able to write to it since:
  * node/filesystem.ts (ensureFilesystem) is the one caller, and says why nothing can.
  */
-export async function makeFs(device: string, fsType: string): Promise<void> {
+export async function makeFs(device: string, fsType: string, timeout: ChildDeadline = {}): Promise<void> {
   const dev = checkDevicePath(device);
   if (!isFsType(fsType)) {
     throw new LatchError(`cannot create a ${JSON.stringify(fsType)} filesystem: supported types are ${FS_TYPES.join(', ')}`);
   }
   const [command, ...args] = FILESYSTEMS[fsType].mkfs;
-  await run(command, [...args, dev]);
+  await run(command, [...args, dev], timeout);
 }
 
 /** Grows the filesystem on `device`, mounted at `mountPoint`, to fill the device (online). */
-export async function growFs(device: string, mountPoint: string, fsType: string): Promise<void> {
+export async function growFs(device: string, mountPoint: string, fsType: string, timeout: ChildDeadline = {}): Promise<void> {
   const dev = checkDevicePath(device);
   if (!isAbsolute(mountPoint) || mountPoint.includes('\0')) {
     throw new LatchError(`mount point ${JSON.stringify(mountPoint.slice(0, 120))} must be an absolute path`);
   }
   const spec = growSpecOf(fsType)?.grow;
   if (!spec) throw new LatchError(`cannot grow a ${JSON.stringify(fsType)} filesystem: latch grows ${FS_TYPES.join(', ')} and ext2`);
-  await run(spec.tool, [...spec.args, spec.target === 'device' ? dev : mountPoint]);
+  await run(spec.tool, [...spec.args, spec.target === 'device' ? dev : mountPoint], timeout);
 }
 
 /** Size of a block device in bytes, from /sys/class/block/<name>/size (512-byte sectors). */

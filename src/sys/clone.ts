@@ -5,7 +5,7 @@ import { constants } from 'node:fs';
 import { copyFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { tempPathFor } from '../atomic-file.js';
-import { run } from './run.js';
+import { run, type ChildDeadline } from './run.js';
 
 /** How a copy was made: 'reflink' shares every block with the source until either changes; 'copy' shares none. */
 export type CloneMethod = 'reflink' | 'copy';
@@ -50,10 +50,10 @@ export interface ExtentUsage {
 }
 
 /** The file's allocated and shared bytes from `filefrag -v`; undefined when filefrag cannot tell. */
-export async function extentUsage(path: string): Promise<ExtentUsage | undefined> {
+export async function extentUsage(path: string, timeout: ChildDeadline = {}): Promise<ExtentUsage | undefined> {
   let stdout: string;
   try {
-    ({ stdout } = await run('filefrag', ['-v', '--', path]));
+    ({ stdout } = await run('filefrag', ['-v', '--', path], timeout));
   } catch {
     return undefined;
   }

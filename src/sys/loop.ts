@@ -5,7 +5,7 @@
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { isAbsolute } from 'node:path';
 import { LatchError } from '../errors.js';
-import { CommandError, run } from './run.js';
+import { CommandError, run, type ChildDeadline } from './run.js';
 
 export interface LoopDevice {
   /** e.g. /dev/loop3 */
@@ -78,13 +78,13 @@ export async function setupLoop(file: string, options: SetupLoopOptions = {}): P
  * another file is left alone (it was detached and reused meanwhile). The kernel only defers a detach of a device
  * in use (mounted, open): that is reported as an error, since the device is not released yet.
  */
-export async function detachLoop(device: string, expectedBackingFile?: string): Promise<void> {
+export async function detachLoop(device: string, expectedBackingFile?: string, timeout: ChildDeadline = {}): Promise<void> {
   checkLoopDevice(device);
   const before = await loopDeviceInfo(device);
   if (before === undefined) return;
   if (expectedBackingFile !== undefined && before.backingFile !== expectedBackingFile) return;
   try {
-    await run('losetup', ['-d', device]);
+    await run('losetup', ['-d', device], timeout);
   } catch (err) {
     if (err instanceof CommandError && (await loopDeviceInfo(device)) === undefined) return;
     throw err;

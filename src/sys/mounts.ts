@@ -5,7 +5,7 @@ import { readFileSync } from 'node:fs';
 import { realpath } from 'node:fs/promises';
 import { isAbsolute, resolve } from 'node:path';
 import { LatchError } from '../errors.js';
-import { CommandError, run } from './run.js';
+import { CommandError, run, type ChildDeadline } from './run.js';
 
 export interface MountInfo {
   id: number;
@@ -101,7 +101,7 @@ export async function isMountPoint(path: string): Promise<boolean> {
 }
 
 /** Mounts `source` (a device) at `target` with a filesystem type and checked options. */
-export async function mount(source: string, target: string, options: MountOptions): Promise<void> {
+export async function mount(source: string, target: string, options: MountOptions, timeout: ChildDeadline = {}): Promise<void> {
   const src = checkPath(source, 'mount source');
   const dst = checkPath(target, 'mount point');
   if (!FS_TYPE.test(options.fsType)) throw new LatchError(`filesystem type ${JSON.stringify(options.fsType)} is not valid`);
@@ -110,21 +110,21 @@ export async function mount(source: string, target: string, options: MountOption
   const args = ['-t', options.fsType];
   if (opts.length > 0) args.push('-o', opts.join(','));
   args.push(src, dst);
-  await run('mount', args);
+  await run('mount', args, timeout);
 }
 
 /** Bind-mounts `source` at `target`; read-only binds need a second remount (the kernel ignores ro on the bind). */
-export async function bindMount(source: string, target: string, readOnly: boolean): Promise<void> {
+export async function bindMount(source: string, target: string, readOnly: boolean, timeout: ChildDeadline = {}): Promise<void> {
   const src = checkPath(source, 'bind mount source');
   const dst = checkPath(target, 'mount point');
-  await run('mount', ['--bind', src, dst]);
+  await run('mount', ['--bind', src, dst], timeout);
   if (!readOnly) return;
   try {
-    await run('mount', ['-o', 'remount,bind,ro', dst]);
+    await run('mount', ['-o', 'remount,bind,ro', dst], timeout);
   } catch (err) {
     // Never leave a writable bind behind where a read-only one was asked for.
     try {
-      await run('umount', [dst]);
+      await run('umount', [dst], timeout);
     } catch {
       // The original error is the one worth reporting.
     }
@@ -138,12 +138,12 @@ export async function bindMount(source: string, target: string, readOnly: boolea
  * also detaches the loop device it unmounted (LOOP_CLR_FD, as `losetup -d` would: deferred by the kernel until its
  * last close while something else still has it open).
  */
-export async function umount(target: string, options: { lazy?: boolean; freeLoopDevice?: boolean } = {}): Promise<boolean> {
+export async function umount(target: string, options: { lazy?: boolean; freeLoopDevice?: boolean } & ChildDeadline = {}): Promise<boolean> {
   const dst = checkPath(target, 'mount point');
   if (!(await isMountPoint(dst))) return false;
   const args = [...(options.lazy ? ['--lazy'] : []), ...(options.freeLoopDevice ? ['--detach-loop'] : []), dst];
   try {
-    await run('umount', args);
+    await run('umount', args, { timeoutMs: options.timeoutMs });
     return true;
   } catch (err) {
     // "not mounted" (EINVAL) or a concurrent unmount: the kernel's table is the judge.

@@ -12,6 +12,11 @@ export interface CephIdentity {
   clientId: string;
   /** The keyring file of that id. */
   keyring: string;
+  /**
+   * Deadline of each rbd and ceph child run as this identity whose call names none: the configuration's
+   * commandTimeout; without it, run()'s default.
+   */
+  commandTimeoutMs?: number;
 }
 
 export interface RbdImageInfo {
@@ -56,7 +61,7 @@ export function redactedError(err: unknown): unknown {
 
 async function rbd(identity: CephIdentity, args: string[], okExitCodes: number[] = [], timeoutMs?: number): Promise<RunResult> {
   try {
-    return await run('rbd', [...cephClientArgs(identity), ...args], { okExitCodes, timeoutMs });
+    return await run('rbd', [...cephClientArgs(identity), ...args], { okExitCodes, timeoutMs: timeoutMs ?? identity.commandTimeoutMs });
   } catch (err) {
     throw redactedError(err);
   }
@@ -260,7 +265,7 @@ export async function rbdDeviceUnmap(identity: CephIdentity, device: string, tim
 
 async function ceph(identity: CephIdentity, args: string[], okExitCodes: number[] = []): Promise<RunResult> {
   try {
-    return await run('ceph', [...cephClientArgs(identity), ...args], { okExitCodes });
+    return await run('ceph', [...cephClientArgs(identity), ...args], { okExitCodes, timeoutMs: identity.commandTimeoutMs });
   } catch (err) {
     throw redactedError(err);
   }

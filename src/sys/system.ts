@@ -23,15 +23,19 @@ export interface System {
   effectiveCapabilities(): Promise<bigint | undefined>;
 }
 
-export const hostSystem: System = {
-  readMountInfo,
-  mountsAt,
-  mount,
-  bindMount,
-  umount: (path, options) => umount(path, options),
-  isDeviceMounted,
-  probeFsType,
-  makeFs,
-  growFs,
-  effectiveCapabilities,
-};
+/** This host's system, each child it runs bounded by `commandTimeoutMs` (the configuration's commandTimeout). */
+export function hostSystem(commandTimeoutMs: number): System {
+  const timeout = { timeoutMs: commandTimeoutMs };
+  return {
+    readMountInfo,
+    mountsAt,
+    mount: (device, path, options) => mount(device, path, options, timeout),
+    bindMount: (source, target, readOnly) => bindMount(source, target, readOnly, timeout),
+    umount: (path, options) => umount(path, { ...options, ...timeout }),
+    isDeviceMounted,
+    probeFsType: (device) => probeFsType(device, timeout),
+    makeFs: (device, fsType) => makeFs(device, fsType, timeout),
+    growFs: (device, mountPoint, fsType) => growFs(device, mountPoint, fsType, timeout),
+    effectiveCapabilities,
+  };
+}

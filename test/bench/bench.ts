@@ -3,7 +3,7 @@
 // every call's reply is checked, since a call that fails is not a fast call.
 //
 //   npm run bench                     every section
-//   npm run bench -- --only io,rbd    some sections (calls, ledger, lifecycle, concurrent, io, rbd, backup); the results file
+//   npm run bench -- --only io,rbd    some sections (calls, ledger, lifecycle, concurrent, execa, io, rbd, backup); the results file
 //                                     keeps the other sections' figures from their last run
 import { spawn, spawnSync } from 'node:child_process';
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -56,7 +56,7 @@ interface Stats {
 }
 const results: Record<string, unknown> = { machine: machine(), reps: REPS, callReps: CALL_REPS };
 const figures: Figure[] = [];
-const SECTIONS = ['calls', 'ledger', 'lifecycle', 'concurrent', 'io', 'rbd', 'backup'] as const;
+const SECTIONS = ['calls', 'ledger', 'lifecycle', 'concurrent', 'execa', 'io', 'rbd', 'backup'] as const;
 type Section = (typeof SECTIONS)[number];
 
 function stats(samples: Sample[]): Stats {
@@ -515,20 +515,16 @@ function callStarter(driver: string): {
 }
 
 /**
- * `count` pod lifecycles on `count` volumes at once, against the machine's bound: the CPU one lifecycle costs (its
- * node starts, latch's work and the tools, measured on sequential lifecycles in the same run) divided into the
- * cores. A rate well below the bound means something serializes the lifecycles rather than the CPU limiting them.
+ * One pod lifecycle (attach, waitforattach, mountdevice, unmountdevice, detach) through `call`, on volume `pv`: its
+ * wall milliseconds, or undefined when a step failed (the failing call and its reply then go to `failed`).
  */
-async function concurrentLifecycles(count: number): Promise<void> {
-  const driver = productionDriver();
-  const { dir, env } = workDir();
-  const { call, how: spawnedBy } = callStarter(driver);
-  // The same calls without turns (src/native/helper.c), for comparison: all of them running at once.
-  const envWithoutTurns = { ...env, LATCH_TURNS: '0' };
-  // Each failed lifecycle's failing call and its reply (or exit code), kept in the results file: a failure under
-  // load is rare, and without its reply there is nothing to go on.
-  const failed: string[] = [];
-  const one = async (pv: string, callEnv = env): Promise<number | undefined> => {
+function lifecycleThrough(
+  call: ReturnType<typeof callStarter>['call'],
+  dir: string,
+  env: NodeJS.ProcessEnv,
+  failed: string[],
+): (pv: string, callEnv?: NodeJS.ProcessEnv) => Promise<number | undefined> {
+  return async (pv, callEnv = env) => {
     const json = optionsFor(pv);
     const global = join(dir, 'mounts', pv);
     mkdirSync(global, { recursive: true });
@@ -553,6 +549,23 @@ async function concurrentLifecycles(count: number): Promise<void> {
       return undefined;
     }
   };
+}
+
+/**
+ * `count` pod lifecycles on `count` volumes at once, against the machine's bound: the CPU one lifecycle costs (its
+ * node starts, latch's work and the tools, measured on sequential lifecycles in the same run) divided into the
+ * cores. A rate well below the bound means something serializes the lifecycles rather than the CPU limiting them.
+ */
+async function concurrentLifecycles(count: number): Promise<void> {
+  const driver = productionDriver();
+  const { dir, env } = workDir();
+  const { call, how: spawnedBy } = callStarter(driver);
+  // The same calls without turns (src/native/turns.c), for comparison: all of them running at once.
+  const envWithoutTurns = { ...env, LATCH_TURNS: '0' };
+  // Each failed lifecycle's failing call and its reply (or exit code), kept in the results file: a failure under
+  // load is rare, and without its reply there is nothing to go on.
+  const failed: string[] = [];
+  const one = lifecycleThrough(call, dir, env, failed);
   try {
     // The CPU of one lifecycle alone, from sequential ones.
     const SEQUENTIAL = 8;
@@ -682,6 +695,149 @@ async function concurrentLifecycles(count: number): Promise<void> {
   }
 }
 
+const EXECA_SEA = join(ROOT, 'bin/latch-sea-execa');
+
+/**
+ * execa against today's runner (docs/performance.md, "execa"). The design named execa for running tools; run() starts
+ * children itself (node:child_process, then the native helper's vfork) because execa cost a call 10-25 ms of CPU.
+ * Measured again here with execa given its best case, in three ways, each as ratios taken in one run:
+ * - per child, in this process, with execa loaded already: only its per-child work, as if it were evaluated in a
+ *   startup snapshot (the build has none: a call would also pay for evaluating it, below);
+ * - per pod lifecycle, bin/latch-sea against bin/latch-sea-execa (build.mjs --spawn-module test/bench/execa-spawn.ts),
+ *   whose code cache holds execa's compiled code as it holds latch's; execa is evaluated at a call's first child;
+ * - the rate of 64 lifecycles at once, each executable twice, alternating.
+ */
+async function execaAgainstRunner(count: number): Promise<void> {
+  const sea = join(ROOT, 'bin/latch-sea');
+  if (!existsSync(sea) || !existsSync(NATIVE_HELPER))
+    throw new Error('the execa section compares against bin/latch-sea: npm run build:sea');
+  const built = spawnSync(NODE, ['build.mjs', '--sea', '--spawn-module', 'test/bench/execa-spawn.ts', '--out', EXECA_SEA], {
+    cwd: ROOT,
+    encoding: 'utf8',
+  });
+  if (built.status !== 0) throw new Error(`cannot build ${EXECA_SEA}: ${built.stderr}`);
+  await asInstalled(EXECA_SEA);
+
+  // Per child, in this process: today's spawn (through the helper, as a driver call) and execa's, both warm.
+  if (existsSync(NATIVE_HELPER)) useNativeHelper(NATIVE_HELPER);
+  const { spawnCollecting: today } = await import('../../src/sys/run/spawn.js');
+  const { spawnCollecting: withExeca, loadExeca } = await import('./execa-spawn.js');
+  await loadExeca();
+  const tool = '/usr/bin/true';
+  const spawnOptions = { input: undefined, stdinFd: undefined, env: { ...callEnv(), LC_ALL: 'C' } };
+  const CHILDREN = 200;
+  const perChild = async (start: typeof today): Promise<{ ms: number; cpuMs: number }> => {
+    const cpu = process.cpuUsage();
+    const children = childrenCpuSeconds();
+    const started = process.hrtime.bigint();
+    for (let i = 0; i < CHILDREN; i++) {
+      const { exitCode } = await start(tool, [], spawnOptions).done;
+      if (exitCode !== 0) throw new Error(`${tool} exited ${exitCode}`);
+    }
+    const own = process.cpuUsage(cpu);
+    return {
+      ms: Number(process.hrtime.bigint() - started) / 1e6 / CHILDREN,
+      cpuMs: ((own.user + own.system) / 1e3 + (childrenCpuSeconds() - children) * 1000) / CHILDREN,
+    };
+  };
+  // The helper's children are reaped on SIGCHLD, whose listener does not keep a process alive (run()'s deadline does).
+  const keepAlive = setInterval(() => undefined, 1000);
+  await perChild(today);
+  await perChild(withExeca);
+  const childRounds: Record<'today' | 'execa', { ms: number; cpuMs: number }[]> = { today: [], execa: [] };
+  for (let round = 0; round < 5; round++) {
+    childRounds.today.push(await perChild(today));
+    childRounds.execa.push(await perChild(withExeca));
+  }
+  clearInterval(keepAlive);
+  const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? NaN;
+  const child = {
+    today: { ms: median(childRounds.today.map((r) => r.ms)), cpuMs: median(childRounds.today.map((r) => r.cpuMs)) },
+    execa: { ms: median(childRounds.execa.map((r) => r.ms)), cpuMs: median(childRounds.execa.map((r) => r.cpuMs)) },
+  };
+
+  const { dir, env } = workDir();
+  try {
+    // Per pod lifecycle, interleaved.
+    let n = 0;
+    const life = measure({
+      today: () => lifecycle([sea], env, dir, `pv-exl-${n++}`),
+      execa: () => lifecycle([EXECA_SEA], env, dir, `pv-exl-${n++}`),
+    });
+    // 64 at once, each executable twice, alternating.
+    const failed: string[] = [];
+    const rates: Record<'today' | 'execa', { rate: number; cpuMs: number }[]> = { today: [], execa: [] };
+    for (let round = 0; round < 2; round++) {
+      for (const [name, driver] of [
+        ['today', sea],
+        ['execa', EXECA_SEA],
+      ] as const) {
+        const { call } = callStarter(driver);
+        const one = lifecycleThrough(call, dir, env, failed);
+        const cpuAtStart = childrenCpuSeconds();
+        const started = process.hrtime.bigint();
+        const times = await Promise.all(Array.from({ length: count }, (_, i) => one(`pv-ex${name}-${round}-${i}`)));
+        const wall = Number(process.hrtime.bigint() - started) / 1e9;
+        if (times.some((t) => t === undefined)) throw new Error(`${name}: a lifecycle failed: ${failed.join('; ')}`);
+        rates[name].push({ rate: count / wall, cpuMs: ((childrenCpuSeconds() - cpuAtStart) * 1000) / count });
+      }
+    }
+    const rate = (name: 'today' | 'execa') => rates[name].reduce((sum, r) => sum + r.rate, 0) / rates[name].length;
+    const rateCpu = (name: 'today' | 'execa') => rates[name].reduce((sum, r) => sum + r.cpuMs, 0) / rates[name].length;
+    const pct = (execa: number, today: number) => `${(((execa - today) / today) * 100).toFixed(1)}%`;
+    results.execa = { child, childRounds, lifecycle: life, rates, children: CHILDREN };
+    figures.push(
+      {
+        section: 'execa',
+        what: `per child (${tool}, in-process, execa loaded already): execa / today's runner (vfork through the native helper)`,
+        value:
+          `${(child.execa.cpuMs / child.today.cpuMs).toFixed(2)} by CPU (${fmt(child.execa.cpuMs)} vs ${fmt(child.today.cpuMs)} ms), ` +
+          `${(child.execa.ms / child.today.ms).toFixed(2)} by wall (${fmt(child.execa.ms)} vs ${fmt(child.today.ms)} ms)`,
+        target: '',
+      },
+      {
+        section: 'execa',
+        what: 'pod lifecycle, bin/latch-sea-execa against bin/latch-sea',
+        value:
+          `CPU ${pct(life.execa!.cpuMeanMs, life.today!.cpuMeanMs)} (${fmt(life.execa!.cpuMeanMs)} vs ${fmt(life.today!.cpuMeanMs)} ms), ` +
+          `wall ${pct(life.execa!.median, life.today!.median)} (${fmt(life.execa!.median)} vs ${fmt(life.today!.median)} ms)`,
+        target: '<= 5% to bring execa back',
+        pass: life.execa!.cpuMeanMs <= life.today!.cpuMeanMs * 1.05 && life.execa!.median <= life.today!.median * 1.05,
+      },
+      {
+        section: 'execa',
+        what: `${count} lifecycles at once, bin/latch-sea-execa against bin/latch-sea (2 rounds each, alternating)`,
+        value:
+          `rate ${pct(rate('execa'), rate('today'))} (${rate('execa').toFixed(2)} vs ${rate('today').toFixed(2)} lifecycles/s), ` +
+          `CPU per lifecycle ${pct(rateCpu('execa'), rateCpu('today'))} (${rateCpu('execa').toFixed(0)} vs ${rateCpu('today').toFixed(0)} ms)`,
+        target: '>= -5% to bring execa back',
+        pass: rate('execa') >= rate('today') * 0.95,
+      },
+    );
+    table("execa against today's runner", [
+      ['what', 'today', 'execa', 'execa / today'],
+      ['per child CPU ms', fmt(child.today.cpuMs), fmt(child.execa.cpuMs), (child.execa.cpuMs / child.today.cpuMs).toFixed(2)],
+      ['per child wall ms', fmt(child.today.ms), fmt(child.execa.ms), (child.execa.ms / child.today.ms).toFixed(2)],
+      [
+        'lifecycle CPU ms',
+        fmt(life.today!.cpuMeanMs),
+        fmt(life.execa!.cpuMeanMs),
+        (life.execa!.cpuMeanMs / life.today!.cpuMeanMs).toFixed(3),
+      ],
+      ['lifecycle wall ms', fmt(life.today!.median), fmt(life.execa!.median), (life.execa!.median / life.today!.median).toFixed(3)],
+      [`${count} at once, lifecycles/s`, rate('today').toFixed(2), rate('execa').toFixed(2), (rate('execa') / rate('today')).toFixed(3)],
+      [
+        `${count} at once, CPU ms each`,
+        rateCpu('today').toFixed(0),
+        rateCpu('execa').toFixed(0),
+        (rateCpu('execa') / rateCpu('today')).toFixed(3),
+      ],
+    ]);
+  } finally {
+    cleanUp(dir);
+  }
+}
+
 function machine(): Record<string, string> {
   const tool = (cmd: string, ...args: string[]) => spawnSync(cmd, args, { encoding: 'utf8' }).stdout?.trim() ?? '';
   return {
@@ -759,13 +915,14 @@ async function main(): Promise<void> {
   if (!TIME) console.log('(no /usr/bin/time: peak RSS is not measured; apt-get install time)');
   if (only.has('calls')) controlPlaneCalls();
   if (only.has('ledger')) await ledgerScaling();
-  for (const section of ['lifecycle', 'concurrent'] as const) {
+  for (const section of ['lifecycle', 'concurrent', 'execa'] as const) {
     if (!only.has(section)) continue;
     if (!isRoot) {
       console.log(`\nSkipping ${section}: it needs root and loop devices.`);
       figures.push({ section, what: section, value: 'skipped: needs root', target: '' });
     } else if (section === 'lifecycle') podLifecycle();
-    else await concurrentLifecycles(Number(process.env.BENCH_CONCURRENT ?? 64));
+    else if (section === 'concurrent') await concurrentLifecycles(Number(process.env.BENCH_CONCURRENT ?? 64));
+    else await execaAgainstRunner(Number(process.env.BENCH_CONCURRENT ?? 64));
   }
   for (const [section, run] of [
     ['io', async () => loopIo()],

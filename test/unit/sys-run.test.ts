@@ -5,6 +5,8 @@ import { chmodSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSyn
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { after, before, describe, it } from 'node:test';
+import { parseConfig } from '../../src/config.js';
+import { createContext } from '../../src/context.js';
 import { LatchError } from '../../src/errors.js';
 import { useNativeHelper } from '../../src/sys/native.js';
 import { CommandError, killAllChildren, run, runningChildren } from '../../src/sys/run.js';
@@ -302,3 +304,38 @@ for (const way of WAYS)
       }
     });
   });
+
+describe("the configured commandTimeout reaches a driver call's children through its context", () => {
+  let dir: string;
+  let path: string | undefined;
+  before(() => {
+    dir = mkdtempSync(join(tmpdir(), 'latch-deadline-'));
+    path = process.env.PATH;
+  });
+  after(() => {
+    process.env.PATH = path;
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  it('ctx.system runs mount with the deadline of commandTimeout, not the default 120 s', async () => {
+    const marker = uniqueSleep();
+    // A mount that never finishes, found first on the search path.
+    writeFileSync(join(dir, 'mount'), `#!/bin/sh\nexec sleep ${marker}\n`);
+    chmodSync(join(dir, 'mount'), 0o755);
+    process.env.PATH = `${dir}:${path ?? ''}`;
+    const config = parseConfig(
+      { nodeName: 'node-a', stateDir: join(dir, 'state'), poolDir: join(dir, 'pool'), logFile: join(dir, 'latch.log'), commandTimeout: 1 },
+      'test',
+    );
+    const ctx = createContext(config);
+    const started = Date.now();
+    await assert.rejects(ctx.system.mount('/dev/null', join(dir, 'target'), { fsType: 'ext4' }), (err: unknown) => {
+      assert.ok(err instanceof CommandError && err.timedOut, `a timeout, not ${String(err)}`);
+      assert.match(err.message, /timed out after 1 s/);
+      return true;
+    });
+    const took = Date.now() - started;
+    assert.ok(took >= 1000 && took < 10_000, `ended by the 1 s deadline (took ${took} ms)`);
+    assert.ok(await waitFor(() => processesWith(marker).length === 0, 5000), 'the hung mount was killed');
+  });
+});

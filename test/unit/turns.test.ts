@@ -1,4 +1,4 @@
-// Turns (src/native/helper.c): a driver call that does a volume's work takes one of a few host-wide turns before Node
+// Turns (src/native/turns.c): a driver call that does a volume's work takes one of a few host-wide turns before Node
 // starts, waiting for one when all are held. The helper's takeTurn, in processes of the test's own on names of their
 // own in a lock directory of their own: a waiter sleeps until a holder ends (also by SIGKILL) or gives its turn back at
 // its hold limit, and goes on without one at its wait limit; the turn count is clamped. Then bin/latch-sea: the ops
