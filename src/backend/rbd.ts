@@ -18,6 +18,7 @@ import {
   isClientInstance,
   rbdClones,
   rbdCreate,
+  rbdExportDiff,
   rbdExportSnapshot,
   rbdInfo,
   rbdLockRemove,
@@ -35,7 +36,9 @@ import {
 import { KernelRbdClient } from './krbd.js';
 import { RbdFuseLoopClient } from './rbd-fuse-loop.js';
 import type { NodeClient } from './node-client.js';
-import type { AttachAccess, Backend, ReadableImage, SnapshotInfo } from './types.js';
+import { parseExportDiff, type DiffRecord } from '../sys/rbd-diff.js';
+import { CommandError } from '../sys/run.js';
+import type { AttachAccess, Backend, ReadableImage, SnapshotDiff, SnapshotInfo } from './types.js';
 
 export interface RbdBackendOptions extends CephIdentity {
   pool: string;
@@ -336,6 +339,58 @@ export class RbdBackend implements Backend {
       path: file,
       description: `snapshot ${name} of volume ${volume} (${this.spec(image)}@${name}, exported)`,
       release: () => unlink(file).catch(() => undefined),
+    };
+  }
+
+  /**
+   * `rbd export-diff` of the snapshot (from `from`), streamed and parsed as it comes: librbd reads only the extents
+   * the object map (or, without fast-diff, the objects' own listing) says are allocated or changed, straight from the
+   * OSDs, and nothing is written on this node. Chosen over reads of those extents through the node's mapping: the
+   * rbd-fuse client maps images, not snapshots, and one tool per backup costs no mapping to set up and tear down.
+   */
+  async snapshotDiff(volume: string, name: string, from: string | undefined): Promise<SnapshotDiff> {
+    const image = checkVolumeName(volume);
+    const snap = (await rbdSnapList(this.identity, this.pool, image)).find((s) => s.name === name);
+    if (!snap) throw new LatchError(`volume ${volume} has no snapshot named ${name} (latch snapshot list ${volume})`);
+    // Bounded like an export of the whole snapshot: about 20 MB/s, and never less than 10 minutes.
+    const child = rbdExportDiff(this.identity, this.pool, image, name, from, Math.max(600_000, snap.size / 20_000));
+    let killed = false;
+    const cancel = () => {
+      killed = true;
+      child.kill();
+    };
+    // A stream that ends early or makes no sense is most often the tool's failure: its error (redacted) comes first.
+    const toolError = async (err: unknown): Promise<never> => {
+      if (!killed) cancel();
+      const failed = await child.done.then(
+        () => undefined,
+        (e: unknown) => e,
+      );
+      throw failed instanceof CommandError && failed.signal !== 'SIGKILL' ? failed : err;
+    };
+    const diff = await parseExportDiff(child.stdout).catch(toolError);
+    if (diff.toSnap !== undefined && diff.toSnap !== name) {
+      cancel();
+      throw new LatchError(`rbd export-diff of ${this.spec(image)}@${name} reported snapshot ${diff.toSnap}`);
+    }
+    async function* records(): AsyncGenerator<DiffRecord> {
+      try {
+        yield* diff.records;
+      } catch (err) {
+        await toolError(err);
+      }
+    }
+    return {
+      sizeBytes: diff.sizeBytes,
+      records: records(),
+      description:
+        `snapshot ${name} of volume ${volume} (${this.spec(image)}@${name}, ` +
+        (from === undefined ? 'its allocated extents' : `the extents changed since ${from}`) +
+        ', read with rbd export-diff)',
+      finish: async () => {
+        await child.done;
+      },
+      cancel,
     };
   }
 }

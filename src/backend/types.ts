@@ -1,5 +1,6 @@
 // The data plane on one node: where a volume's bytes live and how it becomes a block device.
 // The ledger never calls this; the ops do, after the ledger says this node may.
+import type { DiffRecord } from '../sys/rbd-diff.js';
 
 export interface Backend {
   /** Where this backend keeps volumes' bytes, for messages: "the pool (/var/lib/latch/pool)", "the rbd pool latch". */
@@ -141,6 +142,25 @@ export interface SnapshotBackend {
    * the image file); undefined when it has not (then back up through a snapshot).
    */
   idleImage?(volume: string): Promise<ReadableImage | undefined>;
+  /**
+   * The extents of snapshot `name` that changed since snapshot `from` (or, without `from`, that are allocated), read
+   * from the storage as a stream: a backend that can (rbd) backs volumes up incrementally without a local copy
+   * (node/backup.ts). Absent: backups read the whole snapshot (openSnapshot).
+   */
+  snapshotDiff?(volume: string, name: string, from: string | undefined): Promise<SnapshotDiff>;
+}
+
+/** A snapshot's extents as the storage reports them (SnapshotBackend.snapshotDiff). */
+export interface SnapshotDiff {
+  sizeBytes: number;
+  /** In order of offset; throws when the storage's tool failed. */
+  records: AsyncGenerator<DiffRecord>;
+  /** What is read, in words, for a backup's manifest. */
+  description: string;
+  /** After the last record: waits for the tool to exit, and throws when it failed. */
+  finish(): Promise<void>;
+  /** Stops reading early. */
+  cancel(): void;
 }
 
 /** Whether the backend can take snapshots. */

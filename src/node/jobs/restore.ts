@@ -9,12 +9,19 @@
 import { LatchError, errorMessage } from '../../errors.js';
 import { readManifest } from '../../backup/manifest.js';
 import { restoreBackup } from '../../backup/restore.js';
+import { observed, triggerOf } from '../backup-outcome.js';
 import type { JobHandler, JobOf, JobRun } from './types.js';
 
 export const restoreJob: JobHandler<'restore'> = {
   kind: 'restore',
   run: (job, run) =>
-    restore(job, run).catch((err: unknown) => {
+    observed(
+      run.ctx.config,
+      { kind: 'restore', ...triggerOf(run.ticket), volume: run.volume, name: job.backup },
+      () => restore(job, run),
+      (outcome) => ({ read: Number(outcome.result?.bytesWritten ?? 0), written: Number(outcome.result?.bytesWritten ?? 0) }),
+      { signal: run.signal },
+    ).catch((err: unknown) => {
       throw run.signal.aborted ? err : halfMade(run.volume, `latch volume restore ${run.volume} --from-backup ${job.backup}`, err);
     }),
 };
@@ -31,12 +38,15 @@ export function halfMade(volume: string, repeat: string, err: unknown): LatchErr
   );
 }
 
-async function restore(job: JobOf<'restore'>, { ctx, volume, device, signal }: JobRun) {
+async function restore(job: JobOf<'restore'>, { ctx, volume, device, signal, doc, ticket }: JobRun) {
   const target = ctx.config.backupTarget;
   if (!target) throw new LatchError(`node ${ctx.config.nodeName} has no backup target configured (backupTarget in ${ctx.config.source})`);
   const manifest = await readManifest(target, job.backup);
   // restoreBackup refuses a device smaller than the backup, before it writes anything.
-  const report = await restoreBackup({ target, name: job.backup, destination: device, signal });
+  // The first attempt writes onto the volume as it was just made, which reads zeros: only the data chunks are written.
+  // A repeat after a kill finds what that attempt wrote, and zeroes the holes.
+  const fresh = doc.status.tickets[ticket.id]?.job?.attempts === 1;
+  const report = await restoreBackup({ target, name: job.backup, destination: device, signal, fresh });
   // The image matched the manifest's checksum (restoreBackup throws otherwise): what is on it now is the backup's.
   const filesystem = await ctx.system.probeFsType(device);
   return {
