@@ -45,6 +45,8 @@ function lazyRbdBackend(rbd: RbdBackendConfig, maxSize: number, timeoutMs: numbe
     listSnapshots: async (volume) => (await backend()).listSnapshots(volume),
     deleteSnapshot: async (volume, name) => (await backend()).deleteSnapshot(volume, name),
     openSnapshot: async (volume, name) => (await backend()).openSnapshot(volume, name),
+    snapshotDiff: async (volume, name, from) => (await backend()).snapshotDiff(volume, name, from),
+    snapshotNames: async (volume) => (await backend()).snapshotNames(volume),
   };
 }
 

@@ -38,7 +38,7 @@ import { RbdFuseLoopClient } from './rbd-fuse-loop.js';
 import type { NodeClient } from './node-client.js';
 import { parseExportDiff, type DiffRecord } from '../sys/rbd-diff.js';
 import { CommandError } from '../sys/run.js';
-import type { AttachAccess, Backend, ReadableImage, SnapshotDiff, SnapshotInfo } from './types.js';
+import { BACKUP_BASE_PREFIX, type AttachAccess, type Backend, type ReadableImage, type SnapshotDiff, type SnapshotInfo } from './types.js';
 
 export interface RbdBackendOptions extends CephIdentity {
   pool: string;
@@ -105,7 +105,12 @@ export class RbdBackend implements Backend {
         throw new LatchError(`volume ${volume} is still attached on this node${device ? ` (${device})` : ''}; release it first`);
       }
       if ((await rbdInfo(this.identity, this.pool, image)) === undefined) return;
-      const snapshots = await rbdSnapshots(this.identity, this.pool, image);
+      let snapshots = await rbdSnapshots(this.identity, this.pool, image);
+      // The bases of incremental backups go with the volume (nothing else uses them), once no other snapshot is left.
+      if (snapshots.length > 0 && snapshots.every((s) => s.startsWith(BACKUP_BASE_PREFIX))) {
+        for (const base of snapshots) await rbdSnapRemove(this.identity, this.pool, image, base);
+        snapshots = await rbdSnapshots(this.identity, this.pool, image);
+      }
       if (snapshots.length > 0) {
         const clones = await rbdClones(this.identity, this.pool, image);
         throw new LatchError(
@@ -315,6 +320,10 @@ export class RbdBackend implements Backend {
         ...(usedBytes !== undefined && { allocatedBytes: usedBytes, exclusiveBytes: usedBytes }),
       };
     });
+  }
+
+  async snapshotNames(volume: string): Promise<string[]> {
+    return (await rbdSnapList(this.identity, this.pool, checkVolumeName(volume))).map((s) => s.name);
   }
 
   async deleteSnapshot(volume: string, name: string): Promise<void> {

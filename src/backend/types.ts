@@ -148,7 +148,15 @@ export interface SnapshotBackend {
    * (node/backup.ts). Absent: backups read the whole snapshot (openSnapshot).
    */
   snapshotDiff?(volume: string, name: string, from: string | undefined): Promise<SnapshotDiff>;
+  /** The names of the volume's snapshots, oldest first, without their space (listSnapshots asks for that too). */
+  snapshotNames?(volume: string): Promise<string[]>;
 }
+
+/**
+ * The names of the snapshots incremental backups keep as the base of a volume's next backup (node/backup.ts): they
+ * serve nothing else, so deleting the volume deletes them with it.
+ */
+export const BACKUP_BASE_PREFIX = 'latch-base-';
 
 /** A snapshot's extents as the storage reports them (SnapshotBackend.snapshotDiff). */
 export interface SnapshotDiff {

@@ -15,17 +15,15 @@ import { createBackup } from '../backup/create.js';
 import { diffChunkSource } from '../backup/delta.js';
 import type { BackupTarget } from '../backup/layout.js';
 import { listBackups, readCheckedManifest, type Manifest } from '../backup/manifest.js';
-import { hasSnapshots, type SnapshotBackend } from '../backend/types.js';
+import { BACKUP_BASE_PREFIX, hasSnapshots, type SnapshotBackend } from '../backend/types.js';
 import type { Context } from '../context.js';
 import { LatchError, errorMessage } from '../errors.js';
 import { snapshotVolume, type Consistency } from './snapshot.js';
 
-export const BASE_SNAPSHOT_PREFIX = 'latch-base-';
-
 /** The base snapshot a backup is read from: `latch-base-<backup>` (a hash of the name when that would be too long). */
 export function baseSnapshotName(backup: string): string {
-  const plain = `${BASE_SNAPSHOT_PREFIX}${backup}`;
-  return plain.length <= 200 ? plain : `${BASE_SNAPSHOT_PREFIX}${createHash('sha256').update(backup).digest('hex').slice(0, 40)}`;
+  const plain = `${BACKUP_BASE_PREFIX}${backup}`;
+  return plain.length <= 200 ? plain : `${BACKUP_BASE_PREFIX}${createHash('sha256').update(backup).digest('hex').slice(0, 40)}`;
 }
 
 export interface IncrementalOptions {
@@ -73,7 +71,7 @@ export async function incrementalBackup(ctx: Context, options: IncrementalOption
 
   const base = baseSnapshotName(name);
   // Left by an earlier attempt at this backup (it published nothing: the caller checked): taken again.
-  if ((await backend.listSnapshots(volume)).some((s) => s.name === base)) await backend.deleteSnapshot(volume, base);
+  if ((await snapshotNames(backend, volume)).includes(base)) await backend.deleteSnapshot(volume, base);
   let consistency: Consistency;
   let note: string | undefined;
   if (options.idle) {
@@ -146,7 +144,7 @@ async function usableParent(
 ): Promise<{ manifest: Manifest; snapshot: string } | { none: string }> {
   const newest = (await listBackups(target, volume)).filter((b) => b.manifest?.volume === volume).at(-1);
   if (!newest) return { none: 'the first backup of the volume in this target' };
-  const snapshots = (await backend.listSnapshots(volume)).map((s) => s.name);
+  const snapshots = await snapshotNames(backend, volume);
   const snapshot = baseSnapshotName(newest.name);
   const at = snapshots.indexOf(snapshot);
   if (at === -1 || at > snapshots.indexOf(base)) return { none: `the snapshot of the previous backup ${newest.name} is gone` };
@@ -168,9 +166,14 @@ async function usableParent(
 
 /** Once a backup is published: every base snapshot of the volume taken before its own goes. */
 async function removeOlderBases(backend: SnapshotBackend, volume: string, base: string): Promise<void> {
-  const names = (await backend.listSnapshots(volume)).map((s) => s.name);
+  const names = await snapshotNames(backend, volume);
   const at = names.indexOf(base);
   for (const old of names.slice(0, Math.max(0, at))) {
-    if (old.startsWith(BASE_SNAPSHOT_PREFIX)) await backend.deleteSnapshot(volume, old);
+    if (old.startsWith(BACKUP_BASE_PREFIX)) await backend.deleteSnapshot(volume, old);
   }
+}
+
+/** The volume's snapshot names, oldest first: without their space where the backend can (rbd du reads every object). */
+async function snapshotNames(backend: SnapshotBackend, volume: string): Promise<string[]> {
+  return backend.snapshotNames ? backend.snapshotNames(volume) : (await backend.listSnapshots(volume)).map((s) => s.name);
 }

@@ -160,4 +160,12 @@ describe('incremental rbd backups from Ceph', { skip: cephSkipReason() }, () => 
     await ceph.rbd(['export', '--no-progress', `${ceph.pool}/fresh`, copy]);
     assert.ok(readFileSync(copy).equals(model), 'the fresh image holds the backup, byte for byte');
   });
+
+  it('deletes the base snapshots with the volume, and refuses while another snapshot is there', { timeout: 120_000 }, async () => {
+    await backend.createSnapshot('vol', 'mine');
+    await assert.rejects(backend.delete('vol'), /has snapshot\(s\) latch-base-b4, mine/);
+    await backend.deleteSnapshot('vol', 'mine');
+    await backend.delete('vol');
+    assert.equal(await backend.size('vol'), undefined, 'the image is gone');
+  });
 });
