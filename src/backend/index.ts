@@ -40,6 +40,7 @@ function lazyRbdBackend(rbd: RbdBackendConfig, maxSize: number, timeoutMs: numbe
     volumeOfDevice: async (device) => (await backend()).volumeOfDevice(device),
     release: async (volume) => (await backend()).release(volume),
     grow: async (volume, sizeBytes) => (await backend()).grow(volume, sizeBytes),
+    isUnwritten: async (volume) => (await backend()).isUnwritten(volume),
     // The snapshot operations (SnapshotBackend), which the rbd backend has.
     createSnapshot: async (volume, name) => (await backend()).createSnapshot(volume, name),
     listSnapshots: async (volume) => (await backend()).listSnapshots(volume),

@@ -322,6 +322,11 @@ export class RbdBackend implements Backend {
     });
   }
 
+  /** `rbd du` of the image itself: no object written, nothing used. */
+  async isUnwritten(volume: string): Promise<boolean> {
+    return (await rbdUsage(this.identity, this.pool, checkVolumeName(volume))).get('') === 0;
+  }
+
   async snapshotNames(volume: string): Promise<string[]> {
     return (await rbdSnapList(this.identity, this.pool, checkVolumeName(volume))).map((s) => s.name);
   }

@@ -57,6 +57,11 @@ export interface Backend {
   readonly freedByUnmount?: boolean;
   /** Grows the storage to `sizeBytes` and refreshes the device's capacity if one is set up. Refuses to shrink. */
   grow(volume: string, sizeBytes: number): Promise<void>;
+  /**
+   * Whether nothing was ever written to the volume's storage (a volume just made reads zeros everywhere): a restore
+   * onto it then writes only the data, and the storage stays thin. Absent or false: the restore zeroes the holes too.
+   */
+  isUnwritten?(volume: string): Promise<boolean>;
 }
 
 /** What the ledger granted a node for one attach, as a backend on shared storage checks it (rbd.ts). */

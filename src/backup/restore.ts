@@ -18,6 +18,9 @@ import { chunkLength, readAhead } from './chunks.js';
 import { checkTarget, type BackupTarget } from './layout.js';
 import { imageCheck, readCheckedManifest } from './manifest.js';
 
+/** How much a restore onto a device writes between two flushes. */
+const SYNC_EVERY = 64 * 1024 * 1024;
+
 export interface RestoreOptions {
   target: BackupTarget;
   name: string;
@@ -77,6 +80,7 @@ export async function restoreBackup(options: RestoreOptions): Promise<RestoreRep
     const parallel = Math.max(1, options.parallel ?? 4);
     // The next `parallel` data chunks are read and decompressed while one is written.
     const take = readAhead(target, manifest, parallel);
+    let synced = 0;
     let holeStart: number | undefined;
     const flushHoles = async (end: number) => {
       if (holeStart !== undefined && isDevice && !options.fresh) await zeroRange(handle, destination, holeStart, end - holeStart);
@@ -107,6 +111,12 @@ export async function restoreBackup(options: RestoreOptions): Promise<RestoreRep
       while (written < length) written += (await handle.write(read.data, written, length - written, offset + written)).bytesWritten;
       report.dataChunks++;
       report.bytesWritten += length;
+      // On a device, flushed every SYNC_EVERY bytes: a restore of a large backup would otherwise leave gigabytes dirty
+      // in the page cache (the writeback of a thin image through rbd-fuse is slow), with nothing of it on the storage.
+      if (isDevice && (report.bytesWritten - synced >= SYNC_EVERY || report.bytesWritten === length)) {
+        await handle.datasync();
+        synced = report.bytesWritten;
+      }
     }
     await flushHoles(sizeBytes);
     await handle.sync();

@@ -110,8 +110,8 @@ async function readInto(
       chunkSize: DEFAULT_CHUNK_SIZE,
       records: diff.records,
       parent: parent?.manifest,
-      finish: diff.finish,
-      cancel: diff.cancel,
+      finish: () => diff.finish(),
+      cancel: () => diff.cancel(),
     });
   } catch (err) {
     diff.cancel();

@@ -122,7 +122,8 @@ describe('backup and restore outcomes as metrics', () => {
     writeLog(config, { backupOutcome: { ...good, bytesRead: -5, durationMs: 'soon' } });
     const text = await metricsOf(config.logFile);
     assert.doesNotMatch(text, /exfiltrate|weird|Bad Name|\.\.\/|etc/);
-    // The last two lines had valid labels: counted, the bad byte count as 0, the bad duration not observed.
+    // The last three have a valid kind, trigger and outcome: counted (a bad job name or volume keeps a line out of the
+    // per-job gauges only), the bad byte count as 0, the bad duration not observed.
     assert.equal(sample(text, 'latch_backup_runs_total{kind="backup",trigger="recurring",outcome="failed"}'), 3);
     assert.equal(sample(text, 'latch_backup_read_bytes_total{kind="backup",trigger="recurring"}'), 0);
   });
@@ -131,14 +132,13 @@ describe('backup and restore outcomes as metrics', () => {
 describe('latch backup list: the last outcome per volume', () => {
   const manifest = (name: string, volume: string, completedAt: string) =>
     ({ name, volume, completedAt, node: 'node-a', chunks: [], stats: {} }) as unknown as Manifest;
-  const finished = (backup: string, state: 'succeeded' | 'failed', at: string, message: string): FinishedJob =>
-    ({
-      ticket: `t-${backup}`,
-      type: 'backup',
-      node: 'node-b',
-      job: { kind: 'backup', backup },
-      status: { state, node: 'node-b', startedAt: at, finishedAt: at, attempts: 1, message },
-    }) as FinishedJob;
+  const finished = (backup: string, state: 'succeeded' | 'failed', at: string, message: string): FinishedJob => ({
+    ticket: `t-${backup}`,
+    type: 'backup',
+    node: 'node-b',
+    job: { kind: 'backup', backup },
+    status: { state, node: 'node-b', startedAt: at, finishedAt: at, attempts: 1, message },
+  });
 
   it('takes the newest of the complete backups and the jobs the ledger records, a failure with its message', () => {
     const db = newVolume('db', 1024, 'ext4', '2026-11-01T00:00:00.000Z');

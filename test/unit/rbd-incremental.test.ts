@@ -142,6 +142,7 @@ describe('incremental rbd backups from Ceph', { skip: cephSkipReason() }, () => 
 
   it('restores onto a fresh image writing only the data extents', { timeout: 300_000 }, async () => {
     await backend.create('fresh', SIZE);
+    assert.equal(await backend.isUnwritten('fresh'), true, 'a new image has nothing written');
     const device = await backend.attach('fresh');
     let report;
     try {
@@ -155,6 +156,7 @@ describe('incremental rbd backups from Ceph', { skip: cephSkipReason() }, () => 
       images: { used_size: number }[];
     };
     const used = du.images[0]?.used_size ?? -1;
+    assert.equal(await backend.isUnwritten('fresh'), false, 'a restore redone now would zero the holes');
     assert.ok(used > 0 && used <= 2 * 4 * MiB, `the image uses ${used} bytes, no more than the data chunks`);
     const copy = join(work, 'fresh.img');
     await ceph.rbd(['export', '--no-progress', `${ceph.pool}/fresh`, copy]);

@@ -6,6 +6,7 @@
 // an interrupted run wrote is overwritten); the job is done only once the whole image hashed to the manifest's
 // checksum. Only then is the filesystem found on the device recorded in the ledger: from then on kubelet's
 // mountdevice mounts it and never formats the volume.
+import { open } from 'node:fs/promises';
 import { LatchError, errorMessage } from '../../errors.js';
 import { readManifest } from '../../backup/manifest.js';
 import { restoreBackup } from '../../backup/restore.js';
@@ -38,14 +39,16 @@ export function halfMade(volume: string, repeat: string, err: unknown): LatchErr
   );
 }
 
-async function restore(job: JobOf<'restore'>, { ctx, volume, device, signal, doc, ticket }: JobRun) {
+async function restore(job: JobOf<'restore'>, { ctx, volume, device, signal }: JobRun) {
   const target = ctx.config.backupTarget;
   if (!target) throw new LatchError(`node ${ctx.config.nodeName} has no backup target configured (backupTarget in ${ctx.config.source})`);
   const manifest = await readManifest(target, job.backup);
   // restoreBackup refuses a device smaller than the backup, before it writes anything.
-  // The first attempt writes onto the volume as it was just made, which reads zeros: only the data chunks are written.
-  // A repeat after a kill finds what that attempt wrote, and zeroes the holes.
-  const fresh = doc.status.tickets[ticket.id]?.job?.attempts === 1;
+  // A volume nothing was ever written to reads zeros: only the data chunks are written (the storage stays thin). One
+  // that an earlier attempt wrote to (killed, or failed and asked for again) gets its holes zeroed. The device's
+  // dirty pages (an attempt killed on this node) are flushed first, so that the storage says all that was written.
+  await flushDevice(device);
+  const fresh = (await ctx.backend.isUnwritten?.(volume)) === true;
   const report = await restoreBackup({ target, name: job.backup, destination: device, signal, fresh });
   // The image matched the manifest's checksum (restoreBackup throws otherwise): what is on it now is the backup's.
   const filesystem = await ctx.system.probeFsType(device);
@@ -70,4 +73,13 @@ async function restore(job: JobOf<'restore'>, { ctx, volume, device, signal, doc
     },
     ...(filesystem !== undefined && { filesystem }),
   };
+}
+
+async function flushDevice(device: string): Promise<void> {
+  const handle = await open(device, 'r');
+  try {
+    await handle.sync();
+  } finally {
+    await handle.close();
+  }
 }
