@@ -10,10 +10,17 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { RbdBackend } from '../../src/backend/rbd.js';
+import type { BackupTarget } from '../../src/backup/layout.js';
 import { restoreBackup } from '../../src/backup/restore.js';
 import { parseConfig } from '../../src/config.js';
 import { createContext, type Context } from '../../src/context.js';
 import { baseSnapshotName, incrementalBackup } from '../../src/node/backup.js';
+import { backupCreate } from '../../src/cli/backup/create.js';
+import { backupList } from '../../src/cli/backup/list.js';
+import type { CommandIO } from '../../src/cli/io.js';
+import { readWholeLog } from '../../src/cli/metrics/call-log.js';
+import { LatchMetrics } from '../../src/cli/metrics/metrics.js';
+import { withJobRunner } from '../fixtures/job-runner.js';
 import { MemoryStore } from '../fixtures/memory-store.js';
 import { cephSkipReason, startCephCluster, type CephCluster } from '../ceph/cluster.js';
 
@@ -25,7 +32,9 @@ describe('incremental rbd backups from Ceph', { skip: cephSkipReason() }, () => 
   let backend: RbdBackend;
   let ctx: Context;
   let work = '';
-  let target = { type: 'dir' as const, path: '' };
+  let io: CommandIO;
+  let printed = '';
+  let target: BackupTarget = { type: 'dir', path: '' };
   /** What the volume holds, as written. */
   const model = Buffer.alloc(SIZE);
 
@@ -59,10 +68,11 @@ describe('incremental rbd backups from Ceph', { skip: cephSkipReason() }, () => 
       ceph = await startCephCluster();
       const client = await ceph.createClient('node-a');
       work = mkdtempSync(join(tmpdir(), 'latch-rbd-incr-'));
-      target = { type: 'dir', path: join(work, 'target') };
-      mkdirSync(target.path);
       const keyFile = join(work, 'backup.key');
       writeFileSync(keyFile, `${randomBytes(48).toString('base64')}\n`, { mode: 0o600 });
+      // With the key, as the job runner's backups below are made: each backup builds on the one before.
+      target = { type: 'dir', path: join(work, 'target'), keyFile };
+      mkdirSync(target.path);
       backend = new RbdBackend({
         pool: ceph.pool,
         cephConf: client.confPath,
@@ -79,7 +89,11 @@ describe('incremental rbd backups from Ceph', { skip: cephSkipReason() }, () => 
         logFile: join(work, 'latch.log'),
         backupTarget: { type: 'dir', path: target.path, keyFile },
       };
-      ctx = createContext(parseConfig(raw, join(work, 'config.json')), { store: new MemoryStore(), backend });
+      const file = join(work, 'config.json');
+      writeFileSync(file, JSON.stringify(raw));
+      const store = new MemoryStore();
+      ctx = createContext(parseConfig(raw, file), { store, backend });
+      io = { out: (text) => (printed += text), env: { LATCH_CONFIG: file }, context: (c) => createContext(c, { store, backend }) };
       await ctx.ledger.createVolume('vol', { sizeBytes: SIZE, fsType: 'ext4' });
       await backend.create('vol', SIZE);
     },
@@ -163,9 +177,36 @@ describe('incremental rbd backups from Ceph', { skip: cephSkipReason() }, () => 
     assert.ok(readFileSync(copy).equals(model), 'the fresh image holds the backup, byte for byte');
   });
 
+  it(
+    'a backup job of the idle volume, through the job runner, reads only the change and counts in the metrics',
+    { timeout: 300_000 },
+    async () => {
+      await write('vol', 41 * MiB, 64 * 1024);
+      printed = '';
+      await withJobRunner(ctx, () => backupCreate({ volume: 'vol', name: 'j1', output: 'json' }, io));
+      const job = (await ctx.ledger.get('vol'))?.status.jobs?.at(-1);
+      assert.equal(job?.status.state, 'succeeded', job?.status.message);
+      assert.equal(job?.status.result?.incrementalFrom, 'b4', JSON.stringify(job?.status.result));
+      assert.equal(job?.status.result?.consistency, 'idle', 'the device was set up for the job only');
+      const read = Number(job?.status.result?.bytesRead);
+      assert.ok(read >= 64 * 1024 && read <= 128 * 1024, `read ${read} bytes`);
+      assert.ok((await restoredBytes('j1')).equals(model));
+
+      const metrics = await LatchMetrics.create();
+      await readWholeLog(join(work, 'latch.log'), (line) => metrics.ingest(line));
+      const text = await metrics.text();
+      assert.match(text, /^latch_backup_runs_total\{kind="backup",trigger="manual",outcome="succeeded"\} 1$/m);
+      assert.match(text, new RegExp(`^latch_backup_read_bytes_total\\{kind="backup",trigger="manual"\\} ${read}$`, 'm'));
+
+      printed = '';
+      await backupList({ output: 'table' }, io);
+      assert.match(printed, /\nVOLUME\s+LAST OUTCOME\s+AT\s+BACKUP\s+NODE\s+MESSAGE\nvol\s+succeeded\s+\S+\s+j1\s+node-a/);
+    },
+  );
+
   it('deletes the base snapshots with the volume, and refuses while another snapshot is there', { timeout: 120_000 }, async () => {
     await backend.createSnapshot('vol', 'mine');
-    await assert.rejects(backend.delete('vol'), /has snapshot\(s\) latch-base-b4, mine/);
+    await assert.rejects(backend.delete('vol'), /has snapshot\(s\) latch-base-j1, mine/);
     await backend.deleteSnapshot('vol', 'mine');
     await backend.delete('vol');
     assert.equal(await backend.size('vol'), undefined, 'the image is gone');
