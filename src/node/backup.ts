@@ -85,7 +85,8 @@ export async function incrementalBackup(ctx: Context, options: IncrementalOption
     const parent = await usableParent(backend, target, volume, base);
     backup = await readInto(backend, options, base, 'manifest' in parent ? parent : undefined);
     const done = { ...backup, consistency, ...(note !== undefined && { note }) };
-    await removeOlderBases(backend, volume, base);
+    // Published: a base that cannot be removed now is removed by the next success (it is older than that one's).
+    await removeOlderBases(backend, volume, base).catch(() => undefined);
     return { ...done, base: 'manifest' in parent ? { parent: parent.manifest.name } : { none: parent.none } };
   } catch (err) {
     // The previous base stays; this one is of no use without its backup.
@@ -117,6 +118,7 @@ async function readInto(
     diff.cancel();
     throw err;
   }
+  // createBackup lets go of the source when it fails while reading; this covers a failure before (the lock, the name).
   const manifest = await createBackup({
     target,
     source,
@@ -128,6 +130,9 @@ async function readInto(
     // Preempted or stopped: stop between chunks, and never publish.
     onChunk: () => signal?.throwIfAborted(),
     beforePublish: async () => signal?.throwIfAborted(),
+  }).catch((err: unknown) => {
+    source.cancel();
+    throw err;
   });
   return { manifest, bytesRead: source.bytesRead() };
 }

@@ -145,6 +145,8 @@ export async function rbdBackupBench(): Promise<{ figures: Figure[]; details: Re
     await ceph.rbd(['snap', 'rm', '--no-progress', `${ceph.pool}/vol@bench-now`]);
 
     const second = await sampling(mountDir, async () => child({ ...base, op: 'backup', volume: 'vol', name: 'b2' }));
+    // A third backup with nothing changed: what a backup costs whatever it reads (snapshots, listings, the manifests).
+    const unchanged = child({ ...base, op: 'backup', volume: 'vol', name: 'b3' });
     const restore = child({ ...base, op: 'restore', volume: 'restored', name: 'b2' });
     const noop = child({ ...base, op: 'noop', volume: 'none', name: 'none' });
     const du = JSON.parse((await ceph.rbd(['du', '--format', 'json', `${ceph.pool}/restored`])).stdout) as {
@@ -184,6 +186,12 @@ export async function rbdBackupBench(): Promise<{ figures: Figure[]; details: Re
       },
       {
         section: 'backup',
+        what: 'rbd backup with nothing changed (its fixed cost): time, bytes read',
+        value: `${Math.round(unchanged.ms)} ms, ${mib(Number(unchanged.bytesRead))}`,
+        target: '',
+      },
+      {
+        section: 'backup',
         what: 'rbd backup and restore: peak memory (maxRSS of the process: first backup, second, restore; the same process idle)',
         value: `${mib(first.value.maxRssBytes)}, ${mib(second.value.maxRssBytes)}, ${mib(restore.maxRssBytes)}; ${mib(noop.maxRssBytes)}`,
         target: '',
@@ -193,6 +201,7 @@ export async function rbdBackupBench(): Promise<{ figures: Figure[]; details: Re
       'first backup': { ...first.value, peakLocalBytes: first.peakBytes },
       'second backup': { ...second.value, peakLocalBytes: second.peakBytes },
       'export-diff ms (median of 3)': Math.round(exportDiffMs),
+      'unchanged backup': unchanged,
       restore: { ...restore, imageUsedBytes: du.images[0]?.used_size },
       'target on disk MiB': Number((allocatedUnder(target) / MiB).toFixed(1)),
     };
