@@ -15,6 +15,9 @@ import { restoreBackup } from '../../src/backup/restore.js';
 import { configuredBackend } from '../../src/backend/index.js';
 import { hasSnapshots } from '../../src/backend/types.js';
 import { parseConfig } from '../../src/config.js';
+import { snapshotCreate } from '../../src/cli/snapshot/create.js';
+import type { CommandIO } from '../../src/cli/io.js';
+import { baseSnapshotName, refuseBaseName } from '../../src/node/backup.js';
 import { parseExportDiff, type DiffRecord } from '../../src/sys/rbd-diff.js';
 
 const MiB = 1024 * 1024;
@@ -166,5 +169,17 @@ describe('the configured rbd backend', () => {
     };
     const backend = configuredBackend(parseConfig(raw, 'test'));
     assert.ok(hasSnapshots(backend) && typeof backend.snapshotDiff === 'function');
+  });
+});
+
+describe('the base snapshots of incremental backups', () => {
+  it('are named after their backup (a hash when too long), and a person cannot take such a name', async () => {
+    assert.equal(baseSnapshotName('db-1'), 'latch-base-db-1');
+    const long = baseSnapshotName('x'.repeat(200));
+    assert.match(long, /^latch-base-[0-9a-f]{40}$/);
+    assert.throws(() => refuseBaseName('latch-base-db-1'), /kept for the bases of incremental backups/);
+    refuseBaseName('latch-basement');
+    const io = { out: () => undefined, env: {}, context: () => assert.fail('no context is needed to refuse') } as unknown as CommandIO;
+    await assert.rejects(snapshotCreate({ volume: 'db', name: 'latch-base-db-1', output: 'table' }, io), /kept for the bases/);
   });
 });
