@@ -12,7 +12,7 @@ import { diffingBackend, incrementalBackup } from '../backup.js';
 import { observed, triggerOf } from '../backup-outcome.js';
 import { openBackupSource, type BackupSource } from '../snapshot.js';
 import { setUpForJobsOnly } from './snapshot.js';
-import type { JobHandler, JobOf, JobOutcome, JobRun } from './types.js';
+import type { JobHandler, JobRun } from './types.js';
 
 function summary(manifest: Manifest, consistency: string, note?: string): Record<string, unknown> {
   const s = manifest.stats;
@@ -58,91 +58,95 @@ async function deviceSource(run: JobRun): Promise<BackupSource | undefined> {
   };
 }
 
+/** The job itself; backupJob logs its outcome for the metrics. */
+const backUp: JobHandler<'backup'> = {
+  kind: 'backup',
+  async run(job, run) {
+    const { ctx, volume, signal } = run;
+    const config = ctx.config;
+    if (!config.backupTarget) throw new LatchError(`no backup target is configured on node ${config.nodeName} (config: backupTarget)`);
+    const target: BackupTarget = config.backupTarget;
+    await checkTarget(target);
+    if (await manifestExists(target, job.backup)) {
+      // readManifest checks it whole (checksum): a damaged one is an error, never "done".
+      const manifest = await readManifest(target, job.backup);
+      if (manifest.volume !== volume)
+        throw new LatchError(`a backup named ${job.backup} already exists in ${target.path}, of volume ${manifest.volume}`);
+      return {
+        message: `backup ${job.backup} of volume ${volume} exists (made by an earlier attempt)`,
+        result: summary(manifest, 'done before'),
+      };
+    }
+    signal.throwIfAborted();
+    if (diffingBackend(ctx)) {
+      // Ceph: read only what changed since the previous backup's snapshot, straight from the cluster (node/backup.ts).
+      const idle = job.fromSnapshot === undefined && setUpForJobsOnly(run) && !(await ctx.system.isDeviceMounted(run.device));
+      const made = await incrementalBackup(ctx, {
+        target,
+        volume,
+        name: job.backup,
+        node: config.nodeName,
+        fsType: run.doc.status.filesystem,
+        fromSnapshot: job.fromSnapshot,
+        idle,
+        signal,
+      });
+      const s = made.manifest.stats;
+      const how =
+        'parent' in made.base ? `the extents changed since backup ${made.base.parent}` : `every allocated extent (${made.base.none})`;
+      return {
+        message:
+          `backup ${made.manifest.name} of volume ${volume} created (${made.consistency}${made.note ? `: ${made.note}` : ''}): ` +
+          `${formatSize(made.manifest.sizeBytes)}, read ${formatSize(made.bytesRead)} from the cluster (${how}), ` +
+          `${s.newChunks} new chunk(s) (${formatSize(s.newBytesStored)} written), ${s.presentChunks} already in the target`,
+        result: {
+          ...summary(made.manifest, made.consistency, made.note),
+          bytesRead: made.bytesRead,
+          ...('parent' in made.base ? { incrementalFrom: made.base.parent } : { fullRead: made.base.none }),
+        },
+      };
+    }
+    const source = (job.fromSnapshot === undefined && (await deviceSource(run))) || (await openBackupSource(ctx, volume, job.fromSnapshot));
+    let manifest: Manifest;
+    try {
+      manifest = await createBackup({
+        target,
+        source: source.image.path,
+        volume,
+        name: job.backup,
+        sourceDescription: source.image.description,
+        node: config.nodeName,
+        // The filesystem it holds, so that a restore recreates the volume with it.
+        fsType: run.doc.status.filesystem,
+        // Preempted or stopped: stop between chunks, and never publish; without a manifest nothing looks complete.
+        onChunk: () => signal.throwIfAborted(),
+        beforePublish: async () => {
+          signal.throwIfAborted();
+          await source.beforePublish?.();
+        },
+      });
+    } finally {
+      await source.release();
+    }
+    const s = manifest.stats;
+    return {
+      message:
+        `backup ${manifest.name} of volume ${volume} created (${source.consistency}${source.note ? `: ${source.note}` : ''}): ` +
+        `${formatSize(manifest.sizeBytes)}, ` +
+        `${s.newChunks} new chunk(s) (${formatSize(s.newBytesStored)} written), ${s.presentChunks} already in the target`,
+      result: { ...summary(manifest, source.consistency, source.note), bytesRead: manifest.stats.dataBytes },
+    };
+  },
+};
+
 export const backupJob: JobHandler<'backup'> = {
   kind: 'backup',
   run: (job, run) =>
     observed(
       run.ctx.config,
       { kind: 'backup', ...triggerOf(run.ticket), volume: run.volume, name: job.backup },
-      () => backup(job, run),
+      () => backUp.run(job, run),
       (outcome) => ({ read: Number(outcome.result?.bytesRead ?? 0), written: Number(outcome.result?.newBytesStored ?? 0) }),
       { signal: run.signal },
     ),
 };
-
-async function backup(job: JobOf<'backup'>, run: JobRun): Promise<JobOutcome> {
-  const { ctx, volume, signal } = run;
-  const config = ctx.config;
-  if (!config.backupTarget) throw new LatchError(`no backup target is configured on node ${config.nodeName} (config: backupTarget)`);
-  const target: BackupTarget = config.backupTarget;
-  await checkTarget(target);
-  if (await manifestExists(target, job.backup)) {
-    // readManifest checks it whole (checksum): a damaged one is an error, never "done".
-    const manifest = await readManifest(target, job.backup);
-    if (manifest.volume !== volume)
-      throw new LatchError(`a backup named ${job.backup} already exists in ${target.path}, of volume ${manifest.volume}`);
-    return {
-      message: `backup ${job.backup} of volume ${volume} exists (made by an earlier attempt)`,
-      result: summary(manifest, 'done before'),
-    };
-  }
-  signal.throwIfAborted();
-  if (diffingBackend(ctx)) {
-    // Ceph: read only what changed since the previous backup's snapshot, straight from the cluster (node/backup.ts).
-    const idle = job.fromSnapshot === undefined && setUpForJobsOnly(run) && !(await ctx.system.isDeviceMounted(run.device));
-    const made = await incrementalBackup(ctx, {
-      target,
-      volume,
-      name: job.backup,
-      node: config.nodeName,
-      fsType: run.doc.status.filesystem,
-      fromSnapshot: job.fromSnapshot,
-      idle,
-      signal,
-    });
-    const s = made.manifest.stats;
-    const how =
-      'parent' in made.base ? `the extents changed since backup ${made.base.parent}` : `every allocated extent (${made.base.none})`;
-    return {
-      message:
-        `backup ${made.manifest.name} of volume ${volume} created (${made.consistency}${made.note ? `: ${made.note}` : ''}): ` +
-        `${formatSize(made.manifest.sizeBytes)}, read ${formatSize(made.bytesRead)} from the cluster (${how}), ` +
-        `${s.newChunks} new chunk(s) (${formatSize(s.newBytesStored)} written), ${s.presentChunks} already in the target`,
-      result: {
-        ...summary(made.manifest, made.consistency, made.note),
-        bytesRead: made.bytesRead,
-        ...('parent' in made.base ? { incrementalFrom: made.base.parent } : { fullRead: made.base.none }),
-      },
-    };
-  }
-  const source = (job.fromSnapshot === undefined && (await deviceSource(run))) || (await openBackupSource(ctx, volume, job.fromSnapshot));
-  let manifest: Manifest;
-  try {
-    manifest = await createBackup({
-      target,
-      source: source.image.path,
-      volume,
-      name: job.backup,
-      sourceDescription: source.image.description,
-      node: config.nodeName,
-      // The filesystem it holds, so that a restore recreates the volume with it.
-      fsType: run.doc.status.filesystem,
-      // Preempted or stopped: stop between chunks, and never publish; without a manifest nothing looks complete.
-      onChunk: () => signal.throwIfAborted(),
-      beforePublish: async () => {
-        signal.throwIfAborted();
-        await source.beforePublish?.();
-      },
-    });
-  } finally {
-    await source.release();
-  }
-  const s = manifest.stats;
-  return {
-    message:
-      `backup ${manifest.name} of volume ${volume} created (${source.consistency}${source.note ? `: ${source.note}` : ''}): ` +
-      `${formatSize(manifest.sizeBytes)}, ` +
-      `${s.newChunks} new chunk(s) (${formatSize(s.newBytesStored)} written), ${s.presentChunks} already in the target`,
-    result: { ...summary(manifest, source.consistency, source.note), bytesRead: manifest.stats.dataBytes },
-  };
-}
