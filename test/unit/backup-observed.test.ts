@@ -7,7 +7,9 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
+import { backupIntervals } from '../../src/cli/agent/recurring.js';
 import { lastOutcomes } from '../../src/cli/backup/list.js';
+import { parseConfig } from '../../src/config.js';
 import { readWholeLog } from '../../src/cli/metrics/call-log.js';
 import { LatchMetrics } from '../../src/cli/metrics/metrics.js';
 import { writeLog } from '../../src/log.js';
@@ -85,6 +87,32 @@ describe('backup and restore outcomes as metrics', () => {
     assert.equal(sample(text, 'latch_backup_written_bytes_total{kind="restore",trigger="manual"}'), 8);
     const failure = sample(text, 'latch_recurring_backup_last_failure_timestamp_seconds{recurring="nightly",volume="db"}') ?? 0;
     assert.ok(failure >= success, 'the failure is the newer: the alert LatchRecurringBackupFailed fires on it');
+  });
+
+  it("each recurring backup job's interval, from its cron (snapshot jobs left out)", async () => {
+    const config = parseConfig(
+      {
+        nodeName: 'n',
+        stateDir: join(scratch, 's'),
+        poolDir: join(scratch, 'p'),
+        logFile: join(scratch, 'l.log'),
+        backupTarget: { type: 'dir', path: scratch },
+        recurringJobs: [
+          { name: 'nightly', task: 'backup', cron: '30 2 * * *', volumes: ['*'], retain: 7 },
+          { name: 'often', task: 'backup', cron: '*/15 * * * *', volumes: ['db'], retain: 4 },
+          { name: 'hourly', task: 'snapshot', cron: '0 * * * *', volumes: ['*'], retain: 24 },
+        ],
+      },
+      'test',
+    );
+    const intervals = await backupIntervals(config, Date.parse('2026-11-27T12:00:30Z'));
+    assert.deepEqual(
+      [...intervals],
+      [
+        ['nightly', 86_400],
+        ['often', 900],
+      ],
+    );
   });
 
   it('an aborted run is interrupted, not failed', async () => {
