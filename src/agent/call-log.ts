@@ -15,6 +15,18 @@ export interface CallLogLine {
   durationMs?: number;
   agent?: string;
   automatic?: Array<{ kind?: string }>;
+  /** A backup's or restore's outcome (node/backup-outcome.ts). */
+  backupOutcome?: {
+    kind?: unknown;
+    trigger?: unknown;
+    recurring?: unknown;
+    volume?: unknown;
+    outcome?: unknown;
+    durationMs?: unknown;
+    bytesRead?: unknown;
+    bytesWritten?: unknown;
+    finishedAt?: unknown;
+  };
 }
 
 /** Every line of the retained log files, oldest first (without the current file with `skipCurrent`: a LogFollower reads it). */

@@ -20,7 +20,24 @@ export const METRIC_NAMES = {
   reaped: 'latch_reaped_tickets_total',
   released: 'latch_automatic_releases_total',
   doctorFindings: 'latch_doctor_findings',
+  backupRuns: 'latch_backup_runs_total',
+  backupDuration: 'latch_backup_duration_seconds',
+  backupReadBytes: 'latch_backup_read_bytes_total',
+  backupWrittenBytes: 'latch_backup_written_bytes_total',
+  recurringLastSuccess: 'latch_recurring_backup_last_success_timestamp_seconds',
+  recurringLastFailure: 'latch_recurring_backup_last_failure_timestamp_seconds',
+  recurringInterval: 'latch_recurring_backup_interval_seconds',
 } as const;
+
+// The label values a backup outcome line may carry (node/backup-outcome.ts); a line with anything else is skipped,
+// so that the label sets stay bounded whatever the log holds.
+const BACKUP_KINDS = ['backup', 'restore'] as const;
+const BACKUP_TRIGGERS = ['manual', 'recurring'] as const;
+const BACKUP_OUTCOMES = ['succeeded', 'failed', 'interrupted'] as const;
+const RECURRING_NAME = /^[a-z0-9-]{1,63}$/;
+const VOLUME_LABEL = /^[a-z0-9][a-z0-9._-]{0,252}$/;
+// Backups and restores take from seconds to hours.
+const BACKUP_BUCKETS = [1, 5, 15, 60, 300, 900, 1800, 3600, 7200, 14400, 43200];
 
 const VOLUME_STATES = ['detached', 'attaching', 'attached', 'detaching'] as const;
 // Driver calls take from milliseconds (init) to minutes (waitforattach waiting for a grant, mkfs of a large volume).
@@ -39,6 +56,15 @@ export class LatchMetrics {
   private readonly reaped: PromClient.Counter;
   private readonly released: PromClient.Counter;
   private readonly doctorFindings: PromClient.Gauge;
+  private readonly backupRuns: PromClient.Counter;
+  private readonly backupDuration: PromClient.Histogram;
+  private readonly backupReadBytes: PromClient.Counter;
+  private readonly backupWrittenBytes: PromClient.Counter;
+  private readonly recurringLastSuccess: PromClient.Gauge;
+  private readonly recurringLastFailure: PromClient.Gauge;
+  private readonly recurringInterval: PromClient.Gauge;
+  /** The values of the two recurring gauges, by outcome, job and volume (bounded as they are). */
+  private readonly recurringLatest = new Map<string, number>();
 
   /** prom-client is loaded here, on first use: no driver call ever loads it. */
   static async create(): Promise<LatchMetrics> {
@@ -105,9 +131,59 @@ export class LatchMetrics {
       labelNames: ['check', 'severity'],
       registers,
     });
+    this.backupRuns = new Counter({
+      name: METRIC_NAMES.backupRuns,
+      help: 'Backups and restores done on this node (manual or by a recurring job), by outcome (succeeded, failed, interrupted)',
+      labelNames: ['kind', 'trigger', 'outcome'],
+      registers,
+    });
+    this.backupDuration = new Histogram({
+      name: METRIC_NAMES.backupDuration,
+      help: 'Duration of the backups and restores done on this node, in seconds, by outcome',
+      labelNames: ['kind', 'trigger', 'outcome'],
+      buckets: BACKUP_BUCKETS,
+      registers,
+    });
+    this.backupReadBytes = new Counter({
+      name: METRIC_NAMES.backupReadBytes,
+      help: "Bytes read by backups (from the volume's storage) and restores (chunk data from the target) on this node",
+      labelNames: ['kind', 'trigger'],
+      registers,
+    });
+    this.backupWrittenBytes = new Counter({
+      name: METRIC_NAMES.backupWrittenBytes,
+      help: 'Bytes written by backups (compressed, to the target) and restores (to the volume) on this node',
+      labelNames: ['kind', 'trigger'],
+      registers,
+    });
+    this.recurringLastSuccess = new Gauge({
+      name: METRIC_NAMES.recurringLastSuccess,
+      help: 'When a recurring backup job last succeeded on this node for the volume (seconds since the epoch)',
+      labelNames: ['recurring', 'volume'],
+      registers,
+    });
+    this.recurringLastFailure = new Gauge({
+      name: METRIC_NAMES.recurringLastFailure,
+      help: 'When a recurring backup job last failed on this node for the volume (seconds since the epoch)',
+      labelNames: ['recurring', 'volume'],
+      registers,
+    });
+    this.recurringInterval = new Gauge({
+      name: METRIC_NAMES.recurringInterval,
+      help: "The interval of each recurring backup job of the configuration, in seconds (between its cron's last two slots)",
+      labelNames: ['recurring'],
+      registers,
+    });
     // Every series exists from the start, so alerts and dashboards see 0 rather than nothing.
     this.released.inc(0);
     for (const reason of ['expired', 'abandoned']) this.reaped.inc({ reason }, 0);
+    for (const kind of BACKUP_KINDS) {
+      for (const trigger of BACKUP_TRIGGERS) {
+        for (const outcome of BACKUP_OUTCOMES) this.backupRuns.inc({ kind, trigger, outcome }, 0);
+        this.backupReadBytes.inc({ kind, trigger }, 0);
+        this.backupWrittenBytes.inc({ kind, trigger }, 0);
+      }
+    }
   }
 
   /** Counts one line of the call log: a driver call, and any automatic actions it (or the agent) recorded. */
@@ -120,6 +196,37 @@ export class LatchMetrics {
       if (action.kind === 'released') this.released.inc();
       else if (action.kind === 'expired' || action.kind === 'abandoned') this.reaped.inc({ reason: action.kind });
     }
+    if (typeof line.backupOutcome === 'object' && line.backupOutcome !== null) this.ingestBackup(line.backupOutcome);
+  }
+
+  /** One backup or restore (node/backup-outcome.ts); anything out of shape is skipped. */
+  private ingestBackup(b: NonNullable<CallLogLine['backupOutcome']>): void {
+    const kind = BACKUP_KINDS.find((k) => k === b.kind);
+    const trigger = BACKUP_TRIGGERS.find((t) => t === b.trigger);
+    const outcome = BACKUP_OUTCOMES.find((o) => o === b.outcome);
+    if (kind === undefined || trigger === undefined || outcome === undefined) return;
+    const count = (n: unknown) => (typeof n === 'number' && Number.isSafeInteger(n) && n >= 0 ? n : 0);
+    this.backupRuns.inc({ kind, trigger, outcome });
+    if (typeof b.durationMs === 'number' && b.durationMs >= 0) this.backupDuration.observe({ kind, trigger, outcome }, b.durationMs / 1000);
+    this.backupReadBytes.inc({ kind, trigger }, count(b.bytesRead));
+    this.backupWrittenBytes.inc({ kind, trigger }, count(b.bytesWritten));
+    if (kind !== 'backup' || trigger !== 'recurring' || outcome === 'interrupted') return;
+    if (typeof b.recurring !== 'string' || !RECURRING_NAME.test(b.recurring)) return;
+    if (typeof b.volume !== 'string' || !VOLUME_LABEL.test(b.volume)) return;
+    const at = typeof b.finishedAt === 'string' ? Date.parse(b.finishedAt) : Number.NaN;
+    if (Number.isNaN(at)) return;
+    const gauge = outcome === 'succeeded' ? this.recurringLastSuccess : this.recurringLastFailure;
+    const key = `${outcome} ${b.recurring} ${b.volume}`;
+    // The latest wins (lines of concurrent jobs may finish out of order).
+    const seconds = Math.max(at / 1000, this.recurringLatest.get(key) ?? 0);
+    this.recurringLatest.set(key, seconds);
+    gauge.set({ recurring: b.recurring, volume: b.volume }, seconds);
+  }
+
+  /** The configuration's recurring backup jobs and their intervals in seconds (agent/recurring.ts). */
+  setRecurringIntervals(intervals: ReadonlyMap<string, number>): void {
+    this.recurringInterval.reset();
+    for (const [recurring, seconds] of intervals) this.recurringInterval.set({ recurring }, seconds);
   }
 
   /** The ledger as it is now (undefined: it could not be read). */

@@ -9,7 +9,7 @@ import { writeLog, type CallLog } from '../log.js';
 import { Ledger, type DamagedVolume } from '../ledger/ledger.js';
 import { releaseHoldWithoutDevice } from '../node/self-release.js';
 import { runLedgerChecks } from '../doctor/run.js';
-import { runRecurringJobs } from '../jobs/recurring.js';
+import { backupIntervals, runRecurringJobs } from '../jobs/recurring.js';
 import { thawFreezesLeftBehind } from './startup.js';
 import type { LatchMetrics } from './metrics.js';
 
@@ -77,7 +77,10 @@ const doctorFindings: AgentTask = {
 /** Asks for the tickets of the recurring jobs' due slots, and applies their retention (jobs/recurring.ts). */
 const recurringJobs: AgentTask = {
   name: 'recurring-jobs',
-  run: ({ ctx, log }) => runRecurringJobs(ctx, log),
+  async run({ ctx, log, metrics }) {
+    metrics.setRecurringIntervals(await backupIntervals(ctx.config, ctx.clock()));
+    await runRecurringJobs(ctx, log);
+  },
 };
 
 /** Thaws the freezes a latch process lost track of: killed while frozen, or a freeze that landed after its deadline. */

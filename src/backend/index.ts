@@ -41,11 +41,14 @@ function lazyRbdBackend(rbd: RbdBackendConfig, maxSize: number, timeoutMs: numbe
     volumeOfDevice: async (device) => (await backend()).volumeOfDevice(device),
     release: async (volume) => (await backend()).release(volume),
     grow: async (volume, sizeBytes) => (await backend()).grow(volume, sizeBytes),
+    isUnwritten: async (volume) => (await backend()).isUnwritten(volume),
     // The snapshot operations (SnapshotBackend), which the rbd backend has.
     createSnapshot: async (volume, name) => (await backend()).createSnapshot(volume, name),
     listSnapshots: async (volume) => (await backend()).listSnapshots(volume),
     deleteSnapshot: async (volume, name) => (await backend()).deleteSnapshot(volume, name),
     openSnapshot: async (volume, name) => (await backend()).openSnapshot(volume, name),
+    snapshotDiff: async (volume, name, from) => (await backend()).snapshotDiff(volume, name, from),
+    snapshotNames: async (volume) => (await backend()).snapshotNames(volume),
   };
 }
 

@@ -76,6 +76,12 @@ export class LoopBackend implements Backend, SnapshotBackend {
     return join(this.poolDir, imageFileName(volume));
   }
 
+  /** The image file has no block allocated (made sparse, never written). */
+  async isUnwritten(volume: string): Promise<boolean> {
+    const stats = await lstat(this.imagePath(volume)).catch(() => undefined);
+    return stats !== undefined && stats.isFile() && stats.blocks === 0;
+  }
+
   async create(volume: string, sizeBytes: number): Promise<void> {
     const path = this.imagePath(volume);
     checkSizeArgument(volume, sizeBytes);

@@ -1,5 +1,6 @@
 // The data plane on one node: where a volume's bytes live and how it becomes a block device.
 // The ledger never calls this; the ops do, after the ledger says this node may.
+import type { DiffRecord } from '../sys/rbd-diff.js';
 
 export interface Backend {
   /** Where this backend keeps volumes' bytes, for messages: "the pool (/var/lib/latch/pool)", "the rbd pool latch". */
@@ -56,6 +57,11 @@ export interface Backend {
   readonly freedByUnmount?: boolean;
   /** Grows the storage to `sizeBytes` and refreshes the device's capacity if one is set up. Refuses to shrink. */
   grow(volume: string, sizeBytes: number): Promise<void>;
+  /**
+   * Whether nothing was ever written to the volume's storage (a volume just made reads zeros everywhere): a restore
+   * onto it then writes only the data, and the storage stays thin. Absent or false: the restore zeroes the holes too.
+   */
+  isUnwritten?(volume: string): Promise<boolean>;
 }
 
 /** What the ledger granted a node for one attach, as a backend on shared storage checks it (rbd.ts). */
@@ -141,6 +147,33 @@ export interface SnapshotBackend {
    * the image file); undefined when it has not (then back up through a snapshot).
    */
   idleImage?(volume: string): Promise<ReadableImage | undefined>;
+  /**
+   * The extents of snapshot `name` that changed since snapshot `from` (or, without `from`, that are allocated), read
+   * from the storage as a stream: a backend that can (rbd) backs volumes up incrementally without a local copy
+   * (node/backup.ts). Absent: backups read the whole snapshot (openSnapshot).
+   */
+  snapshotDiff?(volume: string, name: string, from: string | undefined): Promise<SnapshotDiff>;
+  /** The names of the volume's snapshots, oldest first, without their space (listSnapshots asks for that too). */
+  snapshotNames?(volume: string): Promise<string[]>;
+}
+
+/**
+ * The names of the snapshots incremental backups keep as the base of a volume's next backup (node/backup.ts): they
+ * serve nothing else, so deleting the volume deletes them with it.
+ */
+export const BACKUP_BASE_PREFIX = 'latch-base-';
+
+/** A snapshot's extents as the storage reports them (SnapshotBackend.snapshotDiff). */
+export interface SnapshotDiff {
+  sizeBytes: number;
+  /** In order of offset; throws when the storage's tool failed. */
+  records: AsyncGenerator<DiffRecord>;
+  /** What is read, in words, for a backup's manifest. */
+  description: string;
+  /** After the last record: waits for the tool to exit, and throws when it failed. */
+  finish(): Promise<void>;
+  /** Stops reading early. */
+  cancel(): void;
 }
 
 /** Whether the backend can take snapshots. */

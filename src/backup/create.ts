@@ -1,8 +1,10 @@
 // Creating a backup: read the source chunk by chunk, hash each, store only the chunks the target does not have yet,
 // then publish the manifest. Incremental by content: the target already holds every unchanged chunk, so a second
 // backup moves only what changed (and chunks that other volumes already stored). Nothing tracks dirty blocks, so
-// every backup reads and hashes the whole source (except the holes of an image file, which it learns from the
-// kernel and records without reading: extents.ts); only new chunks are compressed and written. The next chunk is
+// a backup from a file or device reads and hashes the whole source (except the holes of an image file, which it
+// learns from the kernel and records without reading: extents.ts); only new chunks are compressed and written. A
+// backup from a chunk source (delta.ts: the extents Ceph says changed since the previous backup's snapshot) reads
+// only those, and carries the previous backup's other chunks over as they are. The next chunk is
 // read while the current one is hashed, and compression runs on libuv's thread pool.
 //
 // Crash safety: chunks appear only complete (a directory's temp, fsync, rename; an S3 PUT, which stores an object
@@ -33,12 +35,15 @@ import {
   type BackupStats,
   type Manifest,
 } from './manifest.js';
-import { openImage } from './source.js';
+import { openImage, type ChunkSource, type SourceChunk } from './source.js';
 
 export interface CreateBackupOptions {
   target: BackupTarget;
-  /** A readable block device or image file holding the volume's bytes, ideally a snapshot (it must not change). */
-  source: string;
+  /**
+   * A readable block device or image file holding the volume's bytes, ideally a snapshot (it must not change), or a
+   * chunk source (delta.ts), which the backup lets go of (cancel) when it fails.
+   */
+  source: string | ChunkSource;
   volume: string;
   /** The backup's name; default `<volume>-<UTC date>-<time>`. */
   name?: string | undefined;
@@ -116,24 +121,35 @@ async function writeBackup(
   const { target, volume } = options;
   const { name, chunkSize, createdAt, now, node, codec, key } = settled;
   const store = await storeOf(target);
-  const { handle, sizeBytes, isFile } = await openImage(options.source);
-  const what = options.sourceDescription ?? options.source;
+  const chunkSource = typeof options.source === 'string' ? undefined : options.source;
+  let opened;
+  try {
+    opened = typeof options.source === 'string' ? await openImage(options.source) : undefined;
+  } catch (err) {
+    chunkSource?.cancel();
+    throw err;
+  }
+  const handle = opened?.handle;
+  const sizeBytes = opened?.sizeBytes ?? chunkSource?.sizeBytes ?? 0;
+  const isFile = opened?.isFile ?? false;
+  const what = options.sourceDescription ?? (typeof options.source === 'string' ? options.source : 'a chunk source');
   const stats: BackupStats = { dataChunks: 0, holeChunks: 0, newChunks: 0, newBytesStored: 0, presentChunks: 0, dataBytes: 0 };
   const chunks: (string | null)[] = [];
   const seen = new Set<string>();
   const parallel = Math.max(1, options.parallel ?? 4);
   const inFlight = new Set<Promise<void>>();
   let failure: Error | undefined;
-  let nextRead: Promise<Buffer | null> | undefined;
+  let nextRead: Promise<SourceChunk> | undefined;
+  let finished = false;
   let parent: string | undefined;
   let mapping: Promise<ByteRange[] | undefined> | undefined;
   try {
     // The hole map (a child process: tens of ms) is asked for while the target is tidied and listed. Undefined for a
     // block device, or when it cannot be had: then every chunk is read.
-    mapping = isFile ? dataRanges(options.source, sizeBytes) : Promise.resolve(undefined);
+    mapping = isFile && typeof options.source === 'string' ? dataRanges(options.source, sizeBytes) : Promise.resolve(undefined);
     await store.tidy();
     if (await manifestExists(target, name)) throw new LatchError(`a backup named ${name} already exists in ${describeTarget(target)}`);
-    parent = (await listBackups(target, volume)).filter((b) => b.manifest).at(-1)?.name;
+    parent = chunkSource ? chunkSource.parent : (await listBackups(target, volume)).filter((b) => b.manifest).at(-1)?.name;
     const ranges = await mapping;
 
     // Read buffers are reused once a chunk is hashed, or once its compression is done: a fresh 4 MiB buffer per chunk
@@ -141,8 +157,18 @@ async function writeBackup(
     const spare: Buffer[] = [];
     const release = (data: Buffer) => spare.push(Buffer.from(data.buffer, data.byteOffset, chunkSize));
     // A chunk in a hole reads as null without a read; any other is read (and checked for zeros: data can be zeros).
-    const read = (index: number): Promise<Buffer | null> => {
+    const read = (index: number): Promise<SourceChunk> => {
       const length = chunkLength(sizeBytes, chunkSize, index);
+      if (chunkSource) {
+        const into = spare.pop() ?? Buffer.allocUnsafeSlow(chunkSize);
+        const reading = chunkSource.chunk(index, length, into).then((chunk) => {
+          if (!Buffer.isBuffer(chunk)) spare.push(into);
+          return chunk;
+        });
+        reading.catch(() => undefined);
+        return reading;
+      }
+      if (handle === undefined) throw new LatchError('no source to read');
       if (ranges !== undefined && !overlapsData(ranges, index * chunkSize, length)) return Promise.resolve(null);
       const reading = readExactly(handle, length, index * chunkSize, what, spare.pop() ?? Buffer.allocUnsafeSlow(chunkSize));
       // Its failure is thrown where it is awaited; until then it must not count as an unhandled rejection.
@@ -169,7 +195,13 @@ async function writeBackup(
       const data = await nextRead;
       // Read ahead: the next chunk comes from the thread pool while this one is hashed.
       nextRead = index + 1 < total ? read(index + 1) : undefined;
-      if (data === null || data === undefined || isAllZero(data)) {
+      if (data !== null && data !== undefined && !Buffer.isBuffer(data)) {
+        // Carried over from the parent backup, unread: the target holds it (checked before the backup began).
+        chunks.push(data.carried);
+        stats.dataChunks++;
+        stats.dataBytes += length;
+        stats.presentChunks++;
+      } else if (data === null || data === undefined || isAllZero(data)) {
         chunks.push(null);
         stats.holeChunks++;
         if (data) release(data);
@@ -203,9 +235,12 @@ async function writeBackup(
     }
     await Promise.all(inFlight);
     if (failure !== undefined) throw failure;
+    await chunkSource?.finish();
+    finished = true;
   } finally {
+    if (!finished) chunkSource?.cancel();
     await Promise.allSettled([...inFlight, nextRead, mapping]);
-    await handle.close();
+    await handle?.close();
   }
 
   await store.flush();

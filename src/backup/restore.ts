@@ -6,7 +6,9 @@
 // Holes stay holes: an image file is emptied first (truncated to 0, then to the size: all holes) and only data
 // chunks are written (nothing is written for a hole: a fresh sparse file reads zeros there); on a block device, whose
 // old contents are not known to be zeros, the hole ranges are zeroed with `blkdiscard --zeroout`, which a loop device
-// turns into holes punched in its image file (zeros are written where the device cannot).
+// turns into holes punched in its image file (zeros are written where the device cannot), unless the caller knows the
+// device reads zeros (`fresh`: a volume just made, such as a thin rbd image), when only the data chunks are written
+// and the image stays as thin as the backup.
 import { constants } from 'node:fs';
 import { open, stat } from 'node:fs/promises';
 import { LatchError } from '../errors.js';
@@ -17,6 +19,9 @@ import type { BackupTarget } from './layout.js';
 import { imageCheck, readCheckedManifest } from './manifest.js';
 import { checkTarget } from './store.js';
 
+/** How much a restore onto a device writes between two flushes. */
+const SYNC_EVERY = 64 * 1024 * 1024;
+
 export interface RestoreOptions {
   target: BackupTarget;
   name: string;
@@ -24,6 +29,8 @@ export interface RestoreOptions {
   destination: string;
   /** An existing image file is refused unless this is set (a block device is always overwritten: the caller chose it). */
   overwriteFile?: boolean | undefined;
+  /** The block device reads zeros wherever nothing is written (a volume just made): its holes are not zeroed. */
+  fresh?: boolean | undefined;
   /** Chunks read ahead and decompressed at once (default 4). */
   parallel?: number | undefined;
   /** Stops the restore between chunks (the node agent's job was preempted or the agent is stopping). */
@@ -84,9 +91,10 @@ export async function restoreBackup(options: RestoreOptions): Promise<RestoreRep
     const parallel = Math.max(1, options.parallel ?? 4);
     // The next `parallel` data chunks are read and decompressed while one is written.
     const take = readAhead(target, codec, manifest, parallel);
+    let synced = 0;
     let holeStart: number | undefined;
     const flushHoles = async (end: number) => {
-      if (holeStart !== undefined && isDevice) await zeroRange(handle, destination, holeStart, end - holeStart);
+      if (holeStart !== undefined && isDevice && !options.fresh) await zeroRange(handle, destination, holeStart, end - holeStart);
       holeStart = undefined;
     };
     for (let index = 0; index < manifest.chunks.length; index++) {
@@ -114,6 +122,12 @@ export async function restoreBackup(options: RestoreOptions): Promise<RestoreRep
       while (written < length) written += (await handle.write(read.data, written, length - written, offset + written)).bytesWritten;
       report.dataChunks++;
       report.bytesWritten += length;
+      // On a device, flushed every SYNC_EVERY bytes: a restore of a large backup would otherwise leave gigabytes dirty
+      // in the page cache (the writeback of a thin image through rbd-fuse is slow), with nothing of it on the storage.
+      if (isDevice && (report.bytesWritten - synced >= SYNC_EVERY || report.bytesWritten === length)) {
+        await handle.datasync();
+        synced = report.bytesWritten;
+      }
     }
     await flushHoles(sizeBytes);
     await handle.sync();

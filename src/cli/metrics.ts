@@ -2,6 +2,7 @@
 // `latch metrics > /var/lib/node_exporter/textfile/latch.prom.tmp && mv ...`). Call counters cover the retained
 // log files, so they drop when the oldest rotated file goes: Prometheus reads that as a counter reset.
 import { runLedgerChecks } from '../doctor/run.js';
+import { backupIntervals } from '../jobs/recurring.js';
 import { configOf, type CommandIO } from './io.js';
 import { readWholeLog } from '../agent/call-log.js';
 import { LatchMetrics, readLedger } from '../agent/metrics.js';
@@ -13,5 +14,7 @@ export async function metrics(_options: Record<string, never>, io: CommandIO): P
   const ctx = io.context(config);
   await readLedger(collected, ctx);
   collected.setDoctorFindings(await runLedgerChecks(ctx, config));
+  // As the agent sets it each round: the alert on a late recurring backup needs each job's interval.
+  collected.setRecurringIntervals(await backupIntervals(config, ctx.clock()));
   io.out(await collected.text());
 }

@@ -59,6 +59,20 @@ export async function parseSchedules(config: Config): Promise<Schedule[]> {
   });
 }
 
+/**
+ * Each recurring backup job's interval in seconds, for the metrics and the alert on a backup that has not succeeded
+ * within twice it: the time between its cron's last two slots before `nowMs`.
+ */
+export async function backupIntervals(config: Config, nowMs: number): Promise<Map<string, number>> {
+  const intervals = new Map<string, number>();
+  for (const { job, cron } of await parseSchedules(config)) {
+    if (job.task !== 'backup') continue;
+    const [last, before] = cron.previousRuns(2, new Date(nowMs));
+    if (last && before) intervals.set(job.name, (last.getTime() - before.getTime()) / 1000);
+  }
+  return intervals;
+}
+
 /** The latest slot at or before `nowMs` (whole minutes: a slot at 03:00 is due from 03:00:00.000), if any. */
 export function latestSlot(cron: Cron, nowMs: number): Date | undefined {
   const nextMinute = Math.floor(nowMs / 60_000) * 60_000 + 60_000;

@@ -2,7 +2,7 @@
 // keyring file (the key itself never reaches argv, messages or the log) and asks for JSON where there is output.
 import { chmod, writeFile } from 'node:fs/promises';
 import { LatchError } from '../errors.js';
-import { CommandError, run, type RunResult } from './run.js';
+import { CommandError, run, runStreaming, type RunResult, type StreamingChild } from './run.js';
 
 /** Who talks to which cluster. */
 export interface CephIdentity {
@@ -347,6 +347,8 @@ export function fencerCaps(pool: string): string[] {
 
 export interface RbdSnapshot {
   name: string;
+  /** Ceph's id of the snapshot: ids only grow, so a larger one was taken later. */
+  id: number;
   size: number;
   /** When it was taken, as rbd prints it (a date string), if it does. */
   timestamp?: string;
@@ -362,12 +364,16 @@ export async function rbdSnapCreate(identity: CephIdentity, pool: string, image:
 export async function rbdSnapList(identity: CephIdentity, pool: string, image: string): Promise<RbdSnapshot[]> {
   const { stdout, exitCode } = await rbd(identity, ['snap', 'ls', '--format', 'json', imageSpec(pool, image)], [ENOENT]);
   if (exitCode === ENOENT) return [];
-  const snaps = parseJson<{ name?: unknown; size?: unknown; timestamp?: unknown }[]>(`rbd snap ls ${imageSpec(pool, image)}`, stdout);
+  const snaps = parseJson<{ id?: unknown; name?: unknown; size?: unknown; timestamp?: unknown }[]>(
+    `rbd snap ls ${imageSpec(pool, image)}`,
+    stdout,
+  );
   return snaps.flatMap((s) =>
     typeof s.name === 'string'
       ? [
           {
             name: s.name,
+            id: typeof s.id === 'number' ? s.id : -1,
             size: typeof s.size === 'number' ? s.size : 0,
             ...(typeof s.timestamp === 'string' && { timestamp: s.timestamp }),
           },
@@ -406,4 +412,30 @@ export async function rbdExportSnapshot(
   timeoutMs: number,
 ): Promise<void> {
   await rbd(identity, ['export', '--no-progress', `${imageSpec(pool, image)}@${snap}`, file], [], timeoutMs);
+}
+
+/**
+ * `rbd export-diff [--from-snap FROM] pool/image@snap -`: the snapshot's allocated extents (or, from FROM, those that
+ * changed since FROM) in Ceph's diff format (sys/rbd-diff.ts parses it) on the child's stdout, read by librbd straight
+ * from the OSDs; nothing is written locally. `timeoutMs` bounds the whole stream.
+ */
+export function rbdExportDiff(
+  identity: CephIdentity,
+  pool: string,
+  image: string,
+  snap: string,
+  fromSnap: string | undefined,
+  timeoutMs: number,
+): StreamingChild {
+  const from = fromSnap === undefined ? [] : ['--from-snap', fromSnap];
+  const child = runStreaming(
+    'rbd',
+    [...cephClientArgs(identity), 'export-diff', '--no-progress', ...from, `${imageSpec(pool, image)}@${snap}`, '-'],
+    { timeoutMs },
+  );
+  const done = child.done.catch((err: unknown) => {
+    throw redactedError(err);
+  });
+  done.catch(() => undefined);
+  return { ...child, done };
 }

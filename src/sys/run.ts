@@ -7,3 +7,4 @@ export { CommandError } from './run/command-error.js';
 export { killAllChildren, runningChildren } from './run/process-groups.js';
 export { startDaemon, daemonCommand } from './run/daemon.js';
 export { toolSearchPath, findTool } from './run/search-path.js';
+export { runStreaming, type StreamingChild } from './run/streaming.js';

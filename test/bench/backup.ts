@@ -16,6 +16,7 @@ import { join } from 'node:path';
 import { createBackup } from '../../src/backup/create.js';
 import type { Manifest } from '../../src/backup/manifest.js';
 import { restoreBackup } from '../../src/backup/restore.js';
+import { rbdBackupBench } from './backup-rbd.js';
 import type { Figure } from './figures.js';
 
 const MiB = 1024 * 1024;
@@ -163,11 +164,19 @@ export async function backupThroughput(): Promise<{ figures: Figure[]; details: 
   }
 }
 
+/** `npm run bench:backup [-- --only dir|rbd]`: the directory benchmark, then the rbd one (backup-rbd.ts). */
 async function main(): Promise<void> {
   if (process.getuid?.() !== 0) throw new Error('the backup benchmark needs root (it mounts a loop device to fill the image)');
-  const { figures, details } = await backupThroughput();
-  for (const f of figures) process.stdout.write(`${f.what}: ${f.value}${f.target ? ` (target ${f.target})` : ''}\n`);
-  for (const [k, v] of Object.entries(details)) process.stdout.write(`  ${k}: ${JSON.stringify(v)}\n`);
+  const only = process.argv.includes('--only') ? process.argv[process.argv.indexOf('--only') + 1] : undefined;
+  const runs = [
+    ...(only === undefined || only === 'dir' ? [backupThroughput] : []),
+    ...(only === undefined || only === 'rbd' ? [rbdBackupBench] : []),
+  ];
+  for (const bench of runs) {
+    const { figures, details } = await bench();
+    for (const f of figures) process.stdout.write(`${f.what}: ${f.value}${f.target ? ` (target ${f.target})` : ''}\n`);
+    for (const [k, v] of Object.entries(details)) process.stdout.write(`  ${k}: ${JSON.stringify(v)}\n`);
+  }
 }
 
 // `npm run bench:backup` runs this file; bench.ts imports it.

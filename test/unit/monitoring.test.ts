@@ -143,13 +143,34 @@ describe('the shipped dashboard and alert rules', () => {
   const histogramSeries = ['_bucket', '_sum', '_count'].map((s) => `${METRIC_NAMES.callDuration}${s}`);
   const known = new Set([...exported, ...histogramSeries]);
   // Words of PromQL that are not metric names: functions, aggregations, keywords and the labels latch uses.
-  const PROMQL = new Set(['max', 'sum', 'by', 'rate', 'increase', 'histogram_quantile', 'le', 'without', 'on', 'and', 'or', 'unless']);
+  const PROMQL = new Set([
+    'max',
+    'sum',
+    'by',
+    'rate',
+    'increase',
+    'histogram_quantile',
+    'le',
+    'without',
+    'on',
+    'and',
+    'or',
+    'unless',
+    'time',
+    'group_left',
+  ]);
 
   it('name only metrics latch exports, and every expression names one', () => {
     const all = expressions();
     assert.ok(all.length >= 10, 'the dashboard and the rules have expressions');
     const alerts = all.filter((e) => e.where.startsWith('alert')).map((e) => e.where);
-    for (const name of ['LatchVolumeStuckDetaching', 'LatchTicketWaitingTooLong', 'LatchDoctorFinding']) {
+    for (const name of [
+      'LatchVolumeStuckDetaching',
+      'LatchTicketWaitingTooLong',
+      'LatchDoctorFinding',
+      'LatchRecurringBackupFailed',
+      'LatchRecurringBackupLate',
+    ]) {
       assert.ok(alerts.includes(`alert ${name}`), `the rules have ${name}`);
     }
     for (const { where, expr } of all) {

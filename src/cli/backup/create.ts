@@ -7,7 +7,12 @@ import { checkTarget } from '../../backup/store.js';
 import { manifestExists } from '../../backup/manifest.js';
 import { LatchError } from '../../errors.js';
 import { checkVolumeName } from '../../names.js';
+import { diffingBackend, incrementalBackup } from '../../node/backup.js';
+import { observed } from '../../node/backup-outcome.js';
 import { openBackupSource } from '../../node/snapshot.js';
+import type { Context } from '../../context.js';
+import type { BackupTarget } from '../../backup/layout.js';
+import type { Manifest } from '../../backup/manifest.js';
 import { formatSize } from '../../size.js';
 import { configOf, type CommandIO } from '../io.js';
 import { holdersOf, jobNode, jobRequest } from '../../jobs/request.js';
@@ -52,24 +57,13 @@ export async function backupCreate(options: BackupCreateOptions, io: CommandIO):
     return;
   }
 
-  // In use here: done now, beside the pod, without an agent.
-  const source = await openBackupSource(ctx, volume, options.fromSnapshot);
-  let manifest;
-  try {
-    manifest = await createBackup({
-      target,
-      source: source.image.path,
-      volume,
-      name,
-      sourceDescription: source.image.description,
-      node: config.nodeName,
-      // The filesystem it holds, so that a restore recreates the volume with it.
-      fsType: doc.status.filesystem,
-      beforePublish: source.beforePublish,
-    });
-  } finally {
-    await source.release();
-  }
+  // In use here: done now, beside the pod, without an agent; its outcome is logged for the agent's metrics.
+  const { manifest, source } = await observed(
+    config,
+    { kind: 'backup', trigger: 'manual', volume, name },
+    () => backUpHere(ctx, { target, volume, name, fromSnapshot: options.fromSnapshot, fsType: doc.status.filesystem }),
+    (made) => ({ read: made.bytesRead, written: made.manifest.stats.newBytesStored }),
+  );
   const { chunks, ...summary } = manifest;
   if (options.output === 'json') {
     const note = source.note !== undefined && { consistencyNote: source.note };
@@ -84,4 +78,34 @@ export async function backupCreate(options: BackupCreateOptions, io: CommandIO):
       (manifest.parent ? ` (previous backup: ${manifest.parent})` : '') +
       '\n',
   );
+}
+
+/** A backup of a volume in use here: incremental from Ceph's snapshots where the backend can (node/backup.ts). */
+async function backUpHere(
+  ctx: Context,
+  options: { target: BackupTarget; volume: string; name: string; fromSnapshot: string | undefined; fsType: string | undefined },
+): Promise<{ manifest: Manifest; source: { consistency: string; note?: string | undefined }; bytesRead: number }> {
+  const { target, volume, name } = options;
+  const node = ctx.config.nodeName;
+  if (diffingBackend(ctx)) {
+    const made = await incrementalBackup(ctx, { target, volume, name, node, fsType: options.fsType, fromSnapshot: options.fromSnapshot });
+    return { manifest: made.manifest, source: made, bytesRead: made.bytesRead };
+  }
+  const source = await openBackupSource(ctx, volume, options.fromSnapshot);
+  try {
+    const manifest = await createBackup({
+      target,
+      source: source.image.path,
+      volume,
+      name,
+      sourceDescription: source.image.description,
+      node,
+      // The filesystem it holds, so that a restore recreates the volume with it.
+      fsType: options.fsType,
+      beforePublish: source.beforePublish,
+    });
+    return { manifest, source, bytesRead: manifest.stats.dataBytes };
+  } finally {
+    await source.release();
+  }
 }

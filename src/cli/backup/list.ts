@@ -1,6 +1,10 @@
 // latch backup list: the complete backups in the target (of one volume, or all), and damaged manifests as such; an
-// unauthenticated manifest (an unkeyed checksum only: backup/manifest.ts) is listed, and says so.
-import { listBackups } from '../../backup/manifest.js';
+// unauthenticated manifest (an unkeyed checksum only: backup/manifest.ts) is listed, and says so. Then the last
+// outcome of each volume's backups: the newest of its complete backups and of the backup jobs the ledger records
+// (a failed one has no manifest, and is seen only there).
+import { listBackups, type ListedBackup } from '../../backup/manifest.js';
+import { errorMessage } from '../../errors.js';
+import type { VolumeDoc } from '../../ledger/types.js';
 import { checkVolumeName } from '../../names.js';
 import { formatSize } from '../../size.js';
 import { configOf, type CommandIO } from '../io.js';
@@ -12,6 +16,7 @@ export async function backupList(options: { volume?: string; output: OutputForma
   const target = backupTargetOf(configOf(io));
   const backups = await listBackups(target, options.volume);
   if (options.output === 'json') {
+    // The list of backups, as before: the outcomes are in the table (and in `latch ticket list` for jobs).
     io.out(
       formatJson(
         backups.map((b) => {
@@ -42,4 +47,73 @@ export async function backupList(options: { volume?: string; output: OutputForma
       }),
     ),
   );
+  let docs: VolumeDoc[];
+  try {
+    docs = (await io.context(configOf(io)).ledger.list()).docs;
+  } catch (err) {
+    io.out(`\n(the last outcomes need the ledger, which cannot be read: ${errorMessage(err)})\n`);
+    return;
+  }
+  const outcomes = lastOutcomes(backups, docs, options.volume);
+  if (outcomes.length === 0) return;
+  io.out(
+    '\n' +
+      formatTable(
+        ['volume', 'last outcome', 'at', 'backup', 'node', 'message'],
+        outcomes.map((o) => [o.volume, o.outcome, o.at, o.backup, o.node ?? '-', (o.message ?? '').slice(0, 160)]),
+      ),
+  );
+}
+
+export interface LastOutcome {
+  volume: string;
+  outcome: 'succeeded' | 'failed' | 'running';
+  at: string;
+  backup: string;
+  node?: string;
+  message?: string;
+}
+
+/**
+ * Per volume, its newest backup event: a complete backup in the target (succeeded), or a backup job in the ledger,
+ * finished (succeeded or failed, with its message) or still running.
+ */
+export function lastOutcomes(backups: ListedBackup[], docs: VolumeDoc[], volume?: string): LastOutcome[] {
+  const newest = new Map<string, LastOutcome>();
+  const offer = (o: LastOutcome) => {
+    const seen = newest.get(o.volume);
+    if (volume !== undefined && o.volume !== volume) return;
+    if (!seen || o.at > seen.at || (o.at === seen.at && o.outcome !== 'succeeded')) newest.set(o.volume, o);
+  };
+  for (const b of backups) {
+    const m = b.manifest;
+    if (m) offer({ volume: m.volume, outcome: 'succeeded', at: m.completedAt, backup: m.name, node: m.node });
+  }
+  for (const doc of docs) {
+    for (const finished of doc.status.jobs ?? []) {
+      if (finished.job.kind !== 'backup' || (finished.status.state !== 'succeeded' && finished.status.state !== 'failed')) continue;
+      offer({
+        volume: doc.name,
+        outcome: finished.status.state,
+        at: finished.status.finishedAt ?? finished.status.startedAt,
+        backup: finished.job.backup,
+        node: finished.status.node,
+        ...(finished.status.state === 'failed' && { message: finished.status.message }),
+      });
+    }
+    for (const ticket of Object.values(doc.spec.tickets)) {
+      const job = doc.status.tickets[ticket.id]?.job;
+      if (ticket.job?.kind !== 'backup' || job === undefined) continue;
+      const outcome = job.state === 'failed' ? 'failed' : job.state === 'succeeded' ? 'succeeded' : 'running';
+      offer({
+        volume: doc.name,
+        outcome,
+        at: job.finishedAt ?? job.startedAt,
+        backup: ticket.job.backup,
+        node: job.node,
+        ...(outcome === 'failed' && { message: job.message }),
+      });
+    }
+  }
+  return [...newest.values()].sort((a, b) => a.volume.localeCompare(b.volume));
 }

@@ -4,6 +4,7 @@
 import { hasSnapshots } from '../../backend/types.js';
 import { LatchError } from '../../errors.js';
 import { checkVolumeName } from '../../names.js';
+import { refuseBaseName } from '../../node/backup.js';
 import { snapshotVolume } from '../../node/snapshot.js';
 import { formatSize } from '../../size.js';
 import { configOf, type CommandIO } from '../io.js';
@@ -26,6 +27,7 @@ export interface SnapshotCreateOptions {
 export async function snapshotCreate(options: SnapshotCreateOptions, io: CommandIO): Promise<void> {
   const volume = checkVolumeName(options.volume);
   const name = checkVolumeName(options.name, 'snapshot name', 200);
+  refuseBaseName(name);
   const config = configOf(io);
   const ctx = io.context(config);
   const doc = await ctx.ledger.get(volume);

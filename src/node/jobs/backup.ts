@@ -9,6 +9,8 @@ import { manifestExists, readManifest, type Manifest } from '../../backup/manife
 import { JobInterruptedError, LatchError } from '../../errors.js';
 import { isSatisfied } from '../../ledger/arbitrate.js';
 import { formatSize } from '../../size.js';
+import { diffingBackend, incrementalBackup } from '../backup.js';
+import { observed, triggerOf } from '../backup-outcome.js';
 import { openBackupSource, type BackupSource } from '../snapshot.js';
 import { setUpForJobsOnly } from './snapshot.js';
 import type { JobHandler, JobRun } from './types.js';
@@ -57,7 +59,8 @@ async function deviceSource(run: JobRun): Promise<BackupSource | undefined> {
   };
 }
 
-export const backupJob: JobHandler<'backup'> = {
+/** The job itself; backupJob logs its outcome for the metrics. */
+const backUp: JobHandler<'backup'> = {
   kind: 'backup',
   async run(job, run) {
     const { ctx, volume, signal } = run;
@@ -76,6 +79,34 @@ export const backupJob: JobHandler<'backup'> = {
       };
     }
     signal.throwIfAborted();
+    if (diffingBackend(ctx)) {
+      // Ceph: read only what changed since the previous backup's snapshot, straight from the cluster (node/backup.ts).
+      const idle = job.fromSnapshot === undefined && setUpForJobsOnly(run) && !(await ctx.system.isDeviceMounted(run.device));
+      const made = await incrementalBackup(ctx, {
+        target,
+        volume,
+        name: job.backup,
+        node: config.nodeName,
+        fsType: run.doc.status.filesystem,
+        fromSnapshot: job.fromSnapshot,
+        idle,
+        signal,
+      });
+      const s = made.manifest.stats;
+      const how =
+        'parent' in made.base ? `the extents changed since backup ${made.base.parent}` : `every allocated extent (${made.base.none})`;
+      return {
+        message:
+          `backup ${made.manifest.name} of volume ${volume} created (${made.consistency}${made.note ? `: ${made.note}` : ''}): ` +
+          `${formatSize(made.manifest.sizeBytes)}, read ${formatSize(made.bytesRead)} from the cluster (${how}), ` +
+          `${s.newChunks} new chunk(s) (${formatSize(s.newBytesStored)} written), ${s.presentChunks} already in the target`,
+        result: {
+          ...summary(made.manifest, made.consistency, made.note),
+          bytesRead: made.bytesRead,
+          ...('parent' in made.base ? { incrementalFrom: made.base.parent } : { fullRead: made.base.none }),
+        },
+      };
+    }
     const source = (job.fromSnapshot === undefined && (await deviceSource(run))) || (await openBackupSource(ctx, volume, job.fromSnapshot));
     let manifest: Manifest;
     try {
@@ -104,7 +135,19 @@ export const backupJob: JobHandler<'backup'> = {
         `backup ${manifest.name} of volume ${volume} created (${source.consistency}${source.note ? `: ${source.note}` : ''}): ` +
         `${formatSize(manifest.sizeBytes)}, ` +
         `${s.newChunks} new chunk(s) (${formatSize(s.newBytesStored)} written), ${s.presentChunks} already in the target`,
-      result: summary(manifest, source.consistency, source.note),
+      result: { ...summary(manifest, source.consistency, source.note), bytesRead: manifest.stats.dataBytes },
     };
   },
+};
+
+export const backupJob: JobHandler<'backup'> = {
+  kind: 'backup',
+  run: (job, run) =>
+    observed(
+      run.ctx.config,
+      { kind: 'backup', ...triggerOf(run.ticket), volume: run.volume, name: job.backup },
+      () => backUp.run(job, run),
+      (outcome) => ({ read: Number(outcome.result?.bytesRead ?? 0), written: Number(outcome.result?.newBytesStored ?? 0) }),
+      { signal: run.signal },
+    ),
 };

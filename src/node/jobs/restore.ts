@@ -6,15 +6,23 @@
 // an interrupted run wrote is overwritten); the job is done only once the whole image hashed to the manifest's
 // checksum. Only then is the filesystem found on the device recorded in the ledger: from then on kubelet's
 // mountdevice mounts it and never formats the volume.
+import { open } from 'node:fs/promises';
 import { LatchError, errorMessage } from '../../errors.js';
 import { readManifest } from '../../backup/manifest.js';
 import { restoreBackup } from '../../backup/restore.js';
+import { observed, triggerOf } from '../backup-outcome.js';
 import type { JobHandler, JobOf, JobRun } from './types.js';
 
 export const restoreJob: JobHandler<'restore'> = {
   kind: 'restore',
   run: (job, run) =>
-    restore(job, run).catch((err: unknown) => {
+    observed(
+      run.ctx.config,
+      { kind: 'restore', ...triggerOf(run.ticket), volume: run.volume, name: job.backup },
+      () => restore(job, run),
+      (outcome) => ({ read: Number(outcome.result?.bytesWritten ?? 0), written: Number(outcome.result?.bytesWritten ?? 0) }),
+      { signal: run.signal },
+    ).catch((err: unknown) => {
       throw run.signal.aborted ? err : halfMade(run.volume, `latch volume restore ${run.volume} --from-backup ${job.backup}`, err);
     }),
 };
@@ -36,7 +44,12 @@ async function restore(job: JobOf<'restore'>, { ctx, volume, device, signal }: J
   if (!target) throw new LatchError(`node ${ctx.config.nodeName} has no backup target configured (backupTarget in ${ctx.config.source})`);
   const manifest = await readManifest(target, job.backup);
   // restoreBackup refuses a device smaller than the backup, before it writes anything.
-  const report = await restoreBackup({ target, name: job.backup, destination: device, signal });
+  // A volume nothing was ever written to reads zeros: only the data chunks are written (the storage stays thin). One
+  // that an earlier attempt wrote to (killed, or failed and asked for again) gets its holes zeroed. The device's
+  // dirty pages (an attempt killed on this node) are flushed first, so that the storage says all that was written.
+  await flushDevice(device);
+  const fresh = (await ctx.backend.isUnwritten?.(volume)) === true;
+  const report = await restoreBackup({ target, name: job.backup, destination: device, signal, fresh });
   // The image matched the manifest's checksum (restoreBackup throws otherwise): what is on it now is the backup's.
   const filesystem = await ctx.system.probeFsType(device);
   return {
@@ -61,4 +74,13 @@ async function restore(job: JobOf<'restore'>, { ctx, volume, device, signal }: J
     },
     ...(filesystem !== undefined && { filesystem }),
   };
+}
+
+async function flushDevice(device: string): Promise<void> {
+  const handle = await open(device, 'r');
+  try {
+    await handle.sync();
+  } finally {
+    await handle.close();
+  }
 }

@@ -6,6 +6,7 @@ import { NotSupportedError } from '../../errors.js';
 import { formatSize } from '../../size.js';
 import { snapshotVolume, type Consistency } from '../snapshot.js';
 import type { JobHandler, JobRun } from './types.js';
+import { refuseBaseName } from '../backup.js';
 
 /**
  * Whether the device is the runner's own, set up for jobs only: no pod's ticket on this node (the runner never
@@ -25,6 +26,7 @@ export const snapshotJob: JobHandler<'snapshot'> = {
     const { ctx, volume, signal } = run;
     const backend = ctx.backend;
     if (!hasSnapshots(backend)) throw new NotSupportedError(`${backend.storage} cannot take snapshots`);
+    refuseBaseName(job.snapshot);
     const existing = (await backend.listSnapshots(volume)).find((s) => s.name === job.snapshot);
     if (existing) {
       return {
