@@ -54,6 +54,8 @@ export function diffChunkSource(options: DiffSourceOptions): ChunkSource {
         `of ${sizeBytes} bytes in chunks of ${chunkSize} cannot build on it`,
     );
   }
+  if (parent !== undefined && parentCodec === undefined)
+    throw new LatchError(`backup ${parent.name}: its chunks' codec is needed to build on it`);
   let pending: DiffRecord | undefined;
   let ended = false;
   let read = 0;

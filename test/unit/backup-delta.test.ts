@@ -4,7 +4,7 @@
 // result restoring byte for byte.
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
@@ -91,72 +91,83 @@ describe('the rbd diff format', () => {
   });
 });
 
-describe('a backup from a diff over the previous backup', () => {
-  const target = { type: 'dir' as const, path: join(scratch, 'target') };
-  mkdirSync(target.path);
+// Plain, and encrypted: an encrypted backup carries the previous one's keyed chunk IDs over and reads its partly
+// changed chunks back through the key.
+for (const encrypted of [false, true])
+  describe(`a backup from a diff over the previous backup${encrypted ? ', encrypted' : ''}`, () => {
+    const path = join(scratch, encrypted ? 'target-encrypted' : 'target');
+    mkdirSync(path);
+    let keyFile: string | undefined;
+    if (encrypted) {
+      keyFile = join(scratch, 'backup.key');
+      writeFileSync(keyFile, `${randomBytes(48).toString('base64')}\n`, { mode: 0o600 });
+    }
+    const target = { type: 'dir' as const, path, ...(keyFile !== undefined && { keyFile }) };
 
-  async function fromDiff(name: string, size: number, records: Rec[], parentName?: string) {
-    const diff = await parseExportDiff(streamOf(diffBytes(size, records)));
-    const { readManifest } = await import('../../src/backup/manifest.js');
-    const parent = parentName === undefined ? undefined : await readManifest(target, parentName);
-    let finished = false;
-    const source = diffChunkSource({
-      target,
-      sizeBytes: diff.sizeBytes,
-      chunkSize: CHUNK,
-      records: diff.records,
-      parent,
-      finish: async () => {
-        finished = true;
-      },
-      cancel: () => undefined,
+    async function fromDiff(name: string, size: number, records: Rec[], parentName?: string) {
+      const diff = await parseExportDiff(streamOf(diffBytes(size, records)));
+      const { readCheckedManifest } = await import('../../src/backup/manifest.js');
+      const parent = parentName === undefined ? undefined : await readCheckedManifest(target, parentName);
+      let finished = false;
+      const source = diffChunkSource({
+        target,
+        sizeBytes: diff.sizeBytes,
+        chunkSize: CHUNK,
+        records: diff.records,
+        parent: parent?.manifest,
+        parentCodec: parent?.codec,
+        finish: async () => {
+          finished = true;
+        },
+        cancel: () => undefined,
+      });
+      const manifest = await createBackup({ target, source, volume: 'vol', name });
+      assert.ok(finished, 'the source was finished before the manifest was published');
+      return { manifest, bytesRead: source.bytesRead() };
+    }
+
+    async function restored(name: string): Promise<Buffer> {
+      const file = join(scratch, `${encrypted ? 'encrypted-' : ''}${name}.img`);
+      await restoreBackup({ target, name, destination: file, overwriteFile: true });
+      return readFileSync(file);
+    }
+
+    it('carries untouched chunks over, lays a partial change over the previous bytes, and follows a volume that grew', async () => {
+      const image = Buffer.alloc(24 * MiB);
+      const a = randomBytes(6 * MiB);
+      a.copy(image, 2 * MiB);
+      const b = randomBytes(MiB);
+      b.copy(image, 17 * MiB);
+      const first = await fromDiff('d1', 24 * MiB, [{ w: [2 * MiB, a] }, { w: [17 * MiB, b] }]);
+      assert.equal(first.bytesRead, 7 * MiB, 'only the extents the diff gave');
+      assert.equal(first.manifest.format, encrypted ? 'latch-backup/v3' : 'latch-backup/v2');
+      assert.equal(first.manifest.stats.dataChunks, 3);
+      assert.ok((await restored('d1')).equals(image));
+
+      // 4 KiB changes inside chunk 1, chunk 4 is discarded, and the volume grows by 6 MiB with data at its end.
+      const change = randomBytes(4096);
+      change.copy(image, 5 * MiB);
+      const grown = Buffer.concat([image, Buffer.alloc(6 * MiB)]);
+      grown.fill(0, 16 * MiB, 20 * MiB);
+      const tail = randomBytes(MiB);
+      tail.copy(grown, 29 * MiB);
+      const second = await fromDiff('d2', 30 * MiB, [{ w: [5 * MiB, change] }, { z: [16 * MiB, 4 * MiB] }, { w: [29 * MiB, tail] }], 'd1');
+      assert.equal(second.bytesRead, 4096 + MiB);
+      assert.equal(second.manifest.parent, 'd1');
+      assert.equal(second.manifest.chunks[0], first.manifest.chunks[0], 'chunk 0 carried over');
+      assert.notEqual(second.manifest.chunks[1], first.manifest.chunks[1], 'chunk 1 changed');
+      assert.equal(second.manifest.chunks[4], null, 'the discarded chunk is a hole');
+      assert.equal(second.manifest.stats.newChunks, 2, 'chunk 1 and the new tail: nothing else is stored');
+      assert.ok((await restored('d2')).equals(grown), 'the incremental backup restores the whole volume');
     });
-    const manifest = await createBackup({ target, source, volume: 'vol', name });
-    assert.ok(finished, 'the source was finished before the manifest was published');
-    return { manifest, bytesRead: source.bytesRead() };
-  }
 
-  async function restored(name: string): Promise<Buffer> {
-    const file = join(scratch, `${name}.img`);
-    await restoreBackup({ target, name, destination: file, overwriteFile: true });
-    return readFileSync(file);
-  }
-
-  it('carries untouched chunks over, lays a partial change over the previous bytes, and follows a volume that grew', async () => {
-    const image = Buffer.alloc(24 * MiB);
-    const a = randomBytes(6 * MiB);
-    a.copy(image, 2 * MiB);
-    const b = randomBytes(MiB);
-    b.copy(image, 17 * MiB);
-    const first = await fromDiff('d1', 24 * MiB, [{ w: [2 * MiB, a] }, { w: [17 * MiB, b] }]);
-    assert.equal(first.bytesRead, 7 * MiB, 'only the extents the diff gave');
-    assert.equal(first.manifest.stats.dataChunks, 3);
-    assert.ok((await restored('d1')).equals(image));
-
-    // 4 KiB changes inside chunk 1, chunk 4 is discarded, and the volume grows by 6 MiB with data at its end.
-    const change = randomBytes(4096);
-    change.copy(image, 5 * MiB);
-    const grown = Buffer.concat([image, Buffer.alloc(6 * MiB)]);
-    grown.fill(0, 16 * MiB, 20 * MiB);
-    const tail = randomBytes(MiB);
-    tail.copy(grown, 29 * MiB);
-    const second = await fromDiff('d2', 30 * MiB, [{ w: [5 * MiB, change] }, { z: [16 * MiB, 4 * MiB] }, { w: [29 * MiB, tail] }], 'd1');
-    assert.equal(second.bytesRead, 4096 + MiB);
-    assert.equal(second.manifest.parent, 'd1');
-    assert.equal(second.manifest.chunks[0], first.manifest.chunks[0], 'chunk 0 carried over');
-    assert.notEqual(second.manifest.chunks[1], first.manifest.chunks[1], 'chunk 1 changed');
-    assert.equal(second.manifest.chunks[4], null, 'the discarded chunk is a hole');
-    assert.equal(second.manifest.stats.newChunks, 2, 'chunk 1 and the new tail: nothing else is stored');
-    assert.ok((await restored('d2')).equals(grown), 'the incremental backup restores the whole volume');
+    it('fails, and publishes nothing, on a diff out of step with the image', async () => {
+      const { manifestExists } = await import('../../src/backup/manifest.js');
+      // The engine asks for each position once; a diff whose size is smaller than a record is refused by the parser.
+      await assert.rejects(fromDiff('bad', 4 * MiB, [{ w: [3 * MiB, randomBytes(2 * MiB)] }]), /past the image/);
+      assert.equal(await manifestExists(target, 'bad'), false);
+    });
   });
-
-  it('fails, and publishes nothing, on a diff out of step with the image', async () => {
-    const { manifestExists } = await import('../../src/backup/manifest.js');
-    // The engine asks for each position once; a diff whose size is smaller than a record is refused by the parser.
-    await assert.rejects(fromDiff('bad', 4 * MiB, [{ w: [3 * MiB, randomBytes(2 * MiB)] }]), /past the image/);
-    assert.equal(await manifestExists(target, 'bad'), false);
-  });
-});
 
 describe('the configured rbd backend', () => {
   it('reports snapshot diffs through its lazy wrapper, so that backups of rbd volumes are incremental', () => {
