@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# npm test: build, then at once the static checks (type check, format, eslint, layering, unused code), the Ceph tests
-# and the unit tests; then the integration tests, the bats suites against the built bin/latch, and the protocol suite's
-# process-level tests against bin/latch-sea. docs/testing.md says what runs where and why, with the time of each part.
+# npm test: build; then, beside each other, the static checks (type check, format, eslint, layering, unused code), the
+# Ceph tests, the bats suites that set volumes up on the host, and in the foreground the unit tests, the integration
+# tests, the protocol suite against bin/latch and its process-level tests against bin/latch-sea. docs/testing.md says
+# what runs where and why, with the time of each part.
 # Root-only tests skip themselves with a message when not root; CI runs as root so they run there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,32 +21,42 @@ npm run --silent build:sea
 export LATCH_REQUIRE_SEA=1 # install.bats fails instead of skipping its bin/latch-sea tests
 took "builds" "SECONDS - t"
 
-# Beside everything else from here on, their output printed at the end: the static checks, which need nothing but the
-# source, and the Ceph tests (test/ceph/), which spend most of their time waiting on their cluster (start-up, faults,
-# watch timeouts). Each Ceph file starts a cluster of its own on free ports and checks only its own mounts, loop
-# devices and processes, so they run beside the others, one at a time among themselves.
+# Beside everything else from here on, their output printed at the end:
+# - the static checks, which need nothing but the source;
+# - the Ceph tests (test/ceph/), which spend most of their time waiting on their cluster (start-up, faults, watch
+#   timeouts). Each file starts a cluster of its own on free ports and checks only its own mounts, loop devices and
+#   processes, so they run beside the others, one at a time among themselves;
+# - the bats suites but the protocol suite: they wait on mkfs, mounts and the driver's polls more than they compute, and
+#   each test works in a temp dir of its own and checks only its own loop devices and mounts.
 work=$(mktemp -d)
 pids=()
-# Stops them if this script ends first (interrupted, or set -e). `|| true`: under set -e a failing command in the
-# trap would make the script's exit status 1.
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
-(
-  s=$SECONDS
+# Stops them if this script ends first (interrupted, or set -e): job control puts each in a process group of its own,
+# so that the whole group (bats, node and the tests' children) is stopped. `|| true`: under set -e a failing command in
+# the trap would make the script's exit status 1.
+set -m
+trap 'for p in "${pids[@]}"; do kill -- "-$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
+background() {
+  local name=$1
+  shift
+  (
+    s=$SECONDS
+    rc=0
+    "$@" || rc=$?
+    took "$name (exit $rc)" "SECONDS - s"
+    exit "$rc"
+  ) >"$work/$name.log" 2>&1 &
+  pids+=("$!")
+}
+static_checks() {
   echo "== type check"
   tsc --noEmit -p .
   echo "== lint"
   npm run --silent lint
-  took "static checks" "SECONDS - s"
-) >"$work/static.log" 2>&1 &
-static_pid=$!
-pids+=("$static_pid")
-(
-  s=$SECONDS
-  npm run --silent test:ceph
-  took "Ceph tests" "SECONDS - s"
-) >"$work/ceph.log" 2>&1 &
-ceph_pid=$!
-pids+=("$ceph_pid")
+}
+mapfile -t host_suites < <(ls test/bats/*.bats | grep -v '/protocol\.bats$')
+background "static checks" static_checks
+background "Ceph tests" npm run --silent test:ceph
+background "bats suites" node_modules/bats/bin/bats --print-output-on-failure "${host_suites[@]}"
 
 echo "== unit tests (test/unit/, every file at once)"
 t=$SECONDS
@@ -61,10 +72,10 @@ t=$SECONDS
 npm run --silent test:integration
 took "integration tests" "SECONDS - t"
 
-echo "== bats suites"
+echo "== the protocol suite (test/bats/protocol.bats) against bin/latch"
 t=$SECONDS
-node_modules/bats/bin/bats --print-output-on-failure test/bats
-took "bats suites" "SECONDS - t"
+node_modules/bats/bin/bats --print-output-on-failure test/bats/protocol.bats
+took "protocol suite" "SECONDS - t"
 
 # bin/latch-sea runs the same bundled JavaScript as bin/latch for each call's arguments and options (build.mjs bundles
 # src/ for both); what differs is the process around it: the loader and its code cache, the control plane's own
@@ -80,15 +91,16 @@ LATCH_BIN="$PWD/bin/latch-sea" node_modules/bats/bin/bats --print-output-on-fail
 took "protocol suite against bin/latch-sea" "SECONDS - t"
 
 status=0
-echo "== static checks (run beside the tests)"
-wait "$static_pid" || status=1
-cat "$work/static.log"
-echo "== tests on a Ceph cluster (run beside the others)"
-wait "$ceph_pid" || status=1
-cat "$work/ceph.log"
+for i in "${!pids[@]}"; do
+  wait "${pids[i]}" || status=1
+done
 pids=()
+for name in "static checks" "Ceph tests" "bats suites"; do
+  echo "== $name (run beside the rest)"
+  cat "$work/$name.log"
+done
 took "npm test" "SECONDS - started"
 if ((status != 0)); then
-  echo "npm test failed: see the static checks or the Ceph tests above"
+  echo "npm test failed: see the static checks, the Ceph tests or the bats suites above"
   exit 1
 fi
