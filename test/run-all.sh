@@ -53,10 +53,24 @@ static_checks() {
   echo "== lint"
   npm run --silent lint
 }
-mapfile -t host_suites < <(ls test/bats/*.bats | grep -v '/protocol\.bats$')
+# resize.bats runs first, and the Ceph tests start once it is done: mkfs.btrfs looks at the backing file of every
+# mounted loop device and fails on one on a FUSE mount that a Ceph test has hung or cut off on purpose (ENOTCONN).
+host_suites() {
+  local rc=0
+  node_modules/bats/bin/bats --print-output-on-failure test/bats/resize.bats || rc=$?
+  : >"$work/resize-done"
+  mapfile -t others < <(ls test/bats/*.bats | grep -v -e '/protocol\.bats$' -e '/resize\.bats$')
+  node_modules/bats/bin/bats --print-output-on-failure "${others[@]}" || rc=$?
+  return "$rc"
+}
+ceph_tests() {
+  until [[ -e $work/resize-done ]]; do sleep 1; done
+  echo "== started once resize.bats was done, $SECONDS s into npm test"
+  npm run --silent test:ceph
+}
 background "static checks" static_checks
-background "Ceph tests" npm run --silent test:ceph
-background "bats suites" node_modules/bats/bin/bats --print-output-on-failure "${host_suites[@]}"
+background "bats suites" host_suites
+background "Ceph tests" ceph_tests
 
 echo "== unit tests (test/unit/, every file at once)"
 t=$SECONDS
@@ -95,7 +109,7 @@ for i in "${!pids[@]}"; do
   wait "${pids[i]}" || status=1
 done
 pids=()
-for name in "static checks" "Ceph tests" "bats suites"; do
+for name in "static checks" "bats suites" "Ceph tests"; do
   echo "== $name (run beside the rest)"
   cat "$work/$name.log"
 done
