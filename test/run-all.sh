@@ -1,49 +1,120 @@
 #!/usr/bin/env bash
-# npm test: build, type-check, lint (format, eslint, layering, unused code), unit tests (node:test), then the bats
-# suites against the built bin/latch.
+# npm test: build; then, beside each other, the static checks (type check, format, eslint, layering, unused code), the
+# Ceph tests, the bats suites that set volumes up on the host, and in the foreground the unit tests, the integration
+# tests, the protocol suite against bin/latch and its process-level tests against bin/latch-sea. docs/testing.md says
+# what runs where and why, with the time of each part.
 # Root-only tests skip themselves with a message when not root; CI runs as root so they run there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/node_modules/.bin:$PATH:/usr/sbin:/sbin"
+started=$SECONDS
 
+# Says how long a part took, so that a run's output shows where its time went.
+took() {
+  echo "== $1: $(($2)) s"
+}
+
+t=$SECONDS
 npm run --silent build
 echo "== self-contained build (bin/latch-sea, ~10 s)"
 npm run --silent build:sea
 export LATCH_REQUIRE_SEA=1 # install.bats fails instead of skipping its bin/latch-sea tests
-echo "== type check"
-tsc --noEmit -p .
-echo "== lint"
-npm run --silent lint
-echo "== unit tests"
-# The files on a one-host Ceph cluster (those that import test/ceph/cluster.ts) run one at a time beside the others:
-# each starts a cluster of its own on free ports and checks only its own mounts, loop devices and processes, and
-# they spend most of their time waiting on the cluster (start-up, faults, watch timeouts). Their output is printed
-# after the others'.
-mapfile -t ceph_tests < <(grep -l 'ceph/cluster.js' test/unit/*.test.ts)
-mapfile -t other_tests < <(grep -L 'ceph/cluster.js' test/unit/*.test.ts)
-ceph_log=$(mktemp)
-node --import tsx --test --test-reporter=spec --test-concurrency=1 "${ceph_tests[@]}" >"$ceph_log" 2>&1 &
-ceph_pid=$!
-# Stops them if this script ends first (interrupted, or set -e). `|| true`: under set -e a failing command in the
-# trap would make the script's exit status 1.
-trap 'kill "$ceph_pid" 2>/dev/null || true; rm -f "$ceph_log"' EXIT
+took "builds" "SECONDS - t"
+
+# Beside everything else from here on, their output printed at the end:
+# - the static checks, which need nothing but the source;
+# - the Ceph tests (test/ceph/), which spend most of their time waiting on their cluster (start-up, faults, watch
+#   timeouts). Each file starts a cluster of its own on free ports and checks only its own mounts, loop devices and
+#   processes, so they run beside the others, one at a time among themselves;
+# - the bats suites but the protocol suite: they wait on mkfs, mounts and the driver's polls more than they compute, and
+#   each test works in a temp dir of its own and checks only its own loop devices and mounts.
+work=$(mktemp -d)
+pids=()
+# Stops them if this script ends first (interrupted, or set -e): job control puts each in a process group of its own,
+# so that the whole group (bats, node and the tests' children) is stopped. `|| true`: under set -e a failing command in
+# the trap would make the script's exit status 1.
+set -m
+trap 'for p in "${pids[@]}"; do kill -- "-$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
+background() {
+  local name=$1
+  shift
+  (
+    s=$SECONDS
+    rc=0
+    "$@" || rc=$?
+    took "$name (exit $rc)" "SECONDS - s"
+    exit "$rc"
+  ) >"$work/$name.log" 2>&1 &
+  pids+=("$!")
+}
+static_checks() {
+  echo "== type check"
+  tsc --noEmit -p .
+  echo "== lint"
+  npm run --silent lint
+}
+# resize.bats runs first, and the Ceph tests start once it is done: mkfs.btrfs looks at the backing file of every
+# mounted loop device and fails on one on a FUSE mount that a Ceph test has hung or cut off on purpose (ENOTCONN).
+host_suites() {
+  local rc=0
+  node_modules/bats/bin/bats --print-output-on-failure test/bats/resize.bats || rc=$?
+  : >"$work/resize-done"
+  mapfile -t others < <(ls test/bats/*.bats | grep -v -e '/protocol\.bats$' -e '/resize\.bats$')
+  node_modules/bats/bin/bats --print-output-on-failure "${others[@]}" || rc=$?
+  return "$rc"
+}
+ceph_tests() {
+  until [[ -e $work/resize-done ]]; do sleep 1; done
+  echo "== started once resize.bats was done, $SECONDS s into npm test"
+  npm run --silent test:ceph
+}
+background "static checks" static_checks
+background "bats suites" host_suites
+background "Ceph tests" ceph_tests
+
+echo "== unit tests (test/unit/, every file at once)"
+t=$SECONDS
+npm run --silent test:unit
+took "unit tests" "SECONDS - t"
+
+# Two files at a time: each works in temp dirs, loop devices, ports and processes of its own (docs/testing.md).
 # One shared etcd member for the ledger suite's etcd run (its worker processes must all reach the same one);
 # with-etcd.ts stops it afterwards, even on failure. Tests that need their own etcd (a cluster, restarts) start
 # and stop it themselves. Without etcd installed, the etcd tests skip with a message.
-others=0
-node --import tsx test/etcd/with-etcd.ts -- \
-  node --import tsx --test --test-reporter=spec --test-concurrency=1 "${other_tests[@]}" || others=$?
-ceph=0
-wait "$ceph_pid" || ceph=$?
-echo "== unit tests on a Ceph cluster (run beside the others)"
-cat "$ceph_log"
-trap - EXIT
-rm -f "$ceph_log"
-if ((others != 0 || ceph != 0)); then
-  echo "unit tests failed (exit $others; on a Ceph cluster: exit $ceph)"
+echo "== integration tests (test/integration/, root, the kernel, etcd, child processes, the built executables)"
+t=$SECONDS
+npm run --silent test:integration
+took "integration tests" "SECONDS - t"
+
+echo "== the protocol suite (test/bats/protocol.bats) against bin/latch"
+t=$SECONDS
+node_modules/bats/bin/bats --print-output-on-failure test/bats/protocol.bats
+took "protocol suite" "SECONDS - t"
+
+# bin/latch-sea runs the same bundled JavaScript as bin/latch for each call's arguments and options (build.mjs bundles
+# src/ for both); what differs is the process around it: the loader and its code cache, the control plane's own
+# bundle, the native helper's turn, where the configuration is found, stdout and stderr, signals and the log line.
+# So this pass runs the protocol suite's tests of that: every op once with valid input (each of both bundles), init,
+# unknown ops, the configuration, the log, secrets, 100 KB arguments, signals, the human side, stray output and the
+# single executable's own. The matrix of malformed arguments and options runs once, against bin/latch, above.
+echo "== the protocol suite's process-level tests again, against the self-contained build"
+t=$SECONDS
+LATCH_BIN="$PWD/bin/latch-sea" node_modules/bats/bin/bats --print-output-on-failure \
+  --filter '^(init:|unknown op|attach-mode ops|[a-z]+: valid minimal input|config:|log:|secrets:|options: 100 KB|SIGTERM|latch (--help|version)|output:|configuration:|single executable:)' \
+  test/bats/protocol.bats
+took "protocol suite against bin/latch-sea" "SECONDS - t"
+
+status=0
+for i in "${!pids[@]}"; do
+  wait "${pids[i]}" || status=1
+done
+pids=()
+for name in "static checks" "bats suites" "Ceph tests"; do
+  echo "== $name (run beside the rest)"
+  cat "$work/$name.log"
+done
+took "npm test" "SECONDS - started"
+if ((status != 0)); then
+  echo "npm test failed: see the static checks, the Ceph tests or the bats suites above"
   exit 1
 fi
-echo "== bats suites"
-node_modules/bats/bin/bats --print-output-on-failure test/bats
-echo "== the protocol suite again, against the self-contained build"
-LATCH_BIN="$PWD/bin/latch-sea" node_modules/bats/bin/bats --print-output-on-failure test/bats/protocol.bats

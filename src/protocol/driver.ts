@@ -5,7 +5,7 @@ import { writeSync } from 'node:fs';
 import { Writable } from 'node:stream';
 import { isSingleExecutable, loadDriverConfig, type Config } from '../config.js';
 import { encodeReply, exitCodeOf, failure, notSupported, type Reply } from '../contract/reply.js';
-import { createContext } from '../context.js';
+import { createContext, type ContextParts } from '../context.js';
 import { LatchError, NotSupportedError, errorMessage } from '../errors.js';
 import { redactArgs, writeLog, type CallLog } from '../log.js';
 import type { ArgKinds, ArgValues, OpDefinition } from '../ops/op.js';
@@ -130,9 +130,24 @@ export function armDeadline(started: bigint, deadlineMs: number, expire: () => v
 }
 
 /**
+ * Where a call's configuration and parts come from. A driver call reads the configuration from its environment and
+ * builds the configured parts; the single executable's build passes a scratch environment, and the tests
+ * (test/fixtures/op-harness.ts) a parsed configuration and their fake store, backend, system and clock.
+ */
+export interface CallSource {
+  /** The environment the configuration is found from (LATCH_CONFIG, ...); process.env by default. */
+  env?: NodeJS.ProcessEnv;
+  /** The configuration itself, in place of reading it from `env`. */
+  config?: Config;
+  /** Parts of the call's context put in place of the configured ones. */
+  parts?: Omit<ContextParts, 'log'>;
+}
+
+/**
  * The reply to one call, without the process around it (stray output, signals, deadline, log line, exit): the
  * single executable's build runs it on a scratch configuration, so that its code cache holds this path compiled
- * (src/sea/driver.ts). `configured` gets the configuration as soon as it is read, for the log line.
+ * (src/sea/driver.ts), and the tests run it on fake nodes. `configured` gets the configuration as soon as it is
+ * read, for the log line. It throws what the op throws; toReply makes the reply of that.
  */
 export async function answerCall(
   op: string,
@@ -140,27 +155,28 @@ export async function answerCall(
   ops: OpTable,
   log: CallLog,
   configured: (config: Config) => void,
-  env: NodeJS.ProcessEnv = process.env,
+  source: CallSource = {},
 ): Promise<Reply> {
+  const env = source.env ?? process.env;
   const load = ops[op];
   if (!load) {
     // Unknown ops (waitfordetach, getdevicemountpath, ...) are Not supported whatever the config says; the
     // config is read only to log the call where the operator chose.
     try {
-      configured(loadDriverConfig(env, false));
+      configured(source.config ?? loadDriverConfig(env, false));
     } catch {
       /* not needed to answer */
     }
     return notSupported();
   }
-  const config = loadDriverConfig(env, op !== 'init');
+  const config = source.config ?? loadDriverConfig(env, op !== 'init');
   configured(config);
   const definition = await load();
   if (definition.attachModeOnly && !config.attach) {
     return notSupported(`${op} is not used in non-attach mode (attach: false): mount and unmount do the whole job on the node`);
   }
   const args = parseArgs(op, definition, argv, config, log);
-  return definition.run(createContext(config, { log }), args);
+  return definition.run(createContext(config, { ...source.parts, log }), args);
 }
 
 /** Checks the argument count, then parses every argument by its kind, in order (the first bad one is reported). */
@@ -186,7 +202,8 @@ function parseArgs(op: string, definition: OpDefinition, argv: string[], config:
   return values;
 }
 
-function toReply(op: string, err: unknown): Reply {
+/** The reply to an error a call threw: its message for latch's own errors, an internal error for anything else. */
+export function toReply(op: string, err: unknown): Reply {
   if (err instanceof NotSupportedError) return notSupported(err.message);
   if (err instanceof LatchError) return failure(err.message);
   return failure(`internal error in ${op}: ${errorMessage(err)} (details in the latch log)`);

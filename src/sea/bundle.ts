@@ -55,7 +55,7 @@ async function warmUp(dir: string, ops: OpTable): Promise<never> {
   for (const [op, argv] of calls) {
     const log = {};
     let logFile: { logFile: string; logMaxBytes: number } | undefined;
-    const reply = await answerCall(op, argv, ops, log, (c) => (logFile = c), env);
+    const reply = await answerCall(op, argv, ops, log, (c) => (logFile = c), { env });
     if (reply.status !== 'Success') throw new Error(`warm-up ${op}: ${reply.message ?? reply.status}`);
     if (logFile) writeLog(logFile, { op, args: redactArgs(argv), ...log, status: reply.status }, op !== 'init');
     encodeReply(reply);

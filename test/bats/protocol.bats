@@ -762,17 +762,42 @@ check_config_failure() {
 # ---- signals ---------------------------------------------------------------------------------------------------
 
 @test "SIGTERM during a call: one JSON Failure, exit 1, nothing on stderr" {
-  use_config "$(make_config waitForAttachTimeout=30)"
-  local out="$LATCH_TMP/sigterm.out" err="$LATCH_TMP/sigterm.err" options pid waited=0
+  # The call is held inside its op on purpose, so that the signal always finds it there: its ledger is an "etcd" (a
+  # few lines of node) that accepts the connection and never answers. The driver connects only from inside the op,
+  # after its signal handlers are set, so once the fake has seen a connection the SIGTERM is neither too early (Node
+  # still starting) nor too late (the call already answered).
+  local out="$LATCH_TMP/sigterm.out" err="$LATCH_TMP/sigterm.err" port_file="$LATCH_TMP/fake-etcd.port"
+  local seen="$LATCH_TMP/fake-etcd.seen" options pid server port waited=0
+  node -e '
+    const net = require("node:net"), fs = require("node:fs");
+    const held = [];
+    const server = net.createServer((socket) => { held.push(socket); fs.appendFileSync(process.argv[2], "connected\n"); });
+    server.listen(0, "127.0.0.1", () => fs.writeFileSync(process.argv[1], String(server.address().port)));
+  ' "$port_file" "$seen" </dev/null >/dev/null 2>&1 3>&- &
+  server=$!
+  latch_on_teardown "kill $server 2>/dev/null || true"
+  while [[ ! -s $port_file ]] && ((waited < 100)); do
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  [[ -s $port_file ]] || fail "the fake etcd did not start within 10 s"
+  port=$(<"$port_file")
+  use_config "$(make_config "store={\"type\":\"etcd\",\"endpoints\":[\"http://127.0.0.1:$port\"],\"timeoutMs\":60000}")"
   options=$(flex_options "$VOL")
   _latch_remember_call waitforattach "" "$options"
   _latch_exec waitforattach "" "$options" >"$out" 2>"$err" </dev/null 3>&- &
   pid=$!
-  sleep 0.5
-  if ! kill -0 "$pid" 2>/dev/null; then
+  waited=0
+  while [[ ! -s $seen ]] && kill -0 "$pid" 2>/dev/null && ((waited < 300)); do
+    sleep 0.05
+    waited=$((waited + 1))
+  done
+  if [[ ! -s $seen ]]; then
+    kill -KILL "$pid" 2>/dev/null || true
     wait "$pid" || true
-    skip "waitforattach for a volume nobody attached returned within 0.5 s ($(<"$out")): nothing blocks yet to interrupt"
+    fail "waitforattach never reached its ledger within 15 s (reply: $(<"$out"))"
   fi
+  waited=0
   kill -TERM "$pid"
   while kill -0 "$pid" 2>/dev/null && ((waited < 100)); do
     sleep 0.1
@@ -789,6 +814,7 @@ check_config_failure() {
   stderr=$(<"$err")
   latch_check_reply
   assert_reply Failure
+  assert_output --partial 'waitforattach was interrupted by SIGTERM'
   refute_internal_error
 }
 

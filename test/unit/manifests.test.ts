@@ -2,21 +2,10 @@
 // checked offline against the Kubernetes schemas (kubernetes-models: the OpenAPI validation of each kind, plus
 // TypeScript's excess-property check of its types, which catches the misspelled fields a schema with open objects
 // lets through), then against what latch needs; plugin-dir detection through a host root, as the DaemonSet's pod
-// runs it, on a fake host; the Dockerfile and the entrypoint checked statically (no Docker engine here).
+// runs it, on a fake host; the Dockerfile checked statically (no Docker engine here). A read-only plugin dir (root)
+// and the entrypoint's sh -n are in test/integration/manifests-host.test.ts.
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
-import {
-  existsSync,
-  mkdirSync,
-  mkdtempSync,
-  readdirSync,
-  readFileSync,
-  readlinkSync,
-  rmSync,
-  statSync,
-  symlinkSync,
-  writeFileSync,
-} from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, readlinkSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -906,29 +895,6 @@ describe('bad input gets a clear message', () => {
   });
 });
 
-describe('a read-only plugin dir', () => {
-  const notRoot = process.getuid?.() !== 0 ? 'needs root for a read-only bind mount' : false;
-
-  test('install says so and what to do, and leaves nothing behind', { skip: notRoot }, async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'latch-ro-'));
-    const plugins = join(dir, 'exec');
-    mkdirSync(join(plugins, 'latch~loop'), { recursive: true });
-    execFileSync('mount', ['--bind', plugins, plugins]);
-    try {
-      execFileSync('mount', ['-o', 'remount,bind,ro', plugins]);
-      const io = captureIO({ LATCH_CONFIG: join(dir, 'none.json') });
-      await assert.rejects(installOrPrintManifests({ pluginDir: plugins, output: 'table' }, io), {
-        name: 'LatchError',
-        message: /^the plugin dir is on a read-only file system \(EROFS.*\): kubelet cannot use it either\. .*--preset flatcar/,
-      });
-      assert.deepEqual(readdirSync(join(plugins, 'latch~loop')), []);
-    } finally {
-      execFileSync('umount', [plugins]);
-      rmSync(dir, { recursive: true, force: true });
-    }
-  });
-});
-
 describe("the DaemonSet's detection: latch install --host-root on a fake host", () => {
   let base: string;
   let n = 0;
@@ -1114,9 +1080,5 @@ describe('install/Dockerfile and install/entrypoint.sh (static checks)', () => {
     const apt = defined(instructions.filter((l) => l.includes('apt-get install')).at(-1));
     for (const pkg of ['util-linux', 'mount', 'e2fsprogs', 'xfsprogs', 'jq']) assert.match(apt, new RegExp(`\\s${pkg}(\\s|$)`), pkg);
     assert.match(apt, /rm -rf \/var\/lib\/apt\/lists/);
-  });
-
-  test('entrypoint.sh is valid POSIX sh', () => {
-    execFileSync('sh', ['-n', join(ROOT, 'install/entrypoint.sh')]);
   });
 });

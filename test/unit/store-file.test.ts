@@ -236,39 +236,6 @@ describe('file store: keys', () => {
 });
 
 describe('file store: files on disk', () => {
-  it('creates directories 0700 and files 0600 whatever the umask, and only on the first write', async () => {
-    const root = join(stateDir(), 'deeper', 'state');
-    const s = new FileStore(root);
-    assert.equal(await s.get('volumes/a'), undefined);
-    assert.deepEqual(await s.list('volumes'), []);
-    await s.delete('volumes/a', 0);
-    assert.equal(await exists(join(root, '..', '..')), false, 'get/list/delete must not create directories');
-
-    const old = process.umask(0o277);
-    try {
-      await s.put('volumes/a', 1, 0);
-      await s.put('volumes/a', 2, 1);
-      await s.put('pvs/b', 2, 0);
-    } finally {
-      process.umask(old);
-    }
-    for (const d of [
-      join(root, '..', '..'),
-      join(root, '..'),
-      root,
-      join(root, 'volumes'),
-      join(root, 'volumes', 'a'),
-      join(root, 'pvs', 'b'),
-    ]) {
-      const st = await fs.stat(d);
-      assert.ok(st.isDirectory());
-      assert.equal((st.mode & 0o777).toString(8), '700', d);
-    }
-    for (const f of ['volumes/a/1.json', 'volumes/a/2.json', 'pvs/b/1.json']) {
-      assert.equal(((await fs.stat(join(root, f))).mode & 0o777).toString(8), '600', f);
-    }
-  });
-
   it('stores {"revision","deleted","value"} documents', async () => {
     const s = new FileStore(stateDir());
     await s.put('volumes/a', { x: 1 }, 0);

@@ -1,3 +1,5 @@
+// A host lock under the name an earlier build computed with node:crypto still excludes: held by flock(1), a child
+// process. The temp names and tags are in test/integration/atomic-file.test.ts.
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { spawn, spawnSync } from 'node:child_process';

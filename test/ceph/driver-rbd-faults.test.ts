@@ -107,9 +107,12 @@ describe('the driver with the rbd backend under faults', { skip }, () => {
    * it must come within CALL_BOUND_MS (the test kills the call a little later, so that a hang fails the test rather
    * than stalling it).
    */
-  function start(node: Node, args: string[]): Started {
+  function start(node: Node, args: string[], extraEnv: NodeJS.ProcessEnv = {}): Started {
     const started = performance.now();
-    const child = spawn(LATCH, args, { env: { ...process.env, LATCH_CONFIG: configs[node] }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(LATCH, args, {
+      env: { ...process.env, LATCH_CONFIG: configs[node], ...extraEnv },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let stdout = '';
     let stderr = '';
     child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
@@ -500,9 +503,16 @@ describe('the driver with the rbd backend under faults', { skip }, () => {
       ['losetup started', (call) => processesNamed('losetup', mountPoint, call).length > 0],
       ['loop device set up', async () => (await listLoopDevices()).some((l) => l.backingFile.startsWith(`${mountPoint}/`))],
     ];
+    // losetup itself runs for a few milliseconds, less than a poll takes on a busy machine: for that step the call runs
+    // a losetup that waits a second first (first on its PATH), so that the kill finds it running.
+    const slowBin = join(ceph.dir, 'slow-losetup');
+    mkdirSync(slowBin, { recursive: true });
+    const realLosetup = (await run('sh', ['-c', 'PATH="$PATH:/usr/sbin:/sbin" command -v losetup'])).stdout.trim();
+    writeFileSync(join(slowBin, 'losetup'), `#!/bin/sh\nsleep 1\nexec ${realLosetup} "$@"\n`, { mode: 0o755 });
+    const slowLosetup = { PATH: `${slowBin}:${process.env.PATH ?? ''}` };
     await ok('node-a', ['attach', volumeOptions(pv), 'node-a']);
     for (const [step, ready] of steps) {
-      const attaching = start('node-a', ['waitforattach', '', volumeOptions(pv)]);
+      const attaching = start('node-a', ['waitforattach', '', volumeOptions(pv)], step === 'losetup started' ? slowLosetup : {});
       await whenSeen(step, () => ready(attaching), { during: attaching });
       try {
         process.kill(attaching.pid, 'SIGKILL');
