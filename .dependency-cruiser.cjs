@@ -5,7 +5,8 @@
 //   main.ts             protocol/ (a FlexVolume call) or cli/ (an admin command)
 //   protocol/           ops/ and below
 //   ops/                node/ and below
-//   cli/                beside ops/: agent/, doctor/, jobs/, host/, node/ and below; never ops/ or protocol/
+//   cli/                beside ops/: agent/, doctor/, jobs/, demo/, host/, node/ and below; never ops/ or protocol/
+//   demo/               the quick start's story, played against this executable: host/, sys/ and base
 //   agent/              the node's daemon: jobs/, doctor/, node/ and below
 //   doctor/             the checks: host/, node/ and below
 //   jobs/               the job protocol: node/, backup/ and below
@@ -28,6 +29,7 @@ const CONTRACT = '^src/contract/';
 const CONTEXT = '^src/context[.]ts$';
 const PROTOCOL = '^src/protocol/';
 const OPS = '^src/ops/';
+const DEMO = '^src/demo/';
 const NODE = '^src/node/';
 const LEDGER = '^src/ledger/';
 const BACKEND = '^src/backend/';
@@ -118,9 +120,15 @@ module.exports = {
       "agent/ is the node's daemon: it runs jobs/ and doctor/'s cheap checks over node services; `latch agent` starts it, it never imports cli/.",
     ),
     layer(
+      'demo',
+      DEMO,
+      [HOST, SYS, BASE],
+      "demo/ plays kubelet's and an admin's calls against this executable as child processes (latch demo): it needs host/ (which file this is) and sys/, nothing of the driver's inside.",
+    ),
+    layer(
       'cli',
       CLI,
-      [AGENT, JOBS, DOCTOR, HOST, NODE, CONTEXT, BACKUP, ...BELOW_NODE],
+      [AGENT, JOBS, DOCTOR, DEMO, HOST, NODE, CONTEXT, BACKUP, ...BELOW_NODE],
       'cli/ sits beside ops/: thin commands over agent/, jobs/, doctor/, node, host and below, never ops/ or protocol/.',
     ),
     layer('main', MAIN, [PROTOCOL, CLI, CONTRACT, BASE], 'main.ts picks protocol (a FlexVolume call) or cli (an admin command).'),
@@ -152,6 +160,7 @@ module.exports = {
           JOBS,
           DOCTOR,
           AGENT,
+          DEMO,
           CLI,
           MAIN,
           ENTRY,

@@ -6,7 +6,6 @@ import { runningExecutable } from '../host/driver-file.js';
 import { detachLoop, listLoopDevices } from '../sys/loop.js';
 import { readMountInfo, umount } from '../sys/mounts.js';
 import { run } from '../sys/run.js';
-import type { CommandIO } from './io.js';
 
 export interface DemoOptions {
   /** loop (default): two nodes on one host sharing a pool directory; rbd: two nodes on a Ceph cluster, and a fence. */
@@ -28,10 +27,11 @@ export interface Step {
 /** How a demo tells its story: each driver call shown with its reply, and whether everything went as expected. */
 export class Narrator {
   ok = true;
-  constructor(private readonly io: CommandIO) {}
+  /** `out` prints a piece of the story (the command's stdout). */
+  constructor(private readonly out: (text: string) => void) {}
 
   say(text: string): void {
-    this.io.out(`${text}\n`);
+    this.out(`${text}\n`);
   }
 
   /** Runs a driver call of this executable as `step.config`'s node and shows it; a reply not as expected fails the demo. */

@@ -13,17 +13,16 @@ import { abortFuseConnection, fuseMountsAt, killAndWait, rbdFusePids } from '../
 import { readMountInfo } from '../sys/mounts.js';
 import { cephAuthExists, cephAuthGetOrCreate, cephAuthRemove, fencerCaps, nodeCaps, rbdInfo, type CephIdentity } from '../sys/rbd.js';
 import { run } from '../sys/run.js';
-import { cleanUp, kubeletOptions, leftoversOf, Narrator, success, type DemoOptions } from './demo-script.js';
-import type { CommandIO } from './io.js';
+import { cleanUp, kubeletOptions, leftoversOf, Narrator, success, type DemoOptions } from './script.js';
 
 const NODES = ['node-a', 'node-b'] as const;
 
-export async function demoRbd(options: DemoOptions, io: CommandIO): Promise<number> {
+export async function runRbdDemo(options: DemoOptions, out: (text: string) => void): Promise<number> {
   const cephConf = options.cephConf ?? '/etc/ceph/ceph.conf';
   const admin: CephIdentity = { cephConf, clientId: 'admin', keyring: options.cephKeyring ?? '/etc/ceph/ceph.client.admin.keyring' };
   const pool = options.pool ?? 'latch';
   const work = await mkdtemp('/tmp/latch-demo-');
-  const narrator = new Narrator(io);
+  const narrator = new Narrator(out);
   const say = (text: string) => narrator.say(text);
   // Unique per run, so that two demos on one cluster never share an identity or an image.
   const run_ = work
