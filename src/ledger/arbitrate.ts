@@ -4,6 +4,7 @@ import { isDeepStrictEqual } from 'node:util';
 import { LatchError } from '../errors.js';
 import type { FsType } from '../filesystems.js';
 import { shortTicketId } from './ids.js';
+import { grantShared } from './shared.js';
 import {
   JOB_TICKET_TYPES,
   TICKET_PRIORITY,
@@ -239,7 +240,8 @@ export function reconcile(doc: VolumeDoc, now: string): VolumeDoc {
   }
 
   const readOnlyMany = everyTicketReadOnly && Object.values(nodes).every((e) => e.readOnly && e.phase !== 'detaching');
-  if (!readOnlyMany && preemptor(next, tickets, eligible)) {
+  const shared = next.spec.shared === true; // ReadWriteMany: ledger/shared.ts grants it
+  if (!shared && !readOnlyMany && preemptor(next, tickets, eligible)) {
     // The holders' maintenance gives way: a grant not taken up goes at once; a node with the device lets go first.
     for (const [node, entry] of Object.entries(nodes)) {
       if (entry.phase === 'granted') delete nodes[node];
@@ -248,7 +250,9 @@ export function reconcile(doc: VolumeDoc, now: string): VolumeDoc {
   }
 
   const holders = Object.keys(nodes);
-  if (holders.length === 0) {
+  if (shared) {
+    grantShared(next, eligible, now);
+  } else if (holders.length === 0) {
     // Fully detached: the best ticket wins; with only read-only tickets, every node may have it.
     const winner = eligible[0];
     if (winner) {
