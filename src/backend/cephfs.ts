@@ -1,0 +1,305 @@
+// Shared (ReadWriteMany) volumes: CephFS subvolumes of latch's group, each with its size as the subvolume's quota
+// (ceph.quota.max_bytes), mounted on a node by its own cephx identity. Not a Backend: a shared volume has no block
+// device, no filesystem of latch's making and no exclusive owner; the ledger grants it to every node that asks
+// (ledger/shared.ts) and each node mounts the subvolume itself.
+//
+// A node's mount is found from kernel state only, as the block backends' mappings are:
+//  - ceph-fuse (CephFuseClient): the FUSE mount in mountinfo (fsType fuse.ceph-fuse) and the ceph-fuse process whose
+//    command line ends with that mount point and names the subvolume's path (--client_mountpoint). A ceph-fuse that
+//    no longer answers (SIGSTOPped, partitioned) hangs whatever stats its mount: nothing here does so outside
+//    guardFuse, and unmounting aborts the FUSE connection through fusectl when umount does not finish in time.
+//  - the kernel client (designed; this machine has no ceph module): `mount -t ceph :PATH TARGET -o
+//    name=ID,secretfile=F,mds_namespace=FS`, found in mountinfo as fsType ceph with source `...:PATH`. Its client
+//    instance is the MDS session of the node's entity on that path, which the fencer finds itself.
+import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { readFileSync } from 'node:fs';
+import type { CephFsClientKind, CephFsClientSetting, CephFsConfig, Config } from '../config.js';
+import { LatchError } from '../errors.js';
+import {
+  cephFuseClientAddress,
+  isSubvolumePath,
+  readClientRecord,
+  startCephFuse,
+  subvolumeCreate,
+  subvolumeInfo,
+  subvolumeRemove,
+  subvolumeResize,
+  type SubvolumeRef,
+} from '../sys/cephfs.js';
+import { abortFuseConnection, fuseMountsAt, guardFuse, killAndWait, waitForExit } from '../sys/fuse.js';
+import { readMountInfo, type MountInfo } from '../sys/mounts.js';
+import type { CephIdentity } from '../sys/rbd.js';
+import { run } from '../sys/run.js';
+
+/** What waitforattach replies for a shared volume, and the only devicePath mountdevice accepts for it (docs/protocol.md). */
+export function sharedDeviceId(volume: string): string {
+  return `/latch/shared/${volume}`;
+}
+
+/** A shared volume's mount on this node, as the kernel shows it. */
+export interface SharedMount {
+  mount: MountInfo;
+  /** The subvolume's path it mounts; undefined when its client is gone (a dead ceph-fuse leaves its mount). */
+  root: string | undefined;
+  /** The client's process, for ceph-fuse. */
+  pid?: number;
+}
+
+/** How a node mounts a subvolume: ceph-fuse here, the kernel client where the ceph module is. */
+export interface SharedClient {
+  readonly kind: CephFsClientKind;
+  mount(root: string, target: string, options: { readOnly: boolean; adminSocket: string }): Promise<void>;
+  /** The client's mount at `target` (the bottom one), from mountinfo and /proc only. */
+  mountAt(target: string, table?: MountInfo[]): Promise<SharedMount | undefined>;
+  /** Unmounts `target`, also when its client is dead or hung. Idempotent. */
+  unmount(target: string): Promise<void>;
+  /** Every wait on the mount fails at once from now on (fenced: the cluster refuses the client). */
+  abort(target: string): Promise<void>;
+}
+
+export interface SharedVolumesOptions {
+  identity: CephIdentity;
+  cephfs: CephFsConfig;
+  client: SharedClient;
+  maxSize: number;
+  timeoutMs: number;
+}
+
+export class SharedVolumes {
+  constructor(private readonly options: SharedVolumesOptions) {}
+
+  get storage(): string {
+    return `the CephFS file system ${this.options.cephfs.fsName} (subvolume group ${this.options.cephfs.group})`;
+  }
+
+  private ref(volume: string): SubvolumeRef {
+    return { fsName: this.options.cephfs.fsName, group: this.options.cephfs.group, volume };
+  }
+
+  /** Creates the subvolume with its quota; an existing one is fine when its quota is at least `sizeBytes`. */
+  async create(volume: string, sizeBytes: number): Promise<void> {
+    if (sizeBytes > this.options.maxSize) {
+      throw new LatchError(`volume ${volume}: ${sizeBytes} bytes is above the configured maxSize of ${this.options.maxSize} bytes`);
+    }
+    const existing = await subvolumeInfo(this.options.identity, this.ref(volume));
+    if (existing === undefined) await subvolumeCreate(this.options.identity, this.ref(volume), sizeBytes);
+    const info = await subvolumeInfo(this.options.identity, this.ref(volume));
+    if (info === undefined) throw new LatchError(`the subvolume of volume ${volume} vanished right after it was created; try again`);
+    if (info.quotaBytes !== undefined && info.quotaBytes < sizeBytes) {
+      throw new LatchError(`volume ${volume} exists in ${this.storage} with a quota of ${info.quotaBytes} bytes, below ${sizeBytes}`);
+    }
+  }
+
+  /** The quota in bytes, or undefined when the subvolume does not exist. */
+  async size(volume: string): Promise<number | undefined> {
+    return (await subvolumeInfo(this.options.identity, this.ref(volume)))?.quotaBytes;
+  }
+
+  /** Bytes used and the quota, for metrics and doctor. */
+  async usage(volume: string): Promise<{ usedBytes: number; quotaBytes: number | undefined } | undefined> {
+    const info = await subvolumeInfo(this.options.identity, this.ref(volume));
+    return info && { usedBytes: info.usedBytes, quotaBytes: info.quotaBytes };
+  }
+
+  /** Raises the quota to `sizeBytes` (never lowers it): every node's mount sees the new size at once. */
+  async grow(volume: string, sizeBytes: number): Promise<void> {
+    if (sizeBytes > this.options.maxSize) {
+      throw new LatchError(`volume ${volume}: ${sizeBytes} bytes is above the configured maxSize of ${this.options.maxSize} bytes`);
+    }
+    const info = await subvolumeInfo(this.options.identity, this.ref(volume));
+    if (info === undefined) throw new LatchError(`volume ${volume} has no subvolume in ${this.storage}`);
+    if (info.quotaBytes !== undefined && info.quotaBytes > sizeBytes) {
+      throw new LatchError(`volume ${volume} is ${info.quotaBytes} bytes; latch never shrinks a volume`);
+    }
+    if (info.quotaBytes !== sizeBytes) await subvolumeResize(this.options.identity, this.ref(volume), sizeBytes);
+  }
+
+  /** Removes the subvolume and its data; a missing one is fine. Refused while this node has it mounted. */
+  async delete(volume: string): Promise<void> {
+    if (await this.mountedHere(volume)) throw new LatchError(`volume ${volume} is mounted on this node; unmount it first`);
+    await subvolumeRemove(this.options.identity, this.ref(volume));
+  }
+
+  private clientFile(volume: string): string {
+    return join(this.options.cephfs.mountDir, `${volume}.client`);
+  }
+
+  private adminSocket(volume: string): string {
+    return join(this.options.cephfs.mountDir, `${volume}.asok`);
+  }
+
+  /**
+   * Mounts the volume's subvolume at `target` (or finds it mounted there) and returns the client instance that serves
+   * it, when the client names one (ceph-fuse: from its admin socket), so that the ledger can record it for a fence.
+   * Refuses a target where something else is mounted. A dead client's mount there is taken down first.
+   */
+  async mountAt(volume: string, target: string, options: { readOnly: boolean }): Promise<string | undefined> {
+    const ref = this.ref(volume);
+    const found = await this.options.client.mountAt(target);
+    if (found?.root !== undefined) {
+      if (!isSubvolumePath(found.root, ref)) throw new LatchError(`${target} has ${found.root} mounted, not volume ${volume}`);
+      return this.clientOf(volume);
+    }
+    if (found) await this.options.client.unmount(target); // its client died: nothing serves that mount any more
+    const info = await subvolumeInfo(this.options.identity, ref);
+    if (info === undefined) throw new LatchError(`volume ${volume} has no subvolume in ${this.storage}`);
+    await mkdir(this.options.cephfs.mountDir, { recursive: true, mode: 0o700 });
+    await mkdir(target, { recursive: true, mode: 0o700 });
+    await rm(this.clientFile(volume), { force: true });
+    await this.options.client.mount(info.path, target, { readOnly: options.readOnly, adminSocket: this.adminSocket(volume) });
+    const client = await this.clientAddressNow(volume);
+    if (client !== undefined) await writeFile(this.clientFile(volume), `${client}\n`, { mode: 0o600 });
+    return client;
+  }
+
+  private async clientAddressNow(volume: string): Promise<string | undefined> {
+    if (this.options.client.kind !== 'ceph-fuse') return undefined;
+    return cephFuseClientAddress(this.adminSocket(volume), Math.min(this.options.timeoutMs, 10_000));
+  }
+
+  /** The client instance recorded when the volume was mounted here. */
+  async clientOf(volume: string): Promise<string | undefined> {
+    return readClientRecord(this.clientFile(volume));
+  }
+
+  /** The shared volume mounted at `target` on this node (mountinfo and /proc only), or undefined. */
+  async volumeAt(target: string, table?: MountInfo[]): Promise<{ volume: string | undefined; mount: MountInfo } | undefined> {
+    const found = await this.options.client.mountAt(target, table);
+    if (!found) return undefined;
+    const prefix = `/volumes/${this.options.cephfs.group}/`;
+    const volume = found.root?.startsWith(prefix) ? found.root.slice(prefix.length).split('/')[0] : undefined;
+    return { volume, mount: found.mount };
+  }
+
+  /** Whether this node has any mount of the volume's subvolume (its client's own mount point, not the binds). */
+  async mountedHere(volume: string): Promise<boolean> {
+    const table = await readMountInfo();
+    for (const m of table) {
+      const found = await this.options.client.mountAt(m.mountPoint, table);
+      if (found?.root !== undefined && isSubvolumePath(found.root, this.ref(volume))) return true;
+    }
+    return false;
+  }
+
+  /** Unmounts the client's mount at `target` (hung or dead ones too) and forgets its client record. */
+  async unmountAt(volume: string, target: string): Promise<void> {
+    await this.options.client.unmount(target);
+    if (!(await this.mountedHere(volume))) await rm(this.clientFile(volume), { force: true });
+  }
+
+  /** The cluster refuses this node's client (fenced): waits on its mount at `target` end at once. */
+  async cutOff(target: string): Promise<void> {
+    await this.options.client.abort(target);
+  }
+}
+
+// ---- ceph-fuse ---------------------------------------------------------------------------------------------------
+
+/** The live ceph-fuse processes, each with its mount point (its last argument) and the path it mounts. */
+async function cephFuseProcesses(): Promise<{ pid: number; mountPoint: string; root: string | undefined }[]> {
+  const found: { pid: number; mountPoint: string; root: string | undefined }[] = [];
+  for (const entry of await readdir('/proc')) {
+    if (!/^[0-9]+$/.test(entry) || Number(entry) === process.pid) continue;
+    let argv: string[];
+    try {
+      argv = (await readFile(`/proc/${entry}/cmdline`, 'utf8')).split('\0').filter((a) => a !== '');
+    } catch {
+      continue;
+    }
+    if (!(argv[0] ?? '').endsWith('ceph-fuse')) continue;
+    const state = await readFile(`/proc/${entry}/stat`, 'utf8').catch(() => '');
+    const s = state.slice(state.lastIndexOf(')') + 2).split(' ')[0];
+    if (s === undefined || s === 'Z' || s === 'X' || s === '') continue;
+    const at = argv.indexOf('--client_mountpoint');
+    found.push({ pid: Number(entry), mountPoint: argv.at(-1) ?? '', root: at >= 0 ? argv[at + 1] : undefined });
+  }
+  return found;
+}
+
+export class CephFuseClient implements SharedClient {
+  readonly kind = 'ceph-fuse';
+
+  constructor(
+    private readonly identity: CephIdentity,
+    private readonly fsName: string,
+    private readonly timeoutMs: number,
+  ) {}
+
+  async mount(root: string, target: string, options: { readOnly: boolean; adminSocket: string }): Promise<void> {
+    await rm(options.adminSocket, { force: true });
+    await startCephFuse({ identity: this.identity, fsName: this.fsName, root, mountPoint: target, ...options, timeoutMs: this.timeoutMs });
+    if (!(await this.mountAt(target)))
+      throw new LatchError(`ceph-fuse exited as if it had mounted ${target}, but mountinfo shows no mount there`);
+  }
+
+  async mountAt(target: string, table?: MountInfo[]): Promise<SharedMount | undefined> {
+    const mounts = (await fuseMountsAt(target, table)).filter((m) => m.fsType === 'fuse.ceph-fuse');
+    const mount = mounts[0];
+    if (!mount) return undefined;
+    // A bind of the client's mount (a pod dir) has the same device: the process is the one at the client's mount point.
+    const all = table ?? (await readMountInfo());
+    for (const p of await cephFuseProcesses()) {
+      const own = all.find((m) => m.mountPoint === p.mountPoint && m.fsType === 'fuse.ceph-fuse');
+      if (own && own.majorMinor === mount.majorMinor) return { mount, root: p.root, pid: p.pid };
+    }
+    return { mount, root: undefined };
+  }
+
+  async unmount(target: string): Promise<void> {
+    for (let i = 0; i < 8; i++) {
+      const found = await this.mountAt(target);
+      if (!found) break;
+      let clean = true;
+      try {
+        await guardFuse(target, this.timeoutMs, (childTimeoutMs) => run('umount', [target], { timeoutMs: childTimeoutMs }));
+      } catch {
+        // Hung or fenced: abort its connection, so that nothing waits on it, then unmount what is left.
+        clean = false;
+        await abortFuseConnection(found.mount).catch(() => undefined);
+        await run('umount', [target], { timeoutMs: 10_000 }).catch(() => run('umount', ['--lazy', target], { timeoutMs: 10_000 }));
+      }
+      if (found.pid === undefined) continue;
+      // After a clean unmount ceph-fuse writes back what it still holds and exits by itself: it is given the time.
+      const left = clean ? await waitForExit([found.pid], this.timeoutMs) : [found.pid];
+      if (left.length > 0) await killAndWait(left, 5_000);
+    }
+    // A client whose mount is gone but that still runs (killed midway): it serves nothing.
+    const stale = (await cephFuseProcesses()).filter((p) => p.mountPoint === target).map((p) => p.pid);
+    if (stale.length > 0) await killAndWait(stale, 5_000);
+  }
+
+  async abort(target: string): Promise<void> {
+    for (const m of await fuseMountsAt(target)) await abortFuseConnection(m);
+  }
+}
+
+// ---- the configured shared volumes ---------------------------------------------------------------------------------
+
+/** The shared volumes of the configuration, or undefined where it configures none (no backend.cephfs). */
+export function sharedVolumesFor(config: Pick<Config, 'backend' | 'maxSize' | 'commandTimeout'>): SharedVolumes | undefined {
+  const rbd = config.backend;
+  if (rbd.type !== 'rbd' || rbd.cephfs === undefined) return undefined;
+  const identity = { cephConf: rbd.cephConf, clientId: rbd.clientId, keyring: rbd.keyring };
+  const timeoutMs = config.commandTimeout * 1000;
+  const kind = chooseCephFsClient(rbd.cephfs.client);
+  if (kind === 'kernel') {
+    throw new LatchError(
+      'the kernel CephFS client is designed but not built yet (docs/design/cephfs.md); set backend.cephfs.client to "ceph-fuse"',
+    );
+  }
+  const client = new CephFuseClient(identity, rbd.cephfs.fsName, timeoutMs);
+  return new SharedVolumes({ identity, cephfs: rbd.cephfs, client, maxSize: config.maxSize, timeoutMs });
+}
+
+/** "auto": the kernel client where the kernel has CephFS (loaded: /proc/filesystems), else ceph-fuse. */
+export function chooseCephFsClient(setting: CephFsClientSetting, filesystems = '/proc/filesystems'): CephFsClientKind {
+  if (setting !== 'auto') return setting;
+  let text = '';
+  try {
+    text = readFileSync(filesystems, 'utf8');
+  } catch {
+    // no procfs: ceph-fuse
+  }
+  return /^\S*\s+ceph$/m.test(text) ? 'kernel' : 'ceph-fuse';
+}
