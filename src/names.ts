@@ -16,7 +16,7 @@ export const DRIVER_NAME_PATTERN = /^[a-z0-9][a-z0-9.-]*\/[a-z0-9][a-z0-9.-]*$/;
  * latch's own options, as a user writes them in flexVolume.options. Here, among the base modules, because the options
  * parser checks them and the call log keeps only their values (any other user option may carry a secret).
  */
-export const LATCH_OPTIONS = ['volume', 'size', 'fsType', 'readOnly', 'mountOptions'] as const;
+export const LATCH_OPTIONS = ['volume', 'size', 'fsType', 'readOnly', 'mountOptions', 'accessMode'] as const;
 
 /** Throws unless `name` is safe to use as a file name component; `what` names the field in the message. */
 export function checkVolumeName(name: string, what = 'volume name', max = MAX_VOLUME_NAME): string {

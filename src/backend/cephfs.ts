@@ -32,11 +32,6 @@ import { readMountInfo, type MountInfo } from '../sys/mounts.js';
 import type { CephIdentity } from '../sys/rbd.js';
 import { run } from '../sys/run.js';
 
-/** What waitforattach replies for a shared volume, and the only devicePath mountdevice accepts for it (docs/protocol.md). */
-export function sharedDeviceId(volume: string): string {
-  return `/latch/shared/${volume}`;
-}
-
 /** A shared volume's mount on this node, as the kernel shows it. */
 export interface SharedMount {
   mount: MountInfo;
@@ -186,6 +181,20 @@ export class SharedVolumes {
   async unmountAt(volume: string, target: string): Promise<void> {
     await this.options.client.unmount(target);
     if (!(await this.mountedHere(volume))) await rm(this.clientFile(volume), { force: true });
+  }
+
+  /** Unmounts every bind of a shared volume stacked at `path` (a pod dir): never the client's own mount. */
+  async unmountBind(path: string): Promise<void> {
+    for (let i = 0; i < 16; i++) {
+      const top = (await readMountInfo()).filter((m) => m.mountPoint === path).at(-1);
+      if (!top || (top.fsType !== 'fuse.ceph-fuse' && top.fsType !== 'ceph')) return;
+      try {
+        await guardFuse(path, this.options.timeoutMs, (childTimeoutMs) => run('umount', [path], { timeoutMs: childTimeoutMs }));
+      } catch {
+        // A hung client: its connection is aborted now; the bind goes without waiting on it.
+        await run('umount', ['--lazy', path], { timeoutMs: 10_000 });
+      }
+    }
   }
 
   /** The cluster refuses this node's client (fenced): waits on its mount at `target` end at once. */

@@ -11,6 +11,7 @@ import { clearOwnFence } from '../node/fence.js';
 import { awayFromHome } from '../node/home.js';
 import { withVolumeLock } from '../node/lock.js';
 import { clearHoldToCheck, markHoldToCheck } from '../node/self-release.js';
+import { attachShared } from '../node/shared.js';
 import { checkCaller } from '../node/tickets.js';
 import { defineOp } from './op.js';
 
@@ -58,6 +59,10 @@ export const op = defineOp({
       if (!claimed || !isInUse(claimed.status.nodes[node]?.phase)) {
         await clearHoldToCheck(config, name);
         return failure(`volume ${name} was withdrawn from node ${node} while it was waiting for it; kubelet tries again`);
+      }
+      if (claimed.spec.shared) {
+        await clearHoldToCheck(config, name); // nothing is mounted before mountdevice: there is no hold to check
+        return attachShared(ctx, name, claimed);
       }
       const { device } = await setUpDevice(ctx, name, claimed);
       await clearHoldToCheck(config, name);

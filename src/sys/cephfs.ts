@@ -176,13 +176,29 @@ export interface MdsSession {
   root: string;
 }
 
-/** The active MDS daemons of the file system (`ceph fs status`). */
+/** The active MDS daemons of the file system, from the monitors' FSMap (`ceph fs dump`). */
 async function activeMds(identity: CephIdentity, fsName: string): Promise<string[]> {
-  const { stdout } = await ceph(identity, ['fs', 'status', fsName, '--format', 'json']);
-  const status = JSON.parse(stdout) as { mdsmap?: { name?: unknown; state?: unknown }[] };
-  const names = (status.mdsmap ?? []).filter((m) => m.state === 'active' && typeof m.name === 'string').map((m) => String(m.name));
+  const { stdout } = await ceph(identity, ['fs', 'dump', '--format', 'json']);
+  type MdsInfo = { name?: unknown; state?: unknown };
+  const dump = JSON.parse(stdout) as { filesystems?: { mdsmap?: { fs_name?: unknown; info?: Record<string, MdsInfo> } }[] };
+  const fs = (dump.filesystems ?? []).find((f) => f.mdsmap?.fs_name === fsName);
+  const names = Object.values(fs?.mdsmap?.info ?? {})
+    .filter((m) => m.state === 'up:active' && typeof m.name === 'string')
+    .map((m) => String(m.name));
   if (names.length === 0) throw new LatchError(`file system ${fsName} has no active MDS: its client sessions cannot be listed`);
   return names.filter((n) => /^[A-Za-z0-9_.-]+$/.test(n));
+}
+
+/**
+ * The caps of the fencer for shared volumes, besides its rbd ones (fencerCaps): the FSMap (to find the active MDS
+ * daemons) and the MDS's `client ls` and `client evict`, which Ceph grants only with mds `allow *`. With osd caps
+ * that cannot write the file system's pools, it still cannot change a file's data.
+ */
+export function cephfsFencerCaps(rbdFencerCaps: string[]): string[] {
+  const caps = [...rbdFencerCaps];
+  const mon = caps.indexOf('mon');
+  if (mon >= 0) caps[mon + 1] = `${caps[mon + 1]}, allow command "fs dump"`;
+  return [...caps, 'mds', 'allow *'];
 }
 
 /** Every client session of every active MDS of the file system. Throws when an MDS cannot say. */
