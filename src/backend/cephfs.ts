@@ -51,6 +51,8 @@ export interface SharedClient {
   unmount(target: string): Promise<void>;
   /** Every wait on the mount fails at once from now on (fenced: the cluster refuses the client). */
   abort(target: string): Promise<void>;
+  /** The live mounts of this node's identity: where, and which path of the file system. */
+  mounts(): Promise<{ target: string; root: string }[]>;
 }
 
 export interface SharedVolumesOptions {
@@ -169,12 +171,7 @@ export class SharedVolumes {
 
   /** Whether this node has any mount of the volume's subvolume (its client's own mount point, not the binds). */
   async mountedHere(volume: string): Promise<boolean> {
-    const table = await readMountInfo();
-    for (const m of table) {
-      const found = await this.options.client.mountAt(m.mountPoint, table);
-      if (found?.root !== undefined && isSubvolumePath(found.root, this.ref(volume))) return true;
-    }
-    return false;
+    return (await this.options.client.mounts()).some((m) => isSubvolumePath(m.root, this.ref(volume)));
   }
 
   /** Unmounts the client's mount at `target` (hung or dead ones too) and forgets its client record. */
@@ -190,9 +187,10 @@ export class SharedVolumes {
       if (!top || (top.fsType !== 'fuse.ceph-fuse' && top.fsType !== 'ceph')) return;
       try {
         await guardFuse(path, this.options.timeoutMs, (childTimeoutMs) => run('umount', [path], { timeoutMs: childTimeoutMs }));
-      } catch {
-        // A hung client: its connection is aborted now; the bind goes without waiting on it.
-        await run('umount', ['--lazy', path], { timeoutMs: 10_000 });
+      } catch (err) {
+        // A hung client: its connection is aborted now (which may have let the umount through); what is left goes lazily.
+        const still = (await readMountInfo()).some((m) => m.mountPoint === path && m.majorMinor === top.majorMinor);
+        if (still) await run('umount', ['--lazy', path], { timeoutMs: 10_000 }).catch(() => Promise.reject(err));
       }
     }
   }
@@ -206,8 +204,8 @@ export class SharedVolumes {
 // ---- ceph-fuse ---------------------------------------------------------------------------------------------------
 
 /** The live ceph-fuse processes, each with its mount point (its last argument) and the path it mounts. */
-async function cephFuseProcesses(): Promise<{ pid: number; mountPoint: string; root: string | undefined }[]> {
-  const found: { pid: number; mountPoint: string; root: string | undefined }[] = [];
+async function cephFuseProcesses(): Promise<{ pid: number; mountPoint: string; root: string | undefined; id: string | undefined }[]> {
+  const found: { pid: number; mountPoint: string; root: string | undefined; id: string | undefined }[] = [];
   for (const entry of await readdir('/proc')) {
     if (!/^[0-9]+$/.test(entry) || Number(entry) === process.pid) continue;
     let argv: string[];
@@ -221,7 +219,13 @@ async function cephFuseProcesses(): Promise<{ pid: number; mountPoint: string; r
     const s = state.slice(state.lastIndexOf(')') + 2).split(' ')[0];
     if (s === undefined || s === 'Z' || s === 'X' || s === '') continue;
     const at = argv.indexOf('--client_mountpoint');
-    found.push({ pid: Number(entry), mountPoint: argv.at(-1) ?? '', root: at >= 0 ? argv[at + 1] : undefined });
+    const id = argv.indexOf('--id');
+    found.push({
+      pid: Number(entry),
+      mountPoint: argv.at(-1) ?? '',
+      root: at >= 0 ? argv[at + 1] : undefined,
+      id: id >= 0 ? argv[id + 1] : undefined,
+    });
   }
   return found;
 }
@@ -280,6 +284,15 @@ export class CephFuseClient implements SharedClient {
 
   async abort(target: string): Promise<void> {
     for (const m of await fuseMountsAt(target)) await abortFuseConnection(m);
+  }
+
+  async mounts(): Promise<{ target: string; root: string }[]> {
+    // By this node's identity: simulated nodes on one host (tests, demo) each mount as their own.
+    const table = await readMountInfo();
+    return (await cephFuseProcesses())
+      .filter((p) => p.id === this.identity.clientId && p.root !== undefined)
+      .filter((p) => table.some((m) => m.mountPoint === p.mountPoint && m.fsType === 'fuse.ceph-fuse'))
+      .map((p) => ({ target: p.mountPoint, root: p.root ?? '' }));
   }
 }
 

@@ -191,13 +191,14 @@ async function activeMds(identity: CephIdentity, fsName: string): Promise<string
 
 /**
  * The caps of the fencer for shared volumes, besides its rbd ones (fencerCaps): the FSMap (to find the active MDS
- * daemons) and the MDS's `client ls` and `client evict`, which Ceph grants only with mds `allow *`. With osd caps
+ * daemons), the MDS map (without `allow service mds r` a `ceph tell mds.X` waits for ever: measured) and the MDS's
+ * `client ls` and `client evict`, which Ceph grants only with mds `allow *`. With osd caps
  * that cannot write the file system's pools, it still cannot change a file's data.
  */
 export function cephfsFencerCaps(rbdFencerCaps: string[]): string[] {
   const caps = [...rbdFencerCaps];
   const mon = caps.indexOf('mon');
-  if (mon >= 0) caps[mon + 1] = `${caps[mon + 1]}, allow command "fs dump"`;
+  if (mon >= 0) caps[mon + 1] = `${caps[mon + 1]}, allow service mds r, allow command "fs dump"`;
   return [...caps, 'mds', 'allow *'];
 }
 

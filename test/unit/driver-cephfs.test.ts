@@ -274,8 +274,11 @@ describe('shared volumes on CephFS through the driver', { skip }, () => {
     async () => {
       const node = 'node-c';
       assert.equal((await call(node, 'mount', podDir(node), options(node))).status, 'Success');
-      // All three write; node-a's writer keeps writing through the fence.
+      // All three write; node-a's writer keeps writing through the fence, to a file node-b has seen before it.
       const marker = join(podDir('node-a'), 'late');
+      await sh(`echo "a 0" > "${marker}"; sync "${marker}"`);
+      for (let i = 0; i < 40 && !existsSync(join(podDir('node-b'), 'late')); i++) await new Promise((r) => setTimeout(r, 250));
+      assert.ok(existsSync(join(podDir('node-b'), 'late')), "node-b sees node-a's file before the fence");
       const writerA = spawn(
         'sh',
         [
@@ -303,6 +306,10 @@ describe('shared volumes on CephFS through the driver', { skip }, () => {
       assert.match(errors, /fail/, "node-a's writes fail once it is fenced");
       const atEnd = (await sh(`wc -l < "${join(podDir('node-b'), 'late')}"`)).stdout.trim();
       assert.equal(atEnd, atFence, "none of node-a's writes after the fence landed");
+      assert.ok(Number(atEnd) < 400, `node-a's writer was cut off (${atEnd} lines of 401 landed)`);
+      // What landed is a prefix of what node-a wrote, in order.
+      const lines = (await sh(`cat "${join(podDir('node-b'), 'late')}"`)).stdout.trim().split('\n');
+      lines.forEach((line, i) => assert.equal(line, `a ${i}`));
       assert.equal(readdirSync(podDir('node-c')).filter((n) => n.startsWith('w-')).length, 60, 'node-b and node-c kept writing');
       // node-a is not granted the volume again until it has cleared its old mount: its unmount does that.
       const unmounted = await call('node-a', 'unmount', podDir('node-a'));
