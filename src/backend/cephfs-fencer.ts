@@ -16,7 +16,7 @@ import type { Fencer } from './types.js';
 const FENCE_SECONDS = 10 * 365 * 24 * 3600;
 const SESSION_GONE_MS = 15_000;
 
-export class CephFsFencer implements Fencer {
+class CephFsFencer implements Fencer {
   readonly kind = "the Ceph cluster's OSD blocklist and the MDS's session eviction";
 
   constructor(

@@ -8,9 +8,9 @@
 //    command line ends with that mount point and names the subvolume's path (--client_mountpoint). A ceph-fuse that
 //    no longer answers (SIGSTOPped, partitioned) hangs whatever stats its mount: nothing here does so outside
 //    guardFuse, and unmounting aborts the FUSE connection through fusectl when umount does not finish in time.
-//  - the kernel client (designed; this machine has no ceph module): `mount -t ceph :PATH TARGET -o
-//    name=ID,secretfile=F,mds_namespace=FS`, found in mountinfo as fsType ceph with source `...:PATH`. Its client
-//    instance is the MDS session of the node's entity on that path, which the fencer finds itself.
+//  - the kernel client (KernelCephClient in cephfs-kernel.ts, where the kernel has the ceph module; tested against a
+//    fake here): `mount -t ceph :PATH TARGET -o name=ID,secretfile=F,mds_namespace=FS,conf=C`, found in mountinfo as
+//    fsType ceph whose source ends with the subvolume's path and whose options name the node's identity.
 import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { readFileSync } from 'node:fs';
@@ -27,6 +27,7 @@ import {
   subvolumeResize,
   type SubvolumeRef,
 } from '../sys/cephfs.js';
+import { KernelCephClient } from './cephfs-kernel.js';
 import { abortFuseConnection, fuseMountsAt, guardFuse, killAndWait, waitForExit } from '../sys/fuse.js';
 import { readMountInfo, type MountInfo } from '../sys/mounts.js';
 import type { CephIdentity } from '../sys/rbd.js';
@@ -190,7 +191,12 @@ export class SharedVolumes {
       } catch (err) {
         // A hung client: its connection is aborted now (which may have let the umount through); what is left goes lazily.
         const still = (await readMountInfo()).some((m) => m.mountPoint === path && m.majorMinor === top.majorMinor);
-        if (still) await run('umount', ['--lazy', path], { timeoutMs: 10_000 }).catch(() => Promise.reject(err));
+        if (!still) continue;
+        try {
+          await run('umount', ['--lazy', path], { timeoutMs: 10_000 });
+        } catch {
+          throw err;
+        }
       }
     }
   }
@@ -230,7 +236,7 @@ async function cephFuseProcesses(): Promise<{ pid: number; mountPoint: string; r
   return found;
 }
 
-export class CephFuseClient implements SharedClient {
+class CephFuseClient implements SharedClient {
   readonly kind = 'ceph-fuse';
 
   constructor(
@@ -305,12 +311,10 @@ export function sharedVolumesFor(config: Pick<Config, 'backend' | 'maxSize' | 'c
   const identity = { cephConf: rbd.cephConf, clientId: rbd.clientId, keyring: rbd.keyring };
   const timeoutMs = config.commandTimeout * 1000;
   const kind = chooseCephFsClient(rbd.cephfs.client);
-  if (kind === 'kernel') {
-    throw new LatchError(
-      'the kernel CephFS client is designed but not built yet (docs/design/cephfs.md); set backend.cephfs.client to "ceph-fuse"',
-    );
-  }
-  const client = new CephFuseClient(identity, rbd.cephfs.fsName, timeoutMs);
+  const client =
+    kind === 'kernel'
+      ? new KernelCephClient({ identity, fsName: rbd.cephfs.fsName, mountDir: rbd.cephfs.mountDir, timeoutMs })
+      : new CephFuseClient(identity, rbd.cephfs.fsName, timeoutMs);
   return new SharedVolumes({ identity, cephfs: rbd.cephfs, client, maxSize: config.maxSize, timeoutMs });
 }
 

@@ -11,7 +11,7 @@
 import type { NodeAttachment, Ticket, VolumeDoc } from './types.js';
 
 /** Whether the ticket needs the shared volume to itself. */
-export function needsSharedVolumeAlone(ticket: Ticket): boolean {
+function needsSharedVolumeAlone(ticket: Ticket): boolean {
   if (ticket.type === 'admin' || ticket.type === 'restore') return true;
   return ticket.type === 'clone' && ticket.job?.kind === 'clone' && ticket.job.role === 'target';
 }

@@ -30,7 +30,7 @@ import { stagingPath } from './staging.js';
 import type { WorkloadRequest } from './tickets.js';
 
 /** The configured shared volumes; a LatchError where the configuration has none. */
-export async function sharedVolumesOf(ctx: Context): Promise<SharedVolumes> {
+async function sharedVolumesOf(ctx: Context): Promise<SharedVolumes> {
   const { sharedVolumesFor } = await import('../backend/cephfs.js');
   const shared = sharedVolumesFor(ctx.config);
   if (!shared) {
@@ -42,7 +42,7 @@ export async function sharedVolumesOf(ctx: Context): Promise<SharedVolumes> {
 }
 
 /** What waitforattach replies for a shared volume and mountdevice accepts (backend/cephfs.ts sharedDeviceId). */
-export function sharedDeviceId(volume: string): string {
+function sharedDeviceId(volume: string): string {
   return `/latch/shared/${volume}`;
 }
 

@@ -329,5 +329,9 @@ describe('shared volumes on CephFS through the driver', { skip }, () => {
       [],
       'no ceph-fuse mount is left',
     );
+    const removed = await admin('admin', 'volume', 'delete', PV);
+    assert.equal(removed.code, 0, removed.out);
+    const info = await ceph.ceph(['fs', 'subvolume', 'info', 'cephfs', PV, '--group_name', 'latch'], { okExitCodes: [2] });
+    assert.equal(info.exitCode, 2, 'the subvolume is gone');
   });
 });
