@@ -14,6 +14,8 @@ export interface FenceOutcome {
   doc: VolumeDoc | undefined;
   /** Every client instance the storage now refuses for this node and volume. */
   clients: string[];
+  /** What refuses them (the fencer's kind: a shared volume's is not the one the caller passed). */
+  by: string;
 }
 
 export interface FenceOptions {
@@ -77,7 +79,7 @@ export async function fenceNodeOffVolume(
     doc = await ledger.beginFence(name, node, reason, clients);
   }
   doc = await ledger.completeFence(name, node, clients);
-  return { doc, clients };
+  return { doc, clients, by: fencer.kind };
 }
 
 /**
