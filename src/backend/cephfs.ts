@@ -25,6 +25,9 @@ import {
   subvolumeInfo,
   subvolumeRemove,
   subvolumeResize,
+  subvolumeSnapshotCreate,
+  subvolumeSnapshotRemove,
+  subvolumeSnapshots,
   type SubvolumeRef,
 } from '../sys/cephfs.js';
 import { KernelCephClient } from './cephfs-kernel.js';
@@ -32,6 +35,7 @@ import { abortFuseConnection, fuseMountsAt, guardFuse, killAndWait, waitForExit 
 import { readMountInfo, type MountInfo } from '../sys/mounts.js';
 import type { CephIdentity } from '../sys/rbd.js';
 import { run } from '../sys/run.js';
+import type { SnapshotInfo } from './types.js';
 
 /** A shared volume's mount on this node, as the kernel shows it. */
 export interface SharedMount {
@@ -117,6 +121,41 @@ export class SharedVolumes {
   async delete(volume: string): Promise<void> {
     if (await this.mountedHere(volume)) throw new LatchError(`volume ${volume} is mounted on this node; unmount it first`);
     await subvolumeRemove(this.options.identity, this.ref(volume));
+  }
+
+  // ---- snapshots: CephFS subvolume snapshots, cut by the MDS whatever mounts the volume (no freeze, no device) ----
+
+  /** Takes snapshot `name`; refuses a name that is taken. */
+  async createSnapshot(volume: string, name: string): Promise<SnapshotInfo> {
+    const ref = this.ref(volume);
+    const size = await this.size(volume);
+    if (size === undefined && (await subvolumeInfo(this.options.identity, ref)) === undefined) {
+      throw new LatchError(`volume ${volume} has no subvolume in ${this.storage}`);
+    }
+    // The volumes module answers success for a name that is taken: look first.
+    const taken = (await this.listSnapshots(volume)).some((s) => s.name === name);
+    if (taken || !(await subvolumeSnapshotCreate(this.options.identity, ref, name))) {
+      throw new LatchError(`volume ${volume} already has a snapshot named ${name}`);
+    }
+    const made = (await this.listSnapshots(volume)).find((s) => s.name === name);
+    if (!made) throw new LatchError(`snapshot ${name} of volume ${volume} is not listed right after it was taken`);
+    return made;
+  }
+
+  async listSnapshots(volume: string): Promise<SnapshotInfo[]> {
+    const quota = await this.size(volume);
+    return (await subvolumeSnapshots(this.options.identity, this.ref(volume))).map((s) => ({
+      volume,
+      name: s.name,
+      createdAt: s.createdAt,
+      sizeBytes: quota ?? s.sizeBytes,
+      sharing: 'native' as const,
+      allocatedBytes: s.sizeBytes,
+    }));
+  }
+
+  async deleteSnapshot(volume: string, name: string): Promise<void> {
+    await subvolumeSnapshotRemove(this.options.identity, this.ref(volume), name);
   }
 
   private clientFile(volume: string): string {

@@ -228,6 +228,14 @@ export async function createSharedVolume(
   return { doc, existed, storage: shared.storage };
 }
 
+/**
+ * The snapshots of a shared volume (`latch snapshot create|list|delete`): CephFS subvolume snapshots, which the MDS
+ * cuts whatever mounts the volume, so they need no ticket, no device and no freeze; undefined for a block volume.
+ */
+export async function sharedSnapshotsOf(ctx: Context, volume: string): Promise<SharedVolumes | undefined> {
+  return (await ctx.ledger.get(volume))?.spec.shared ? sharedVolumesOf(ctx) : undefined;
+}
+
 /** `latch volume delete` of a shared volume (the caller checked that nobody holds it): its subvolume goes. */
 export async function deleteSharedVolume(ctx: Context, name: string): Promise<string> {
   const shared = await sharedVolumesOf(ctx);

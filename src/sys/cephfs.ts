@@ -22,6 +22,7 @@ export interface SubvolumeInfo {
 }
 
 const ENOENT = 2;
+const EEXIST = 17;
 
 async function ceph(identity: CephIdentity, args: string[], okExitCodes: number[] = [], timeoutMs?: number): Promise<RunResult> {
   try {
@@ -42,7 +43,7 @@ function groupArgs(ref: SubvolumeRef): string[] {
  * use), look up, grow and remove subvolumes. It cannot see or touch another group, or the rest of the file system.
  */
 export function cephfsNodeCaps(pool: string, fsName: string, group: string): string[] {
-  const mgr = ['create', 'getpath', 'info', 'resize', 'rm']
+  const mgr = ['create', 'getpath', 'info', 'resize', 'rm', 'snapshot create', 'snapshot ls', 'snapshot info', 'snapshot rm']
     .map((cmd) => `allow command "fs subvolume ${cmd}" with vol_name=${fsName} group_name=${group}`)
     .concat([`allow command "fs subvolumegroup create" with vol_name=${fsName} group_name=${group}`]);
   return [
@@ -107,6 +108,56 @@ export async function subvolumeResize(identity: CephIdentity, ref: SubvolumeRef,
 /** `ceph fs subvolume rm`; a missing subvolume is fine. */
 export async function subvolumeRemove(identity: CephIdentity, ref: SubvolumeRef): Promise<void> {
   await ceph(identity, ['fs', 'subvolume', 'rm', ref.fsName, ref.volume, ...groupArgs(ref)], [ENOENT]);
+}
+
+/** `ceph fs subvolume snapshot create`; false when a snapshot of that name exists already. */
+export async function subvolumeSnapshotCreate(identity: CephIdentity, ref: SubvolumeRef, snap: string): Promise<boolean> {
+  const { exitCode } = await ceph(
+    identity,
+    ['fs', 'subvolume', 'snapshot', 'create', ref.fsName, ref.volume, snap, ...groupArgs(ref)],
+    [EEXIST],
+  );
+  return exitCode !== EEXIST;
+}
+
+/** The subvolume's snapshots with their creation time and size (`snapshot ls`, then `snapshot info` of each). */
+export async function subvolumeSnapshots(
+  identity: CephIdentity,
+  ref: SubvolumeRef,
+): Promise<{ name: string; createdAt: string; sizeBytes: number }[]> {
+  const { stdout } = await ceph(identity, [
+    'fs',
+    'subvolume',
+    'snapshot',
+    'ls',
+    ref.fsName,
+    ref.volume,
+    ...groupArgs(ref),
+    '--format',
+    'json',
+  ]);
+  const names = (JSON.parse(stdout) as { name?: unknown }[]).map((s) => s.name).filter((n): n is string => typeof n === 'string');
+  const found: { name: string; createdAt: string; sizeBytes: number }[] = [];
+  for (const name of names) {
+    const info = await ceph(
+      identity,
+      ['fs', 'subvolume', 'snapshot', 'info', ref.fsName, ref.volume, name, ...groupArgs(ref), '--format', 'json'],
+      [ENOENT],
+    );
+    if (info.exitCode === ENOENT) continue;
+    const parsed = JSON.parse(info.stdout) as { created_at?: unknown; size?: unknown };
+    found.push({
+      name,
+      createdAt: typeof parsed.created_at === 'string' ? parsed.created_at : '',
+      sizeBytes: typeof parsed.size === 'number' ? parsed.size : 0,
+    });
+  }
+  return found.sort((a, b) => (a.createdAt < b.createdAt ? -1 : a.createdAt > b.createdAt ? 1 : 0));
+}
+
+/** `ceph fs subvolume snapshot rm`; a missing snapshot is fine. */
+export async function subvolumeSnapshotRemove(identity: CephIdentity, ref: SubvolumeRef, snap: string): Promise<void> {
+  await ceph(identity, ['fs', 'subvolume', 'snapshot', 'rm', ref.fsName, ref.volume, snap, ...groupArgs(ref)], [ENOENT]);
 }
 
 export interface CephFuseOptions {

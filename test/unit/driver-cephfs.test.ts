@@ -320,6 +320,30 @@ describe('shared volumes on CephFS through the driver', { skip }, () => {
     },
   );
 
+  it('a snapshot is a CephFS subvolume snapshot: point in time, listed, deleted', { timeout: 120_000 }, async () => {
+    const file = join(podDir('node-b'), 'snap-me');
+    await sh(`echo before > "${file}"; sync "${file}"`);
+    const created = await admin('node-b', 'snapshot', 'create', PV, 's1');
+    assert.equal(created.code, 0, created.out);
+    assert.match(created.out, /snapshot s1 of shared volume pv-shared created/);
+    await sh(`echo after > "${file}"; sync "${file}"`);
+    // The snapshot shows in the subvolume's .snap as _s1_<inode>, with the content of the moment it was cut.
+    const entry = readdirSync(join(podDir('node-a'), '.snap')).find((n) => n.includes('s1'));
+    assert.ok(entry, 'the snapshot shows under .snap');
+    const { stdout } = await sh(`cat "${join(podDir('node-a'), '.snap', entry, 'snap-me')}"`);
+    assert.equal(stdout.trim(), 'before');
+    const again = await admin('node-b', 'snapshot', 'create', PV, 's1');
+    assert.notEqual(again.code, 0, 'a taken name is refused');
+    const listed = JSON.parse((await admin('admin', 'snapshot', 'list', PV, '-o', 'json')).out) as { name: string; sharing: string }[];
+    assert.deepEqual(
+      listed.map((l) => [l.name, l.sharing]),
+      [['s1', 'native']],
+    );
+    const deleted = await admin('admin', 'snapshot', 'delete', PV, 's1');
+    assert.equal(deleted.code, 0, deleted.out);
+    assert.deepEqual(JSON.parse((await admin('admin', 'snapshot', 'list', PV, '-o', 'json')).out), []);
+  });
+
   it('every node unmounts; the volume is free, and delete removes its subvolume', { timeout: 120_000 }, async () => {
     for (const node of NODES) assert.equal((await call(node, 'unmount', podDir(node))).status, 'Success');
     const doc = JSON.parse((await admin('admin', 'volume', 'inspect', PV, '-o', 'json')).out) as { status: { state: string } };
