@@ -209,6 +209,20 @@ export class SharedVolumes {
     return { volume, mount: found.mount };
   }
 
+  /** This node's own mounts of shared volumes (its identity's), with the volume each serves: what doctor compares. */
+  async ownMounts(): Promise<{ target: string; volume: string | undefined }[]> {
+    const prefix = `/volumes/${this.options.cephfs.group}/`;
+    return (await this.options.client.mounts()).map((m) => ({
+      target: m.target,
+      volume: m.root.startsWith(prefix) ? m.root.slice(prefix.length).split('/')[0] : undefined,
+    }));
+  }
+
+  /** Which client this node mounts with. */
+  get clientKind(): CephFsClientKind {
+    return this.options.client.kind;
+  }
+
   /** Whether this node has any mount of the volume's subvolume (its client's own mount point, not the binds). */
   async mountedHere(volume: string): Promise<boolean> {
     return (await this.options.client.mounts()).some((m) => isSubvolumePath(m.root, this.ref(volume)));

@@ -215,6 +215,18 @@ export async function cephFuseClientAddress(adminSocket: string, timeoutMs: numb
   }
 }
 
+/**
+ * Whether the file system has an active MDS, as `identity` sees the MDS map (`ceph mds stat`, which a node's caps
+ * allow): the MDS reachable as the node's identity. Throws with the tool's message when the monitors cannot say.
+ */
+export async function mdsActive(identity: CephIdentity, fsName: string, timeoutMs: number): Promise<boolean> {
+  const { stdout } = await ceph(identity, ['mds', 'stat', '--format', 'json'], [], timeoutMs);
+  type MdsInfo = { state?: unknown };
+  const stat = JSON.parse(stdout) as { fsmap?: { filesystems?: { mdsmap?: { fs_name?: unknown; info?: Record<string, MdsInfo> } }[] } };
+  const fs = (stat.fsmap?.filesystems ?? []).find((f) => f.mdsmap?.fs_name === fsName);
+  return Object.values(fs?.mdsmap?.info ?? {}).some((m) => m.state === 'up:active');
+}
+
 /** One MDS session of a client, from `client ls`. */
 export interface MdsSession {
   mds: string;

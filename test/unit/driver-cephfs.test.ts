@@ -148,6 +148,48 @@ describe('shared volumes on CephFS through the driver', { skip }, () => {
     assert.deepEqual(doc.status.currentNodes, ['node-a', 'node-b', 'node-c']);
   });
 
+  it('doctor: the node client, the MDS as the node, quota use, and a stale mount with its fix', { timeout: 120_000 }, async () => {
+    const doctor = await admin('node-a', 'doctor');
+    assert.match(doctor.out, /node client: ceph-fuse/);
+    assert.match(doctor.out, /file system cephfs has an active MDS \(as client\.latch-node-a\)/);
+    assert.match(doctor.out, /shared volume pv-shared: [0-9.]+\w* of 64Mi used/);
+    assert.doesNotMatch(doctor.out, /stale ticket: volume pv-shared/);
+    assert.doesNotMatch(doctor.out, /stale CephFS mount/);
+    // A mount of node-a's identity of a volume it does not hold: made by hand, as a leftover would be.
+    const made = await admin('admin', 'volume', 'create', 'pv-other', '--size', '32Mi', '--shared');
+    assert.equal(made.code, 0, made.out);
+    assert.match(made.out, /shared volume pv-other created/);
+    const path = (await ceph.ceph(['fs', 'subvolume', 'getpath', 'cephfs', 'pv-other', '--group_name', 'latch'])).stdout.trim();
+    const stray = join(ceph.dir, 'mnt', 'stray');
+    mkdirSync(stray, { recursive: true });
+    await run(
+      'ceph-fuse',
+      [
+        '--conf',
+        join(ceph.dir, 'clients', 'client.latch-node-a.conf'),
+        '--id',
+        'latch-node-a',
+        '--client_fs',
+        'cephfs',
+        '--client_mountpoint',
+        path,
+        stray,
+      ],
+      { timeoutMs: 30_000 },
+    );
+    try {
+      const stale = await admin('node-a', 'doctor');
+      assert.match(stale.out, new RegExp(`stale CephFS mount at ${stray} \\(volume pv-other\\)`));
+      assert.match(stale.out, /fix: echo 1 > \/sys\/fs\/fuse\/connections\/[0-9]+\/abort; umount /);
+      const other = await admin('node-b', 'doctor');
+      assert.doesNotMatch(other.out, /stale CephFS mount/, "node-a's mount is not node-b's");
+    } finally {
+      await run('umount', [stray], { timeoutMs: 30_000 });
+    }
+    const removed = await admin('admin', 'volume', 'delete', 'pv-other');
+    assert.equal(removed.code, 0, removed.out);
+  });
+
   it('the quota refuses writes past the size with EDQUOT or ENOSPC, and expand lifts it', { timeout: 120_000 }, async () => {
     const big = join(podDir('node-a'), 'big');
     const first = await sh(`dd if=/dev/zero of="${big}" bs=1M count=128 conv=fsync 2>&1; echo "rc=$?"`);

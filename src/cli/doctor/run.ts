@@ -14,6 +14,7 @@ import { checkLoopSupport } from './loop.js';
 import { checkPlugin } from './plugin.js';
 import { checkImages, checkPool } from './pool.js';
 import { checkRbd, checkRbdMappings, type RbdConfig } from './rbd.js';
+import { checkSharedVolumes } from './cephfs.js';
 import { doctorReport, type DoctorReport, type Finding } from './report.js';
 import { checkTools } from './tools.js';
 
@@ -63,6 +64,7 @@ export async function runDoctor(options: DoctorOptions = {}): Promise<DoctorRepo
         if ((await checkImages(config, held, add)) + checkLedgerAgainstKernel(held, add) + detaching() === 0) add(agreement(held));
       }
       reportAutomaticActions(held, add);
+      if (rbd?.backend.cephfs) await checkSharedVolumes(ctx, env, add);
     }
   } else {
     add({
