@@ -132,7 +132,7 @@ describe('shared volumes: choices, caps and refusals', () => {
     assert.equal(of('mds'), 'allow rw fsname=cephfs path=/volumes/latch');
     assert.match(of('osd'), /allow rw tag cephfs data=cephfs/);
     for (const grant of of('mgr').split(', ')) assert.match(grant, /with vol_name=cephfs group_name=latch$/);
-    assert.doesNotMatch(of('mgr'), /subvolumegroup rm|snapshot|fs volume/);
+    assert.doesNotMatch(of('mgr'), /subvolumegroup rm|snapshot clone|fs volume |fs subvolume ls/);
   });
 
   it('refuses a subvolume path the volumes module would not give (it reaches ceph-fuse argv)', () => {
