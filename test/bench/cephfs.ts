@@ -2,7 +2,7 @@
 // identity, bind-mounted into a pod dir) against ceph-fuse mounted by hand on another subvolume of the same file
 // system as the same identity, as ratios. Four writers each: 1 MiB sequential writes, and 4 KiB random writes with an
 // fsync after each. Rounds alternate the two, so the shared machine's noise falls on both alike.
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import type { Figure } from './figures.js';
@@ -62,6 +62,7 @@ export async function sharedIo(): Promise<SectionResult> {
       config,
       JSON.stringify({
         nodeName: 'node-a',
+        oneHost: true,
         attach: false,
         stateDir: join(ceph.dir, 'state'),
         logFile: join(ceph.dir, 'latch.log'),
@@ -85,10 +86,8 @@ export async function sharedIo(): Promise<SectionResult> {
       accessMode: 'ReadWriteMany',
       size: '2Gi',
     });
-    const reply = JSON.parse(execFileSync(LATCH, ['mount', podDir, options], { encoding: 'utf8', env })) as {
-      status: string;
-      message?: string;
-    };
+    const called = spawnSync(LATCH, ['mount', podDir, options], { encoding: 'utf8', env, timeout: 120_000 });
+    const reply = JSON.parse(called.stdout || '{"status":"Failure","message":"no reply"}') as { status: string; message?: string };
     if (reply.status !== 'Success') throw new Error(`mount: ${reply.message ?? ''}`);
     // The baseline: another subvolume with the same quota, mounted by hand with ceph-fuse as the same identity.
     await ceph.ceph(['fs', 'subvolume', 'create', 'cephfs', 'by-hand', '--group_name', 'latch', '--size', String(2 * 1024 ** 3)]);
@@ -118,7 +117,7 @@ export async function sharedIo(): Promise<SectionResult> {
       console.log(`  ${job.name}: ${v.toFixed(1)} vs ${b.toFixed(1)} ${job.unit} (ratio ${(v / b).toFixed(2)})`);
     }
     await run('umount', [hand], { timeoutMs: 30_000 });
-    execFileSync(LATCH, ['unmount', podDir], { encoding: 'utf8', env });
+    spawnSync(LATCH, ['unmount', podDir], { encoding: 'utf8', env, timeout: 120_000 });
   } finally {
     await ceph.stop();
   }
