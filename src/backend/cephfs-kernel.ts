@@ -16,7 +16,7 @@ import { LatchError } from '../errors.js';
 import { readMountInfo, type MountInfo } from '../sys/mounts.js';
 import type { CephIdentity } from '../sys/rbd.js';
 import { run } from '../sys/run.js';
-import type { SharedClient, SharedMount } from './cephfs.js';
+import type { SharedClient, SharedMount } from './cephfs-client.js';
 
 export interface KernelCephOptions {
   identity: CephIdentity;

@@ -30,35 +30,13 @@ import {
   subvolumeSnapshots,
   type SubvolumeRef,
 } from '../sys/cephfs.js';
+import type { SharedClient, SharedMount } from './cephfs-client.js';
 import { KernelCephClient } from './cephfs-kernel.js';
 import { abortFuseConnection, fuseMountsAt, guardFuse, killAndWait, waitForExit } from '../sys/fuse.js';
 import { readMountInfo, type MountInfo } from '../sys/mounts.js';
 import type { CephIdentity } from '../sys/rbd.js';
 import { run } from '../sys/run.js';
 import type { SnapshotInfo } from './types.js';
-
-/** A shared volume's mount on this node, as the kernel shows it. */
-export interface SharedMount {
-  mount: MountInfo;
-  /** The subvolume's path it mounts; undefined when its client is gone (a dead ceph-fuse leaves its mount). */
-  root: string | undefined;
-  /** The client's process, for ceph-fuse. */
-  pid?: number;
-}
-
-/** How a node mounts a subvolume: ceph-fuse here, the kernel client where the ceph module is. */
-export interface SharedClient {
-  readonly kind: CephFsClientKind;
-  mount(root: string, target: string, options: { readOnly: boolean; adminSocket: string }): Promise<void>;
-  /** The client's mount at `target` (the bottom one), from mountinfo and /proc only. */
-  mountAt(target: string, table?: MountInfo[]): Promise<SharedMount | undefined>;
-  /** Unmounts `target`, also when its client is dead or hung. Idempotent. */
-  unmount(target: string): Promise<void>;
-  /** Every wait on the mount fails at once from now on (fenced: the cluster refuses the client). */
-  abort(target: string): Promise<void>;
-  /** The live mounts of this node's identity: where, and which path of the file system. */
-  mounts(): Promise<{ target: string; root: string }[]>;
-}
 
 export interface SharedVolumesOptions {
   identity: CephIdentity;
