@@ -268,16 +268,19 @@ describe('shared volumes on CephFS through the driver', { skip }, () => {
         env: { ...process.env, LATCH_CONFIG: configs[node] },
         stdio: 'ignore',
       });
+      // Listened for from the start: a call that finished before the kill has exited already.
+      const childExited = new Promise((r) => child.once('exit', r));
       await new Promise((r) => setTimeout(r, delayMs));
       child.kill('SIGKILL');
-      await new Promise((r) => child.once('exit', r));
+      await childExited;
       const again = await call(node, 'mount', podDir(node), options(node));
       assert.equal(again.status, 'Success', `mount after a kill at ${delayMs} ms: ${again.message}`);
       assert.ok(readdirSync(podDir(node)).length >= 60);
       const killer = spawn(LATCH, ['unmount', podDir(node)], { env: { ...process.env, LATCH_CONFIG: configs[node] }, stdio: 'ignore' });
+      const killerExited = new Promise((r) => killer.once('exit', r));
       await new Promise((r) => setTimeout(r, delayMs));
       killer.kill('SIGKILL');
-      await new Promise((r) => killer.once('exit', r));
+      await killerExited;
       assert.equal((await call(node, 'unmount', podDir(node))).status, 'Success');
       const left = (await readMountInfo()).filter((m) => m.fsType === 'fuse.ceph-fuse' && m.mountPoint.includes(`/${node}/`));
       assert.deepEqual(left, [], `nothing of ${node}'s mounts is left after a kill at ${delayMs} ms`);
