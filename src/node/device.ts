@@ -17,6 +17,10 @@ import { releaseIfProvenFree } from './self-release.js';
 export async function setUpDevice(ctx: Context, name: string, doc: VolumeDoc): Promise<{ device: string; doc: VolumeDoc }> {
   const { backend, ledger, config } = ctx;
   const node = config.nodeName;
+  if (doc.spec.shared) {
+    // Never an image under a shared volume's name: a job or a person's attach that needs a block device is refused.
+    throw new LatchError(`volume ${name} is a shared (ReadWriteMany) CephFS volume: it has no block device to set up`);
+  }
   let device: string;
   try {
     // A node-local image in another node's pool: this node must not make an empty one of its own (node/home.ts).

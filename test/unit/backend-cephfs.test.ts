@@ -11,7 +11,11 @@ import { chooseCephFsClient } from '../../src/backend/cephfs.js';
 import { KernelCephClient } from '../../src/backend/cephfs-kernel.js';
 import { parseOptions } from '../../src/contract/options.js';
 import { newVolume } from '../../src/ledger/arbitrate.js';
+import { parseConfig } from '../../src/config.js';
+import { createContext } from '../../src/context.js';
+import { setUpDevice } from '../../src/node/device.js';
 import { refuseKindMismatch } from '../../src/node/shared.js';
+import { MemoryStore } from '../fixtures/memory-store.js';
 import { cephfsNodeCaps, isSubvolumePath } from '../../src/sys/cephfs.js';
 import type { MountInfo } from '../../src/sys/mounts.js';
 
@@ -168,5 +172,17 @@ describe('shared volumes: choices, caps and refusals', () => {
     assert.equal(parseOptions(JSON.stringify({ volume: 'v1', accessMode: 'ReadWriteOnce' }), limits).shared, undefined);
     assert.throws(() => parseOptions(JSON.stringify({ volume: 'v1', accessMode: 'RWX; rm -rf /' }), limits), /option "accessMode" must be/);
     assert.throws(() => parseOptions(JSON.stringify({ volume: 'v1', accesMode: 'ReadWriteMany' }), limits), /did you mean "accessMode"/);
+  });
+
+  it('never sets up a block device for a shared volume (a job or a manual attach that needs one is refused)', async () => {
+    const config = parseConfig(
+      { nodeName: 'node-a', poolDir: join(dir, 'pool'), stateDir: join(dir, 'state'), logFile: join(dir, 'latch.log') },
+      'test',
+    );
+    const ctx = createContext(config, { store: new MemoryStore() });
+    const block = newVolume('s1', 1 << 20, 'ext4', '2026-11-27T00:00:00.000Z');
+    const shared = { ...block, spec: { ...block.spec, shared: true as const } };
+    await assert.rejects(setUpDevice(ctx, 's1', shared), /shared \(ReadWriteMany\) CephFS volume: it has no block device to set up/);
+    assert.equal(await ctx.backend.size('s1'), undefined, 'no image was made');
   });
 });
