@@ -4,7 +4,7 @@ import { isDeepStrictEqual } from 'node:util';
 import { LatchError } from '../errors.js';
 import type { FsType } from '../filesystems.js';
 import { shortTicketId } from './ids.js';
-import { grantShared } from './shared.js';
+import { grantShared, sharedWaitMessage } from './shared.js';
 import {
   JOB_TICKET_TYPES,
   TICKET_PRIORITY,
@@ -396,6 +396,8 @@ function statusOf(doc: VolumeDoc, ticket: Ticket, sorted: Ticket[]): TicketStatu
         message: `read-write wanted, but the volume is attached read-only on node ${ticket.nodeID}; it must be detached first`,
       };
     }
+    const alone = sharedWaitMessage(doc, ticket);
+    if (alone !== undefined) return { ...base, satisfied: false, reason: 'Waiting', message: alone };
     return { ...base, satisfied: true, reason: 'Attached', message: `attached to node ${ticket.nodeID}` };
   }
   if (own) {

@@ -16,6 +16,17 @@ function needsSharedVolumeAlone(ticket: Ticket): boolean {
   return ticket.type === 'clone' && ticket.job?.kind === 'clone' && ticket.job.role === 'target';
 }
 
+/**
+ * Why a ticket that needs the shared volume alone is not satisfied although its own node holds the volume (for a
+ * shared ticket there): other nodes hold it too. undefined when it is not such a ticket or nobody else holds it.
+ */
+export function sharedWaitMessage(doc: VolumeDoc, ticket: Ticket): string | undefined {
+  if (!doc.spec.shared || !needsSharedVolumeAlone(ticket)) return undefined;
+  const others = Object.keys(doc.status.nodes).filter((n) => n !== ticket.nodeID);
+  if (others.length === 0) return undefined;
+  return `a ${ticket.type} ticket needs shared volume ${doc.name} alone: waiting for node ${others.sort().join(', ')} to leave it`;
+}
+
 /** Grants a shared volume in place (`doc` is the caller's private copy); `eligible` sorted best first. */
 export function grantShared(doc: VolumeDoc, eligible: Ticket[], now: string): void {
   const nodes = doc.status.nodes;

@@ -127,4 +127,14 @@ describe('shared volumes: arbitration', () => {
     assert.equal(isSatisfied(again, 'w-a'), false);
     assert.equal(again.status.tickets['w-a']?.reason, 'Fenced');
   });
+
+  it('an admin ticket on a node that already shares the volume waits until the other nodes have left', () => {
+    let doc = settle(addTicket(shared(), req('w-a', 'node-a'), T), 'node-a');
+    doc = settle(addTicket(doc, req('w-b', 'node-b'), T), 'node-b');
+    doc = addTicket(doc, req('adm', 'node-a', 'admin'), T);
+    assert.equal(isSatisfied(doc, 'adm'), false);
+    assert.match(doc.status.tickets['adm']?.message ?? '', /needs shared volume s1 alone: waiting for node node-b to leave it/);
+    doc = markReleased(removeTicket(doc, 'w-b', T), 'node-b', T);
+    assert.equal(isSatisfied(doc, 'adm'), true);
+  });
 });
