@@ -8,15 +8,17 @@ cd "$(dirname "$0")/.."
 # test, test/unit/filesystems.test.ts, checks this table against them), then what the tests and `npm run bench`
 # use (fio: volume I/O); the self-contained build's (patchelf, and a C compiler for its native helper,
 # src/native/helper.c); last, the rbd backend's node side: rbd and rbd-fuse, and the one-host Ceph cluster of its
-# tests: test/ceph/cluster.ts, with the RADOS Gateway for the S3 backup target's tests (test/ceph/rgw.ts); and the
-# nemesis rig's network tools (test/nemesis/rig.ts).
+# tests: test/ceph/cluster.ts (with ceph-mds for shared volumes' file system, and ceph-fuse, their node client), with
+# the RADOS Gateway for the S3 backup target's tests (test/ceph/rgw.ts); and the nemesis rig's network tools
+# (test/nemesis/rig.ts).
 declare -A PACKAGES=(
   [losetup]=mount [mount]=mount [umount]=mount [findmnt]=util-linux [blkid]=util-linux [setpriv]=util-linux
   [mkfs.ext4]=e2fsprogs [mkfs.ext3]=e2fsprogs [resize2fs]=e2fsprogs [mkfs.xfs]=xfsprogs [xfs_growfs]=xfsprogs [xfs_io]=xfsprogs
   [mkfs.btrfs]=btrfs-progs [btrfs]=btrfs-progs
   [jq]=jq [inotifywait]=inotify-tools [etcd]=etcd-server [patchelf]=patchelf [cc]=gcc [fio]=fio
   [rbd]=ceph-common [ceph]=ceph-common [ceph-authtool]=ceph-common [monmaptool]=ceph-mon [rbd-fuse]=rbd-fuse
-  [ceph-mon]=ceph-mon [ceph-mgr]=ceph-mgr [ceph-osd]=ceph-osd [radosgw]=radosgw [radosgw-admin]=ceph-common
+  [ceph-mon]=ceph-mon [ceph-mgr]=ceph-mgr [ceph-osd]=ceph-osd [ceph-mds]=ceph-mds [ceph-fuse]=ceph-fuse
+  [radosgw]=radosgw [radosgw-admin]=ceph-common
   [ip]=iproute2 [nsenter]=util-linux [nft]=nftables [curl]=curl [openssl]=openssl
 )
 missing=()

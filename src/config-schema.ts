@@ -68,6 +68,14 @@ function buildSchema() {
       mountDir: z._default(absolutePath, '/var/lib/latch/rbd'),
       client: z._default(z.enum(['auto', 'rbd-fuse', 'krbd']), 'auto'),
       fencer: z.optional(z.strictObject({ clientId: cephxId, keyring: absolutePath })),
+      cephfs: z.optional(
+        z.strictObject({
+          fsName: z._default(cephName, 'cephfs'),
+          group: z._default(cephName, 'latch'),
+          client: z._default(z.enum(['auto', 'ceph-fuse', 'kernel']), 'auto'),
+          mountDir: z._default(absolutePath, '/var/lib/latch/cephfs'),
+        }),
+      ),
     }),
   ]);
   // Backups: a directory, or a prefix in an S3 bucket (src/backup/s3-store.ts). The key encrypts and authenticates.

@@ -48,7 +48,22 @@ export interface RbdBackendConfig {
    * that run `latch node fence` and `latch volume release --node-is-down`, never in a node's configuration.
    */
   fencer?: { clientId: string; keyring: string };
+  /** Shared (ReadWriteMany) volumes as CephFS subvolumes on the same cluster; unset: none (docs/operations.md). */
+  cephfs?: CephFsConfig;
 }
+
+/** Where shared volumes live: subvolumes of `group` in file system `fsName`, mounted on this node by `client`. */
+export interface CephFsConfig {
+  fsName: string;
+  /** The subvolume group that holds latch's shared volumes; each node's identity may reach only this group. */
+  group: string;
+  /** How this node mounts them: ceph-fuse, or the kernel client where the ceph module is; "auto": the kernel's if present. */
+  client: CephFsClientSetting;
+  /** Node-private directory of the per-volume mounts that the pods' bind mounts come from, and their client records. */
+  mountDir: string;
+}
+export type CephFsClientKind = 'ceph-fuse' | 'kernel';
+export type CephFsClientSetting = CephFsClientKind | 'auto';
 export type RbdClientKind = 'rbd-fuse' | 'krbd';
 export type RbdClientSetting = RbdClientKind | 'auto';
 type BackendConfig = { type: 'loop' } | RbdBackendConfig;

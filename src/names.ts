@@ -16,7 +16,7 @@ export const DRIVER_NAME_PATTERN = /^[a-z0-9][a-z0-9.-]*\/[a-z0-9][a-z0-9.-]*$/;
  * latch's own options, as a user writes them in flexVolume.options. Here, among the base modules, because the options
  * parser checks them and the call log keeps only their values (any other user option may carry a secret).
  */
-export const LATCH_OPTIONS = ['volume', 'size', 'fsType', 'readOnly', 'mountOptions'] as const;
+export const LATCH_OPTIONS = ['volume', 'size', 'fsType', 'readOnly', 'mountOptions', 'accessMode'] as const;
 
 /** The options kubelet adds to the user's (`kubernetes.io/fsType`, `kubernetes.io/pod.uid`, ...). */
 export const K8S_OPTION_PREFIX = 'kubernetes.io/';

@@ -16,11 +16,11 @@ export async function fenceVolume(
   reason: string,
   options: FenceOptions = {},
 ): Promise<string> {
-  const { doc, clients } = await fenceNodeOffVolume(ctx, fencer, volume, node, reason, options);
+  const { doc, clients, by } = await fenceNodeOffVolume(ctx, fencer, volume, node, reason, options);
   const refused =
     clients.length > 0
-      ? `${fencer.kind} refuses its client(s) ${clients.join(', ')}`
-      : `no client of it had the image open or locked, and none was recorded: ${fencer.kind} had nothing to refuse` +
+      ? `${by} refuses its client(s) ${clients.join(', ')}`
+      : `no client of it had the image open or locked, and none was recorded: ${by} had nothing to refuse` +
         (options.poweredOff ? " (the node is powered off, on the admin's word)" : '');
   return `volume ${volume}: node ${node} fenced off (${refused}); its hold and tickets released; state now ${doc?.status.state}`;
 }

@@ -202,6 +202,7 @@ function declareVolume(volume: Command, io: CommandIO, done: Done): void {
     .description('create a volume: its ledger document and its image in the pool')
     .requiredOption('--size <size>', 'size, as bytes or a quantity such as 1Gi or 500M')
     .option('--fs-type <type>', `filesystem made on first mount (${FS_TYPES.join(', ')})`)
+    .option('--shared', 'a shared (ReadWriteMany) volume: a CephFS subvolume every node may mount at once (backend.cephfs)')
     .option(...OUTPUT)
     .action(async (name: string, opts) => done(await volumeCreate({ name, ...opts }, io)));
 

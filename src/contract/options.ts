@@ -44,6 +44,8 @@ export interface VolumeOptions {
   /** fsType asked for (user `fsType`, else a non-empty `kubernetes.io/fsType`). */
   fsType?: FsType;
   readOnly: boolean;
+  /** `accessMode: ReadWriteMany`: the volume is (or is created as) a shared CephFS volume (docs/protocol.md). */
+  shared?: boolean;
   mountOptions: string[];
   pod?: PodInfo;
   fsGroup?: number;
@@ -144,6 +146,7 @@ export function parseOptions(json: string, config: Pick<Config, 'allowedFsTypes'
     ...(o.size !== undefined && { size: o.size }),
     ...(fsType !== undefined && { fsType }),
     readOnly: o['kubernetes.io/readwrite'] === 'ro' || o.readOnly === 'true',
+    ...(o.accessMode === 'ReadWriteMany' && { shared: true }),
     mountOptions: o.mountOptions ?? [],
     ...(Object.keys(pod).length > 0 && { pod }),
     ...(fsGroup !== undefined && { fsGroup }),
@@ -170,6 +173,7 @@ interface CheckedValues {
   fsType?: FsType;
   readOnly?: string;
   mountOptions?: string[];
+  accessMode?: string;
 }
 
 type Limits = Pick<Config, 'allowedFsTypes' | 'maxSize'>;
@@ -208,6 +212,12 @@ const VALUE_CHECKS: { [K in keyof CheckedValues]-?: (value: string, limits: Limi
   readOnly: (value) => {
     if (value !== 'true' && value !== 'false')
       throw new LatchError(`option "readOnly" must be "true" or "false", not "${value.slice(0, 16)}"`);
+    return value;
+  },
+  accessMode: (value) => {
+    if (value !== 'ReadWriteOnce' && value !== 'ReadOnlyMany' && value !== 'ReadWriteMany') {
+      throw new LatchError(`option "accessMode" must be ReadWriteOnce, ReadOnlyMany or ReadWriteMany, not "${value.slice(0, 24)}"`);
+    }
     return value;
   },
   mountOptions: (value) => {

@@ -16,6 +16,7 @@ import { checkImages, checkPool } from './pool.js';
 import { checkRbd } from './rbd/ceph-side.js';
 import type { RbdConfig } from './rbd/identity.js';
 import { checkRbdMappings } from './rbd/mappings.js';
+import { checkSharedVolumes } from './cephfs.js';
 import { doctorReport, type DoctorReport, type Finding } from './findings.js';
 import { checkTools } from './tools.js';
 
@@ -65,6 +66,7 @@ export async function runDoctor(options: DoctorOptions = {}): Promise<DoctorRepo
         if ((await checkImages(config, held, add)) + checkLedgerAgainstKernel(held, add) + detaching() === 0) add(agreement(held));
       }
       reportAutomaticActions(held, add);
+      if (rbd?.backend.cephfs) await checkSharedVolumes(ctx, env, add);
     }
   } else {
     add({

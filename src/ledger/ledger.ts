@@ -67,6 +67,8 @@ export interface NewVolumeSpec {
   fsType: FsType;
   /** The PV (and pod namespace) a driver call creates it for: recorded as the volume's own. */
   pv?: VolumeOwner;
+  /** A shared (ReadWriteMany) volume (ledger/shared.ts). */
+  shared?: boolean;
 }
 
 export class Ledger {
@@ -396,10 +398,11 @@ export class Ledger {
     let existed = false;
     const doc = await this.update(name, (current) => {
       existed = current !== undefined;
-      if (!current) return newVolume(name, spec.sizeBytes, spec.fsType, this.now());
-      if (current.spec.sizeBytes !== spec.sizeBytes || current.spec.fsType !== spec.fsType) {
+      if (!current) return newVolumeFor(name, spec, this.now());
+      if (current.spec.sizeBytes !== spec.sizeBytes || current.spec.fsType !== spec.fsType || !current.spec.shared !== !spec.shared) {
         throw new LatchError(
-          `volume ${name} already exists with size ${formatSize(current.spec.sizeBytes)} and fsType ${current.spec.fsType}`,
+          `volume ${name} already exists with size ${formatSize(current.spec.sizeBytes)} and ` +
+            (current.spec.shared ? 'as a shared volume' : `fsType ${current.spec.fsType}`),
         );
       }
       return current;
@@ -481,7 +484,7 @@ export class Ledger {
 /** A new volume's document, with the PV it is created for when a driver call creates it. */
 function newVolumeFor(name: string, create: NewVolumeSpec, now: string): VolumeDoc {
   const doc = newVolume(name, create.sizeBytes, create.fsType, now);
-  return create.pv ? { ...doc, spec: { ...doc.spec, pv: create.pv } } : doc;
+  return { ...doc, spec: { ...doc.spec, ...(create.pv && { pv: create.pv }), ...(create.shared === true && { shared: true as const }) } };
 }
 
 function checkDoc(value: unknown, name: string): VolumeDoc {

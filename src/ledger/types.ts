@@ -206,6 +206,11 @@ export interface VolumeDoc {
     pv?: VolumeOwner;
     /** Other PV names and namespaces an admin allowed to use the volume (`latch volume allow`). */
     allowed?: VolumeAllowed;
+    /**
+     * A shared (ReadWriteMany) volume: a CephFS subvolume that every node asking for it may mount read-write at once
+     * (ledger/shared.ts); its fsType is not used. Absent: a block volume, held read-write by one node at a time.
+     */
+    shared?: true;
   };
   status: {
     state: VolumeState;

@@ -1,5 +1,5 @@
 // Every backup and restore, manual or recurring, leaves one line in the log with its outcome, duration and bytes
-// read and written (`backupOutcome`): the agent's metrics are read from the log (cli/metrics/call-log.ts), so a
+// read and written (`backupOutcome`): the agent's metrics are read from the log (agent/call-log.ts), so a
 // backup done by a command beside a pod counts as much as one the agent did. Only bounded values go in labels: the
 // kind, the trigger, the outcome, and for a recurring job its name and the volume (jobs times volumes it selects).
 import type { Config } from '../config.js';

@@ -17,17 +17,23 @@ import { clearHoldToCheck, markHoldToCheck, releaseIfProvenFree } from './self-r
  * node checks the hold (self-release.ts). Undefined when the grant was withdrawn meanwhile.
  */
 export async function claimAndSetUpDevice(ctx: Context, name: string): Promise<{ device: string; doc: VolumeDoc } | undefined> {
-  const { config, ledger } = ctx;
-  const node = config.nodeName;
+  const { config } = ctx;
   await markHoldToCheck(config, name);
-  const claimed = await ledger.claimGrant(name, node);
-  if (!claimed || !isInUse(claimed.status.nodes[node]?.phase)) {
+  const claimed = await claimGrant(ctx, name);
+  if (!claimed) {
     await clearHoldToCheck(config, name);
     return undefined;
   }
   const setUp = await setUpDevice(ctx, name, claimed);
   await clearHoldToCheck(config, name);
   return setUp;
+}
+
+/** Claims this node's grant (granted -> attaching); undefined when the grant was withdrawn meanwhile. */
+export async function claimGrant(ctx: Context, name: string): Promise<VolumeDoc | undefined> {
+  const node = ctx.config.nodeName;
+  const claimed = await ctx.ledger.claimGrant(name, node);
+  return claimed && isInUse(claimed.status.nodes[node]?.phase) ? claimed : undefined;
 }
 
 /**
@@ -38,6 +44,10 @@ export async function claimAndSetUpDevice(ctx: Context, name: string): Promise<{
 export async function setUpDevice(ctx: Context, name: string, doc: VolumeDoc): Promise<{ device: string; doc: VolumeDoc }> {
   const { backend, ledger, config } = ctx;
   const node = config.nodeName;
+  if (doc.spec.shared) {
+    // Never an image under a shared volume's name: a job or a person's attach that needs a block device is refused.
+    throw new LatchError(`volume ${name} is a shared (ReadWriteMany) CephFS volume: it has no block device to set up`);
+  }
   let device: string;
   try {
     // A node-local image in another node's pool: this node must not make an empty one of its own (node/home.ts).

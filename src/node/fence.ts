@@ -14,6 +14,8 @@ export interface FenceOutcome {
   doc: VolumeDoc | undefined;
   /** Every client instance the storage now refuses for this node and volume. */
   clients: string[];
+  /** What refuses them (the fencer's kind: a shared volume's is not the one the caller passed). */
+  by: string;
 }
 
 export interface FenceOptions {
@@ -39,15 +41,18 @@ const MAY_WRITE: ReadonlySet<NodePhase> = new Set(['attaching', 'attached', 'det
  */
 export async function fenceNodeOffVolume(
   ctx: Context,
-  fencer: Fencer,
+  givenFencer: Fencer,
   name: string,
   node: string,
   reason: string,
   options: FenceOptions = {},
 ): Promise<FenceOutcome> {
   const { ledger } = ctx;
+  let fencer = givenFencer;
   const start = await ledger.get(name);
   if (!start) throw new LatchError(`volume ${name} does not exist`);
+  // A shared volume is fenced on CephFS: its node's client blocklisted and its MDS session evicted, both confirmed.
+  if (start.spec.shared) fencer = await sharedFencer(ctx);
   const recorded = (doc: VolumeDoc) => [doc.status.nodes[node]?.client, ...(doc.status.fences?.[node]?.clients ?? [])];
   // The recorded clients of the volume's other holders (read-only-many) are spared; every other client is the node's.
   const spare = (doc: VolumeDoc) => defined(Object.entries(doc.status.nodes).flatMap(([n, e]) => (n === node ? [] : [e.client])));
@@ -74,7 +79,7 @@ export async function fenceNodeOffVolume(
     doc = await ledger.beginFence(name, node, reason, clients);
   }
   doc = await ledger.completeFence(name, node, clients);
-  return { doc, clients };
+  return { doc, clients, by: fencer.kind };
 }
 
 /**
@@ -134,4 +139,11 @@ export async function liftClearedFence(
 
 function defined(values: (string | undefined)[]): string[] {
   return [...new Set(values.filter((v): v is string => v !== undefined))].sort();
+}
+
+/** The fencer of shared volumes (backend/cephfs-fencer.ts); a LatchError where the configuration has none. */
+async function sharedFencer(ctx: Context): Promise<Fencer> {
+  const fencer = (await import('../backend/cephfs-fencer.js')).cephFsFencerFor(ctx.config);
+  if (!fencer) throw new LatchError('fencing a shared volume needs backend.cephfs and backend.fencer in this configuration');
+  return fencer;
 }

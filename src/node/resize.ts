@@ -68,6 +68,7 @@ export async function expandVolume(ctx: Context, name: string, newBytes: number)
   return withVolumeLock(config, name, async () => {
     const doc = await ledger.get(name);
     if (!doc) throw new LatchError(`volume ${name} does not exist (latch volume list shows the volumes)`);
+    if (doc.spec.shared) return (await import('./shared.js')).expandShared(ctx, doc, newBytes);
     const current = await checkGrowRequest(ctx, name, newBytes);
     if (current === undefined) {
       // Never attached yet: the image is made at the ledger's size on first use.

@@ -49,9 +49,14 @@ export async function releaseHoldWithoutDevice(ctx: Context, name: string): Prom
 export async function releaseIfProvenFree(ctx: Context, name: string): Promise<SelfReleaseResult> {
   const { backend, ledger, config } = ctx;
   const node = config.nodeName;
-  const phase = (await ledger.get(name))?.status.nodes[node]?.phase;
+  const doc = await ledger.get(name);
+  const phase = doc?.status.nodes[node]?.phase;
   if (phase !== 'attaching' && phase !== 'detaching') {
     return { released: false, reason: 'no-hold', detail: `node ${node} has no attaching or detaching hold on volume ${name}` };
+  }
+  // A shared volume has no device: its proof is that none of this node's CephFS mounts serves it.
+  if (doc?.spec.shared && (await (await import('../backend/cephfs.js')).sharedVolumesFor(ctx.config)?.mountedHere(name)) !== false) {
+    return { released: false, reason: 'mounted', detail: `shared volume ${name} is still mounted on ${node}` };
   }
   const device = await backend.findDevice(name);
   if (device !== undefined) return { released: false, reason: 'device', detail: `${device} of volume ${name} is set up on ${node}` };

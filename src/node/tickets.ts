@@ -72,7 +72,9 @@ export async function workloadRequest(ctx: Context, options: VolumeOptions, node
       requestedBy: { pvName, ...(pod && { pod }), ...(options.fsGroup !== undefined && { fsGroup: options.fsGroup }) },
     },
     // Without lazyCreate no call creates a volume, also not one deleted since the check above.
-    ...(config.lazyCreate && { create: { sizeBytes, fsType: options.fsType ?? config.defaultFsType, pv: owner } }),
+    ...(config.lazyCreate && {
+      create: { sizeBytes, fsType: options.fsType ?? config.defaultFsType, pv: owner, ...(options.shared === true && { shared: true }) },
+    }),
     caller,
     existing,
   };

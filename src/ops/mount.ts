@@ -10,6 +10,7 @@ import { awayFromHome } from '../node/home.js';
 import { contextForSecrets } from '../node/secrets.js';
 import { withVolumeLock } from '../node/lock.js';
 import { bindVolumeAt, ensureDirectory, mountVolumeAt } from '../node/mount.js';
+import { mountSharedForPod } from '../node/shared.js';
 import { leaveNode, podKeyOf, stagingPath } from '../node/staging.js';
 import { workloadRequest } from '../node/tickets.js';
 import { defineOp } from './op.js';
@@ -25,10 +26,9 @@ export const op = defineOp({
     const node = config.nodeName;
     ctx.log.node = node;
     const podKey = podKeyOf(podDir);
-    const { name, ticket, create, caller, existing } = await workloadRequest(ctx, json, node, {
-      key: podKey,
-      ...(podKey !== podDir && { uid: podKey }),
-    });
+    const request = await workloadRequest(ctx, json, node, { key: podKey, ...(podKey !== podDir && { uid: podKey }) });
+    if (json.shared || request.existing?.spec.shared) return mountSharedForPod(ctx, request, podDir, json);
+    const { name, ticket, create, caller, existing } = request;
     const id = ticket.id;
 
     return withVolumeLock(config, name, async () => {

@@ -6,6 +6,7 @@ import { failure, success } from '../contract/reply.js';
 import { isInUse } from '../ledger/arbitrate.js';
 import { withVolumeLock } from '../node/lock.js';
 import { mountVolumeAt } from '../node/mount.js';
+import { mountSharedDevice } from '../node/shared.js';
 import { checkCaller } from '../node/tickets.js';
 import { defineOp } from './op.js';
 
@@ -27,6 +28,7 @@ export const op = defineOp({
       );
     }
     await checkCaller(ctx, json, name, doc);
+    if (doc.spec.shared) return mountSharedDevice(ctx, doc, deviceMountPath, devicePath, json);
     const device = await backend.findDevice(name);
     if (!device) return failure(`volume ${name} has no device on node ${node}; waitforattach sets it up`);
     const given = await realpath(devicePath).catch(() => devicePath);

@@ -8,6 +8,7 @@ import { ticketsOfNode } from '../ledger/arbitrate.js';
 import { workloadTicketId } from '../ledger/ids.js';
 import type { VolumeDoc } from '../ledger/types.js';
 import { withVolumeLock } from '../node/lock.js';
+import { unmountSharedForPod } from '../node/shared.js';
 import { leaveNode, podKeyOf } from '../node/staging.js';
 import { volumeAtPath } from '../node/volume-at-path.js';
 import { defineOp } from './op.js';
@@ -22,6 +23,9 @@ export const op = defineOp({
     const { config, system, backend, ledger } = ctx;
     if (config.attach) throw new NotSupportedError('in attach mode kubelet removes its own bind mount');
     const node = config.nodeName;
+    const podTicket = (d: VolumeDoc) => podTicketOf(d, basename(podDir), config.driverName, node, podKeyOf(podDir));
+    const shared = await unmountSharedForPod(ctx, podDir, podTicket);
+    if (shared) return shared;
     const found = await volumeAtPath(ctx, podDir);
     if (found.kind === 'none') return success(); // not a name latch could have mounted
     if (found.kind === 'foreign') return failure(`${podDir} has ${found.top.source} mounted, which is not a latch volume; not touching it`);

@@ -4,6 +4,7 @@ import { path } from '../contract/args.js';
 import { failure, success } from '../contract/reply.js';
 import { releaseDevice, unmountTop } from '../node/device.js';
 import { cutOffIfFenced } from '../node/fence.js';
+import { unmountSharedDevice } from '../node/shared.js';
 import { volumeAtPath } from '../node/volume-at-path.js';
 import { defineOp } from './op.js';
 
@@ -13,6 +14,8 @@ export const op = defineOp({
   attachModeOnly: true,
   async run(ctx, { deviceMountPath }) {
     const node = ctx.config.nodeName;
+    const shared = await unmountSharedDevice(ctx, deviceMountPath);
+    if (shared) return shared;
     const found = await volumeAtPath(ctx, deviceMountPath);
     if (found.kind === 'none') return success(); // not a name latch could have used: nothing of ours to finish
     if (found.kind === 'foreign') {

@@ -5,10 +5,11 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { optionalPath, volumeOptions } from '../contract/args.js';
 import { failure, success } from '../contract/reply.js';
 import { isFencedOff } from '../ledger/arbitrate.js';
-import { claimAndSetUpDevice } from '../node/device.js';
+import { claimAndSetUpDevice, claimGrant } from '../node/device.js';
 import { clearOwnFence } from '../node/fence.js';
 import { awayFromHome } from '../node/home.js';
 import { withVolumeLock } from '../node/lock.js';
+import { attachShared } from '../node/shared.js';
 import { checkCaller, nodeWorkloadTicketId } from '../node/tickets.js';
 import { defineOp } from './op.js';
 
@@ -50,8 +51,14 @@ export const op = defineOp({
 
     // Claim (granted -> attaching) and set up under the node's volume lock.
     return withVolumeLock(config, name, async () => {
+      const withdrawn = () => failure(`volume ${name} was withdrawn from node ${node} while it was waiting for it; kubelet tries again`);
+      if (doc.spec.shared) {
+        // Nothing is mounted before mountdevice, so there is no hold to check after a crash: no marker.
+        const claimed = await claimGrant(ctx, name);
+        return claimed ? attachShared(ctx, name, claimed) : withdrawn();
+      }
       const setUp = await claimAndSetUpDevice(ctx, name);
-      if (!setUp) return failure(`volume ${name} was withdrawn from node ${node} while it was waiting for it; kubelet tries again`);
+      if (!setUp) return withdrawn();
       return success({ device: setUp.device });
     });
   },

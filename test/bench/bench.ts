@@ -3,7 +3,7 @@
 // every call's reply is checked, since a call that fails is not a fast call.
 //
 //   npm run bench                     every section
-//   npm run bench -- --only io,rbd    some sections (calls, ledger, lifecycle, concurrent, execa, io, rbd, backup); the results file
+//   npm run bench -- --only io,rbd    some sections (calls, ledger, lifecycle, concurrent, execa, io, rbd, backup, cephfs); the results file
 //                                     keeps the other sections' figures from their last run
 import { spawn, spawnSync } from 'node:child_process';
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -22,6 +22,7 @@ import { EtcdCluster, etcdSkipReason } from '../etcd/etcd.js';
 import { NATIVE_HELPER } from '../fixtures/native-helper.js';
 import { printFigures, writeReports, type Figure, type Results } from './figures.js';
 import { backupThroughput } from './backup.js';
+import { sharedIo } from './cephfs.js';
 import { cachedBytes, cleanUp, evict, loopIo, rbdIo, syncFile } from './io.js';
 
 const ROOT = join(__dirname, '..', '..');
@@ -56,7 +57,7 @@ interface Stats {
 }
 const results: Record<string, unknown> = { machine: machine(), reps: REPS, callReps: CALL_REPS };
 const figures: Figure[] = [];
-const SECTIONS = ['calls', 'ledger', 'lifecycle', 'concurrent', 'execa', 'io', 'rbd', 'backup'] as const;
+const SECTIONS = ['calls', 'ledger', 'lifecycle', 'concurrent', 'execa', 'io', 'rbd', 'backup', 'cephfs'] as const;
 type Section = (typeof SECTIONS)[number];
 
 function stats(samples: Sample[]): Stats {
@@ -928,6 +929,7 @@ async function main(): Promise<void> {
     ['io', async () => loopIo()],
     ['rbd', rbdIo],
     ['backup', backupThroughput],
+    ['cephfs', sharedIo],
   ] as const) {
     if (!only.has(section)) continue;
     const started = performance.now();

@@ -273,8 +273,10 @@ describe('RbdBackend on a one-host Ceph cluster', { skip }, () => {
     t.diagnostic(`release with a dead rbd-fuse: ${Math.round(performance.now() - started)} ms`);
     assert.deepEqual(await mappingOf(optionsA.mountDir, 'vol-dead'), { loops: [], mounts: 0, pids: [] });
 
-    // Hung: the daemon is stopped, so every request on its mount waits (as on a fenced one). A short deadline.
-    const hasty = new RbdBackend(optionsFor(nodeA, 'node-a', 3_000));
+    // Hung: the daemon is stopped, so every request on its mount waits (as on a fenced one). A short deadline, but not
+    // shorter than the cluster's own answers take on a loaded machine (a `rbd lock rm` took over 3 s beside npm test's
+    // other parts).
+    const hasty = new RbdBackend(optionsFor(nodeA, 'node-a', 8_000));
     // The killed daemon holds the image's exclusive lock until the OSD drops its watch (30 s, rbd-backend.md h), and
     // the new daemon's first I/O waits for it: a deadline past that.
     const patient = new RbdBackend(optionsFor(nodeA, 'node-a', 45_000));

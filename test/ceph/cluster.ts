@@ -34,6 +34,7 @@ import { listLoopDevices } from '../../src/sys/loop.js';
 import { readMountInfo, type MountInfo } from '../../src/sys/mounts.js';
 import { run, type RunOptions, type RunResult } from '../../src/sys/run.js';
 import { trackChild } from '../fixtures/tracked-children.js';
+import { startCephFs } from './mds.js';
 
 export type CephDaemon = 'mon' | 'mgr' | 'osd';
 
@@ -49,6 +50,8 @@ export interface CephClusterOptions {
    * every daemon's address (the nemesis rig's storage namespace). The monitor then takes Ceph's default ports.
    */
   netns?: { name: string; address: string };
+  /** A CephFS file system with one MDS (test/ceph/mds.ts), for shared volumes. */
+  cephfs?: boolean;
 }
 
 // The caps of the two kinds of identity latch needs are the product's own (src/sys/rbd.ts); the tests use them as is.
@@ -529,6 +532,10 @@ export class CephCluster {
       await this.ceph(['osd', 'pool', 'create', this.pool]);
       await this.rbd(['pool', 'init', this.pool], { timeoutMs: left() }); // writes to the pool: needs an active PG
     });
+    if (this.options.cephfs) {
+      const tools = { spawn: (c: string, a: string[], log: string) => spawnTracked(c, a, log, netns?.name), until };
+      await this.step('CephFS (MDS active)', () => startCephFs(this, tools, left()));
+    }
     await this.step('HEALTH_OK', () => this.waitHealthy(left()));
   }
 

@@ -32,6 +32,18 @@ export async function snapshotCreate(options: SnapshotCreateOptions, io: Command
   const ctx = io.context(config);
   const doc = await ctx.ledger.get(volume);
   if (!doc) throw new LatchError(`volume ${volume} does not exist (latch volume list shows the volumes)`);
+  if (doc.spec.shared) {
+    // A CephFS subvolume snapshot: cut by the MDS whatever mounts the volume, so no ticket and no agent are needed.
+    const shared = await (await import('../../node/shared.js')).sharedSnapshotsOf(ctx, volume);
+    if (!shared) throw new LatchError(`volume ${volume} is no longer a shared volume`);
+    const info = await shared.createSnapshot(volume, name);
+    io.out(
+      options.output === 'json'
+        ? formatJson({ ...info, consistency: 'crash-consistent' })
+        : `snapshot ${name} of shared volume ${volume} created (native, ${formatSize(info.sizeBytes)}; crash-consistent: a CephFS snapshot)\n`,
+    );
+    return;
+  }
   const node = jobNode(ctx, volume, doc, options.node);
   const request = jobRequest(ctx, volume, { kind: 'snapshot', snapshot: name }, node);
 

@@ -7,7 +7,8 @@ import { backendSnapshots } from './list.js';
 export async function snapshotDelete(options: { volume: string; name: string }, io: CommandIO): Promise<void> {
   const volume = checkVolumeName(options.volume);
   const name = checkVolumeName(options.name, 'snapshot name', 200);
-  const backend = backendSnapshots(io.context(configOf(io)));
+  const ctx = io.context(configOf(io));
+  const backend = (await (await import('../../node/shared.js')).sharedSnapshotsOf(ctx, volume)) ?? backendSnapshots(ctx);
   if (!(await backend.listSnapshots(volume)).some((s) => s.name === name)) {
     throw new LatchError(`volume ${volume} has no snapshot named ${name} (latch snapshot list ${volume})`);
   }

@@ -11,7 +11,8 @@ export async function snapshotList(options: { volume: string; output: OutputForm
   const volume = checkVolumeName(options.volume);
   const ctx = io.context(configOf(io));
   await checkVolumeExists(ctx, volume);
-  const snapshots = await backendSnapshots(ctx).listSnapshots(volume);
+  const shared = await (await import('../../node/shared.js')).sharedSnapshotsOf(ctx, volume);
+  const snapshots = await (shared ?? backendSnapshots(ctx)).listSnapshots(volume);
   if (options.output === 'json') {
     io.out(formatJson(snapshots));
     return;

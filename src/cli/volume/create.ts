@@ -12,6 +12,8 @@ export interface VolumeCreateOptions {
   /** As given: bytes or a quantity such as 1Gi. */
   size: string;
   fsType?: string;
+  /** A shared (ReadWriteMany) volume on CephFS. */
+  shared?: boolean;
   output: OutputFormat;
 }
 
@@ -26,6 +28,16 @@ export async function volumeCreate(options: VolumeCreateOptions, io: CommandIO):
     throw new LatchError(`--fs-type ${options.fsType} is not allowed; allowed: ${config.allowedFsTypes.join(', ')}`);
   }
   const ctx = io.context(config);
+  if (options.shared) {
+    const { createSharedVolume } = await import('../../node/shared.js');
+    const { doc, existed, storage } = await createSharedVolume(ctx, name, size, fsType);
+    io.out(
+      options.output === 'json'
+        ? formatJson(doc)
+        : `shared volume ${name} ${existed ? 'already exists' : 'created'} (${formatSize(size)} in ${storage})\n`,
+    );
+    return;
+  }
   const { doc, existed } = await ctx.ledger.createVolume(name, { sizeBytes: size, fsType });
   // A node-local image is made in its home node's pool only, and the home recorded first (node/home.ts).
   await claimHome(ctx, doc);

@@ -12,6 +12,12 @@ export async function volumeDelete(options: { name: string }, io: CommandIO): Pr
   const { ledger, backend, config } = ctx;
   const doc = await getVolume(ledger, name);
   refuseIfInUse(doc);
+  if (doc.spec.shared) {
+    const storage = await (await import('../../node/shared.js')).deleteSharedVolume(ctx, name);
+    await ledger.deleteVolume(name, refuseIfInUse);
+    io.out(`shared volume ${name} deleted, with its subvolume in ${storage}\n`);
+    return;
+  }
   // A node-local image is deleted where it lives, or not at all: the document stays until then (node/home.ts).
   const home = doc.status.home;
   if (home && !reachesHome(ctx, home, config.nodeName)) {

@@ -118,6 +118,7 @@ function staleTickets(holds: VolumeDoc[], node: string, isMapped: (volume: strin
   return holds.flatMap((doc) => {
     const entry = doc.status.nodes[node];
     if (!entry || !isInUse(entry.phase) || isMapped(doc.name)) return []; // detaching: the detaching check's to report
+    if (doc.spec.shared) return []; // no rbd mapping: its mounts are the cephfs check's (doctor/cephfs.ts)
     return [
       {
         check: 'ledger',

@@ -1,5 +1,6 @@
 // The one rule every change ends with: grants, ticket statuses and the derived state recomputed from the tickets.
 import type { TicketStatus, VolumeDoc } from '../types.js';
+import { grantShared } from '../shared.js';
 import { preemptor } from './preemption.js';
 import { compareTickets, isFencedOff, ticketsOfNode } from './queries.js';
 import { conditionsOf, stateOf, statusOf } from './status.js';
@@ -18,7 +19,8 @@ export function reconcile(doc: VolumeDoc, now: string): VolumeDoc {
   }
 
   const readOnlyMany = everyTicketReadOnly && Object.values(nodes).every((e) => e.readOnly && e.phase !== 'detaching');
-  if (!readOnlyMany && preemptor(next, tickets, eligible)) {
+  const shared = next.spec.shared === true; // ReadWriteMany: ledger/shared.ts grants it
+  if (!shared && !readOnlyMany && preemptor(next, tickets, eligible)) {
     // The holders' maintenance gives way: a grant not taken up goes at once; a node with the device lets go first.
     for (const [node, entry] of Object.entries(nodes)) {
       if (entry.phase === 'granted') delete nodes[node];
@@ -27,7 +29,9 @@ export function reconcile(doc: VolumeDoc, now: string): VolumeDoc {
   }
 
   const holders = Object.keys(nodes);
-  if (holders.length === 0) {
+  if (shared) {
+    grantShared(next, eligible, now);
+  } else if (holders.length === 0) {
     // Fully detached: the best ticket wins; with only read-only tickets, every node may have it.
     const winner = eligible[0];
     if (winner) {

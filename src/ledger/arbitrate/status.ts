@@ -1,5 +1,6 @@
 // The ticket statuses and the volume state that reconcile derives, in the seeds' status shape (conditions included).
 import type { Condition, JobStatus, NodeAttachment, Ticket, TicketStatus, VolumeDoc, VolumeState } from '../types.js';
+import { sharedWaitMessage } from '../shared.js';
 import { isFencedOff } from './queries.js';
 
 export function statusOf(doc: VolumeDoc, ticket: Ticket, sorted: Ticket[]): TicketStatus {
@@ -14,6 +15,8 @@ export function statusOf(doc: VolumeDoc, ticket: Ticket, sorted: Ticket[]): Tick
         message: `read-write wanted, but the volume is attached read-only on node ${ticket.nodeID}; it must be detached first`,
       };
     }
+    const alone = sharedWaitMessage(doc, ticket);
+    if (alone !== undefined) return { ...base, satisfied: false, reason: 'Waiting', message: alone };
     return { ...base, satisfied: true, reason: 'Attached', message: `attached to node ${ticket.nodeID}` };
   }
   if (own) {

@@ -1,0 +1,406 @@
+// Shared (ReadWriteMany) volumes through the driver (bin/latch) on a real one-host Ceph cluster with a CephFS file
+// system (test/ceph/mds.ts): node-a, node-b and node-c run in non-attach mode, node-d in attach mode, each with its own
+// cephx identity whose caps reach only latch's subvolume group, and all share the ledger. Three nodes mount one
+// shared volume at once and write concurrently; each sees the others' files; the quota refuses writes past the size
+// and `latch volume expand` lifts it; a block volume keeps its one-writer rule in the same run; a shared volume is
+// refused where a block device is required; calls repeated after a SIGKILL converge; a SIGSTOPped ceph-fuse does not
+// hold an unmount past its deadline; and a node fenced while all three write has none of its late writes land.
+// Every FUSE mount lives under the cluster's dir, whose teardown aborts them through fusectl, also after a failure.
+// Needs root, Debian's ceph, ceph-mds and ceph-fuse packages and bin/latch; skips with a message otherwise.
+import assert from 'node:assert/strict';
+import { execFile, spawn } from 'node:child_process';
+import { existsSync, mkdirSync, readdirSync, writeFileSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { promisify } from 'node:util';
+import { readMountInfo } from '../../src/sys/mounts.js';
+import { cephfsFencerCaps, cephfsNodeCaps } from '../../src/sys/cephfs.js';
+import { fencerCaps } from '../../src/sys/rbd.js';
+import { run } from '../../src/sys/run.js';
+import { cephSkipReason, startCephCluster, type CephCluster } from '../ceph/cluster.js';
+
+const REPO = resolve(__dirname, '../..');
+const LATCH = join(REPO, 'bin/latch');
+const execFileAsync = promisify(execFile);
+const which = (tool: string) => ['/usr/bin', '/usr/sbin', '/bin', '/sbin'].some((d) => existsSync(join(d, tool)));
+const skip =
+  cephSkipReason() ??
+  (which('ceph-mds') && which('ceph-fuse') ? undefined : 'ceph-mds and ceph-fuse are not installed: run scripts/setup.sh') ??
+  (existsSync(LATCH) ? undefined : 'bin/latch is missing: run npm run build first');
+
+interface Reply {
+  status: string;
+  message?: string;
+  device?: string;
+}
+
+const NODES = ['node-a', 'node-b', 'node-c'] as const;
+const PV = 'pv-shared';
+const MiB = 1024 * 1024;
+
+describe('shared volumes on CephFS through the driver', { skip }, () => {
+  let ceph: CephCluster;
+  const configs: Record<string, string> = {};
+  let stateDir = '';
+
+  before(
+    async () => {
+      ceph = await startCephCluster({ cephfs: true });
+      stateDir = join(ceph.dir, 'latch-state');
+      const fencer = await ceph.createClient('latch-fencer', { caps: cephfsFencerCaps(fencerCaps(ceph.pool)), role: 'fencer' });
+      for (const node of [...NODES, 'node-d', 'admin']) {
+        const client = await ceph.createClient(`latch-${node}`, { caps: cephfsNodeCaps(ceph.pool, 'cephfs', 'latch') });
+        mkdirSync(join(ceph.dir, node), { recursive: true });
+        const config = {
+          nodeName: node,
+          attach: node === 'node-d',
+          oneHost: true,
+          stateDir,
+          logFile: join(ceph.dir, node, 'latch.log'),
+          maxSize: '1Gi',
+          waitForAttachTimeout: 10,
+          commandTimeout: 8,
+          backend: {
+            type: 'rbd',
+            pool: ceph.pool,
+            cephConf: client.confPath,
+            clientId: client.id,
+            keyring: client.keyringPath,
+            mountDir: join(ceph.dir, 'mnt', node, 'rbd'),
+            cephfs: { fsName: 'cephfs', group: 'latch', client: 'ceph-fuse', mountDir: join(ceph.dir, 'mnt', node, 'cephfs') },
+            ...(node === 'admin' && { fencer: { clientId: fencer.id, keyring: fencer.keyringPath } }),
+          },
+        };
+        configs[node] = join(ceph.dir, node, 'config.json');
+        writeFileSync(configs[node], JSON.stringify(config, null, 2));
+      }
+    },
+    { timeout: 120_000 },
+  );
+
+  after(async () => {
+    await ceph?.stop();
+  });
+
+  /** One driver call as `node`: one JSON object on stdout, nothing on stderr. */
+  async function call(node: string, ...args: string[]): Promise<Reply> {
+    const { stdout, stderr } = await execFileAsync(LATCH, args, {
+      env: { ...process.env, LATCH_CONFIG: configs[node] },
+      timeout: 60_000,
+    }).catch((err: { stdout?: string; stderr?: string }) => ({ stdout: err.stdout ?? '', stderr: err.stderr ?? '' }));
+    assert.equal(stderr, '', `${args[0]} on ${node} wrote to stderr`);
+    return JSON.parse(stdout) as Reply;
+  }
+
+  async function admin(node: string, ...args: string[]): Promise<{ code: number; out: string }> {
+    return execFileAsync(LATCH, args, { env: { ...process.env, LATCH_CONFIG: configs[node] }, timeout: 60_000 }).then(
+      ({ stdout }) => ({ code: 0, out: stdout }),
+      (err: { code?: number; stdout?: string; stderr?: string }) => ({
+        code: err.code ?? 1,
+        out: `${err.stdout ?? ''}${err.stderr ?? ''}`,
+      }),
+    );
+  }
+
+  const podDir = (node: string, pv = PV) => join(ceph.dir, 'kubelet', node, 'pods', `uid-${node}`, 'volumes', 'latch~latch', pv);
+  const options = (node: string, extra: Record<string, string> = {}) =>
+    JSON.stringify({
+      'kubernetes.io/pvOrVolumeName': PV,
+      'kubernetes.io/pod.uid': `uid-${node}`,
+      'kubernetes.io/pod.namespace': 'default',
+      accessMode: 'ReadWriteMany',
+      size: '64Mi',
+      ...extra,
+    });
+  const sh = (script: string, timeoutMs = 60_000) => run('sh', ['-c', script], { timeoutMs, okExitCodes: [1] });
+
+  it('three nodes mount one shared volume at once, write concurrently, and each sees the others files', { timeout: 180_000 }, async () => {
+    for (const node of NODES) {
+      const reply = await call(node, 'mount', podDir(node), options(node));
+      assert.equal(reply.status, 'Success', `mount on ${node}: ${reply.message}`);
+    }
+    const table = await readMountInfo();
+    for (const node of NODES) {
+      assert.ok(
+        table.some((m) => m.mountPoint === podDir(node) && m.fsType === 'fuse.ceph-fuse'),
+        `${node}'s pod dir shows the CephFS mount`,
+      );
+    }
+    // Each writer its own files (appends to one file from several clients are not safe on CephFS: see the notes).
+    await Promise.all(
+      NODES.map((node) =>
+        sh(`for i in $(seq 1 20); do echo "${node} $i" > "${podDir(node)}/${node}-$i"; sync "${podDir(node)}/${node}-$i"; done`),
+      ),
+    );
+    for (const node of NODES) {
+      const names = readdirSync(podDir(node)).sort();
+      assert.equal(names.length, 60, `${node} sees every node's files: ${names.length}`);
+      const { stdout } = await sh(`cat "${podDir(node)}/node-b-7"`);
+      assert.equal(stdout.trim(), 'node-b 7');
+    }
+    // Repeating a mount changes nothing.
+    assert.equal((await call('node-a', 'mount', podDir('node-a'), options('node-a'))).status, 'Success');
+    const doc = JSON.parse((await admin('node-a', 'volume', 'inspect', PV, '-o', 'json')).out) as {
+      spec: { shared?: boolean };
+      status: { currentNodes: string[] };
+    };
+    assert.equal(doc.spec.shared, true);
+    assert.deepEqual(doc.status.currentNodes, ['node-a', 'node-b', 'node-c']);
+  });
+
+  it('doctor: the node client, the MDS as the node, quota use, and a stale mount with its fix', { timeout: 120_000 }, async () => {
+    const doctor = await admin('node-a', 'doctor');
+    assert.match(doctor.out, /node client: ceph-fuse/);
+    assert.match(doctor.out, /file system cephfs has an active MDS \(as client\.latch-node-a\)/);
+    assert.match(doctor.out, /shared volume pv-shared: [0-9.]+\w* of 64Mi used/);
+    assert.doesNotMatch(doctor.out, /stale ticket: volume pv-shared/);
+    assert.doesNotMatch(doctor.out, /stale CephFS mount/);
+    // A mount of node-a's identity of a volume it does not hold: made by hand, as a leftover would be.
+    const made = await admin('admin', 'volume', 'create', 'pv-other', '--size', '32Mi', '--shared');
+    assert.equal(made.code, 0, made.out);
+    assert.match(made.out, /shared volume pv-other created/);
+    const path = (await ceph.ceph(['fs', 'subvolume', 'getpath', 'cephfs', 'pv-other', '--group_name', 'latch'])).stdout.trim();
+    const stray = join(ceph.dir, 'mnt', 'stray');
+    mkdirSync(stray, { recursive: true });
+    await run(
+      'ceph-fuse',
+      [
+        '--conf',
+        join(ceph.dir, 'clients', 'client.latch-node-a.conf'),
+        '--id',
+        'latch-node-a',
+        '--client_fs',
+        'cephfs',
+        '--client_mountpoint',
+        path,
+        stray,
+      ],
+      { timeoutMs: 30_000 },
+    );
+    try {
+      const stale = await admin('node-a', 'doctor');
+      assert.match(stale.out, new RegExp(`stale CephFS mount at ${stray} \\(volume pv-other\\)`));
+      assert.match(stale.out, /fix: echo 1 > \/sys\/fs\/fuse\/connections\/[0-9]+\/abort; umount /);
+      const other = await admin('node-b', 'doctor');
+      assert.doesNotMatch(other.out, /stale CephFS mount/, "node-a's mount is not node-b's");
+    } finally {
+      await run('umount', [stray], { timeoutMs: 30_000 });
+    }
+    const removed = await admin('admin', 'volume', 'delete', 'pv-other');
+    assert.equal(removed.code, 0, removed.out);
+  });
+
+  it('the quota refuses writes past the size with EDQUOT or ENOSPC, and expand lifts it', { timeout: 120_000 }, async () => {
+    const big = join(podDir('node-a'), 'big');
+    const first = await sh(`dd if=/dev/zero of="${big}" bs=1M count=128 conv=fsync 2>&1; echo "rc=$?"`);
+    assert.match(first.stdout, /Disk quota exceeded|No space left on device/, first.stdout);
+    assert.match(first.stdout, /rc=1/);
+    await sh(`rm -f "${big}"`);
+    const expanded = await admin('admin', 'volume', 'expand', PV, '--size', '256Mi');
+    assert.equal(expanded.code, 0, expanded.out);
+    // The new quota reaches the clients within a moment (the MDS pushes it with the caps).
+    let second = { stdout: '' };
+    for (let i = 0; i < 10; i++) {
+      second = await sh(`dd if=/dev/zero of="${big}" bs=1M count=128 conv=fsync 2>&1; echo "rc=$?"`);
+      if (/rc=0/.test(second.stdout)) break;
+      await sh(`rm -f "${big}"; sleep 1`);
+    }
+    assert.match(second.stdout, /rc=0/, second.stdout);
+    const df = await sh(`df -B1 --output=size "${podDir('node-b')}" | tail -1`);
+    assert.equal(Number(df.stdout.trim()), 256 * MiB, 'node-b sees the new size too');
+    await sh(`rm -f "${big}"`);
+  });
+
+  it(
+    'a block volume keeps its one-writer rule in the same run, and a ReadWriteMany use of it is refused',
+    { timeout: 120_000 },
+    async () => {
+      const block = (node: string, extra: Record<string, string> = {}) =>
+        JSON.stringify({ 'kubernetes.io/pvOrVolumeName': 'pv-block', 'kubernetes.io/pod.uid': `uid-${node}`, size: '32Mi', ...extra });
+      const a = await call('node-a', 'mount', podDir('node-a', 'pv-block'), block('node-a'));
+      assert.equal(a.status, 'Success', a.message);
+      const b = await call('node-b', 'mount', podDir('node-b', 'pv-block'), block('node-b'));
+      assert.equal(b.status, 'Failure');
+      assert.match(b.message ?? '', /attached to node node-a/);
+      const rwx = await call(
+        'node-a',
+        'mount',
+        podDir('node-a', 'pv-block2'),
+        block('node-a', { accessMode: 'ReadWriteMany', volume: 'pv-block' }),
+      );
+      assert.equal(rwx.status, 'Failure');
+      assert.match(rwx.message ?? '', /block \(ReadWriteOnce\) volume; it cannot be used ReadWriteMany/);
+      assert.equal((await call('node-a', 'unmount', podDir('node-a', 'pv-block'))).status, 'Success');
+    },
+  );
+
+  it(
+    'attach mode: waitforattach names the shared volume, mountdevice refuses a block fsType, then mounts it',
+    { timeout: 120_000 },
+    async () => {
+      const json = JSON.stringify({ 'kubernetes.io/pvOrVolumeName': PV, accessMode: 'ReadWriteMany' });
+      assert.equal((await call('node-d', 'attach', json, 'node-d')).status, 'Success');
+      const waited = await call('node-d', 'waitforattach', '', json);
+      assert.equal(waited.status, 'Success', waited.message);
+      assert.equal(waited.device, `/latch/shared/${PV}`);
+      const global = join(ceph.dir, 'kubelet', 'node-d', 'plugins', 'latch', 'mounts', PV);
+      const ext4 = JSON.stringify({ 'kubernetes.io/pvOrVolumeName': PV, 'kubernetes.io/fsType': 'ext4' });
+      const refused = await call('node-d', 'mountdevice', global, waited.device ?? '', ext4);
+      assert.equal(refused.status, 'Failure');
+      assert.match(refused.message ?? '', /shared \(ReadWriteMany\) CephFS volume: it has no block device and no ext4 filesystem/);
+      const wrongId = await call('node-d', 'mountdevice', global, '/dev/loop0', json);
+      assert.equal(wrongId.status, 'Failure');
+      const mounted = await call('node-d', 'mountdevice', global, waited.device ?? '', json);
+      assert.equal(mounted.status, 'Success', mounted.message);
+      assert.equal(readdirSync(global).filter((n) => n.startsWith('node-')).length, 60, 'node-d sees the files of the other nodes');
+      assert.equal((await call('node-d', 'unmountdevice', global)).status, 'Success');
+      assert.equal((await call('node-d', 'unmountdevice', global)).status, 'Success', 'repeated');
+      assert.equal((await call('node-d', 'detach', PV, 'node-d')).status, 'Success');
+      assert.ok(!(await readMountInfo()).some((m) => m.mountPoint === global));
+    },
+  );
+
+  it('mount and unmount repeated after a SIGKILL converge', { timeout: 120_000 }, async () => {
+    const node = 'node-c';
+    assert.equal((await call(node, 'unmount', podDir(node))).status, 'Success');
+    for (const delayMs of [150, 400, 800]) {
+      const child = spawn(LATCH, ['mount', podDir(node), options(node)], {
+        env: { ...process.env, LATCH_CONFIG: configs[node] },
+        stdio: 'ignore',
+      });
+      // Listened for from the start: a call that finished before the kill has exited already.
+      const childExited = new Promise((r) => child.once('exit', r));
+      await new Promise((r) => setTimeout(r, delayMs));
+      child.kill('SIGKILL');
+      await childExited;
+      const again = await call(node, 'mount', podDir(node), options(node));
+      assert.equal(again.status, 'Success', `mount after a kill at ${delayMs} ms: ${again.message}`);
+      assert.ok(readdirSync(podDir(node)).length >= 60);
+      const killer = spawn(LATCH, ['unmount', podDir(node)], { env: { ...process.env, LATCH_CONFIG: configs[node] }, stdio: 'ignore' });
+      const killerExited = new Promise((r) => killer.once('exit', r));
+      await new Promise((r) => setTimeout(r, delayMs));
+      killer.kill('SIGKILL');
+      await killerExited;
+      assert.equal((await call(node, 'unmount', podDir(node))).status, 'Success');
+      const left = (await readMountInfo()).filter((m) => m.fsType === 'fuse.ceph-fuse' && m.mountPoint.includes(`/${node}/`));
+      assert.deepEqual(left, [], `nothing of ${node}'s mounts is left after a kill at ${delayMs} ms`);
+    }
+    assert.equal((await call(node, 'mount', podDir(node), options(node))).status, 'Success');
+  });
+
+  it('a SIGSTOPped ceph-fuse never holds an unmount past its deadline', { timeout: 120_000 }, async () => {
+    const node = 'node-c';
+    const staging = join(stateDir, 'staging', node, PV);
+    const { stdout } = await run('pgrep', ['-f', `ceph-fuse.*${staging}`], { okExitCodes: [1] });
+    const pid = Number(stdout.trim().split('\n')[0]);
+    assert.ok(pid > 0, 'node-c has a ceph-fuse for the volume');
+    process.kill(pid, 'SIGSTOP');
+    try {
+      const started = Date.now();
+      const reply = await call(node, 'unmount', podDir(node));
+      const ms = Date.now() - started;
+      // commandTimeout 8 s: the guard aborts the connection then, and the unmount finishes.
+      assert.ok(ms < 40_000, `unmount took ${ms} ms`);
+      assert.equal(reply.status, 'Success', reply.message);
+      assert.ok(!(await readMountInfo()).some((m) => m.mountPoint === staging || m.mountPoint === podDir(node)));
+    } finally {
+      try {
+        process.kill(pid, 'SIGKILL');
+        process.kill(pid, 'SIGCONT');
+      } catch {
+        // gone
+      }
+    }
+  });
+
+  it(
+    'fencing node-a while all write: its hold goes only once confirmed, and none of its late writes land',
+    { timeout: 180_000 },
+    async () => {
+      const node = 'node-c';
+      assert.equal((await call(node, 'mount', podDir(node), options(node))).status, 'Success');
+      // All three write; node-a's writer keeps writing through the fence, to a file node-b has seen before it.
+      const marker = join(podDir('node-a'), 'late');
+      await sh(`echo "a 0" > "${marker}"; sync "${marker}"`);
+      for (let i = 0; i < 40 && !existsSync(join(podDir('node-b'), 'late')); i++) await new Promise((r) => setTimeout(r, 250));
+      assert.ok(existsSync(join(podDir('node-b'), 'late')), "node-b sees node-a's file before the fence");
+      const writerA = spawn(
+        'sh',
+        [
+          '-c',
+          `i=0; while [ $i -lt 400 ]; do i=$((i+1)); echo "a $i" >> "${marker}" && sync "${marker}" || echo "fail $i" >&2; sleep 0.05; done`,
+        ],
+        { stdio: ['ignore', 'ignore', 'pipe'] },
+      );
+      let errors = '';
+      writerA.stderr.on('data', (chunk: Buffer) => (errors += chunk.toString()));
+      const others = Promise.all(
+        ['node-b', 'node-c'].map((n) =>
+          sh(`for i in $(seq 1 30); do echo "${n} $i" > "${podDir(n)}/w-${n}-$i"; sync "${podDir(n)}/w-${n}-$i"; sleep 0.05; done`),
+        ),
+      );
+      await new Promise((r) => setTimeout(r, 1_000));
+      const fenced = await admin('admin', 'node', 'fence', 'node-a', '--volume', PV);
+      assert.equal(fenced.code, 0, fenced.out);
+      assert.match(fenced.out, /fenced off/);
+      // What node-b reads right after the fence is what landed; nothing node-a writes afterwards may add to it.
+      await new Promise((r) => setTimeout(r, 1_500));
+      const atFence = (await sh(`wc -l < "${join(podDir('node-b'), 'late')}"`)).stdout.trim();
+      await new Promise<void>((r) => writerA.once('exit', () => r()));
+      await others;
+      assert.match(errors, /fail/, "node-a's writes fail once it is fenced");
+      const atEnd = (await sh(`wc -l < "${join(podDir('node-b'), 'late')}"`)).stdout.trim();
+      assert.equal(atEnd, atFence, "none of node-a's writes after the fence landed");
+      assert.ok(Number(atEnd) < 400, `node-a's writer was cut off (${atEnd} lines of 401 landed)`);
+      // What landed is a prefix of what node-a wrote, in order.
+      const lines = (await sh(`cat "${join(podDir('node-b'), 'late')}"`)).stdout.trim().split('\n');
+      lines.forEach((line, i) => assert.equal(line, `a ${i}`));
+      assert.equal(readdirSync(podDir('node-c')).filter((n) => n.startsWith('w-')).length, 60, 'node-b and node-c kept writing');
+      // node-a is not granted the volume again until it has cleared its old mount: its unmount does that.
+      const unmounted = await call('node-a', 'unmount', podDir('node-a'));
+      assert.equal(unmounted.status, 'Success', unmounted.message);
+      const back = await call('node-a', 'mount', podDir('node-a'), options('node-a'));
+      assert.equal(back.status, 'Success', back.message);
+      assert.ok(readdirSync(podDir('node-a')).length > 60);
+    },
+  );
+
+  it('a snapshot is a CephFS subvolume snapshot: point in time, listed, deleted', { timeout: 120_000 }, async () => {
+    const file = join(podDir('node-b'), 'snap-me');
+    await sh(`echo before > "${file}"; sync "${file}"`);
+    const created = await admin('node-b', 'snapshot', 'create', PV, 's1');
+    assert.equal(created.code, 0, created.out);
+    assert.match(created.out, /snapshot s1 of shared volume pv-shared created/);
+    await sh(`echo after > "${file}"; sync "${file}"`);
+    // The snapshot shows in the subvolume's .snap as _s1_<inode>, with the content of the moment it was cut.
+    const entry = readdirSync(join(podDir('node-a'), '.snap')).find((n) => n.includes('s1'));
+    assert.ok(entry, 'the snapshot shows under .snap');
+    const { stdout } = await sh(`cat "${join(podDir('node-a'), '.snap', entry, 'snap-me')}"`);
+    assert.equal(stdout.trim(), 'before');
+    const again = await admin('node-b', 'snapshot', 'create', PV, 's1');
+    assert.notEqual(again.code, 0, 'a taken name is refused');
+    const listed = JSON.parse((await admin('admin', 'snapshot', 'list', PV, '-o', 'json')).out) as { name: string; sharing: string }[];
+    assert.deepEqual(
+      listed.map((l) => [l.name, l.sharing]),
+      [['s1', 'native']],
+    );
+    const deleted = await admin('admin', 'snapshot', 'delete', PV, 's1');
+    assert.equal(deleted.code, 0, deleted.out);
+    assert.deepEqual(JSON.parse((await admin('admin', 'snapshot', 'list', PV, '-o', 'json')).out), []);
+  });
+
+  it('every node unmounts; the volume is free, and delete removes its subvolume', { timeout: 120_000 }, async () => {
+    for (const node of NODES) assert.equal((await call(node, 'unmount', podDir(node))).status, 'Success');
+    const doc = JSON.parse((await admin('admin', 'volume', 'inspect', PV, '-o', 'json')).out) as { status: { state: string } };
+    assert.equal(doc.status.state, 'detached');
+    assert.deepEqual(
+      (await readMountInfo()).filter((m) => m.fsType === 'fuse.ceph-fuse'),
+      [],
+      'no ceph-fuse mount is left',
+    );
+    const removed = await admin('admin', 'volume', 'delete', PV);
+    assert.equal(removed.code, 0, removed.out);
+    const info = await ceph.ceph(['fs', 'subvolume', 'info', 'cephfs', PV, '--group_name', 'latch'], { okExitCodes: [2] });
+    assert.equal(info.exitCode, 2, 'the subvolume is gone');
+  });
+});
