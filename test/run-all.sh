@@ -25,7 +25,7 @@ took "builds" "SECONDS - t"
 # - the static checks, which need nothing but the source;
 # - the Ceph tests (test/ceph/), which spend most of their time waiting on their cluster (start-up, faults, watch
 #   timeouts). Each file starts a cluster of its own on free ports and checks only its own mounts, loop devices and
-#   processes, so they run beside the others, one at a time among themselves;
+#   processes, so they run beside the others, two at a time among themselves (test/ceph/run.sh);
 # - the bats suites but the protocol suite: they wait on mkfs, mounts and the driver's polls more than they compute, and
 #   each test works in a temp dir of its own and checks only its own loop devices and mounts.
 work=$(mktemp -d)
