@@ -6,7 +6,7 @@ import { CommandError, formatDuration, lastLineSuffix, outputTail, showCommand }
 import { MAX_BUFFER } from './output-files.js';
 import { KILL_GRACE_MS, running, signalGroup } from './process-groups.js';
 import { DEFAULT_COMMAND_TIMEOUT_MS, checkArgv, elapsedMs, type RunResult } from './run.js';
-import { extendedPath, findExecutable, setprivPath } from './search-path.js';
+import { findExecutable, locateCommand, setprivPath } from './search-path.js';
 
 /**
  * Starts a program that puts itself into the background (forks, setsid()s and exits 0 once it serves, as a FUSE
@@ -29,13 +29,9 @@ export async function startDaemon(command: string, args: string[], options: Daem
   // A name too long for a unit (a long volume name): systemd names the scope itself (run-rXXXX.scope).
   const scope = options.scope !== undefined && options.scope.length <= MAX_SCOPE_NAME ? options.scope : undefined;
   const timeoutMs = options.timeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS;
-  const searchPath = extendedPath(process.env.PATH);
-  const executable = findExecutable(command, searchPath);
+  const { executable, searchPath } = locateCommand(command, args);
   const shown = showCommand(command, args);
   const details = { command, args: [...args], exitCode: undefined, stderrTail: '', timedOut: false, durationMs: 0 };
-  if (executable === undefined) {
-    throw new CommandError(`${shown} could not be started: command not found (PATH=${searchPath.join(':')})`, details);
-  }
   const systemdRun = hostRunsSystemd() ? findExecutable('systemd-run', searchPath) : undefined;
   const [file, argv] = daemonCommand(executable, args, { setpriv: setprivPath(), systemdRun, scope });
   const started = process.hrtime.bigint();

@@ -3,7 +3,7 @@ import { LatchError, errorMessage } from '../../errors.js';
 import { CommandError, formatDuration, lastLineSuffix, outputTail, showCommand } from './command-error.js';
 import { MAX_BUFFER } from './output-files.js';
 import { KILL_GRACE_MS, running, signalGroup, untilGroupGone } from './process-groups.js';
-import { extendedPath, findExecutable } from './search-path.js';
+import { locateCommand } from './search-path.js';
 import { spawnCollecting } from './spawn.js';
 
 export interface RunOptions {
@@ -60,20 +60,9 @@ export async function run(command: string, args: string[], options: RunOptions =
   }
   const okExitCodes = options.okExitCodes ?? [];
 
-  const searchPath = extendedPath(process.env.PATH);
+  const { executable, searchPath } = locateCommand(command, args);
   const path = searchPath.join(':');
-  const executable = findExecutable(command, searchPath);
   const started = process.hrtime.bigint();
-  if (executable === undefined) {
-    throw new CommandError(`${showCommand(command, args)} could not be started: command not found (PATH=${path})`, {
-      command,
-      args: [...args],
-      exitCode: undefined,
-      stderrTail: '',
-      timedOut: false,
-      durationMs: 0,
-    });
-  }
   const child = spawnCollecting(executable, args, {
     input: options.input,
     stdinFd: options.stdinFd,

@@ -1,6 +1,7 @@
 // Where the tools a child runs are found: the host's bin and sbin directories, looked up inline.
 import { accessSync, constants, existsSync, statSync } from 'node:fs';
 import { join } from 'node:path';
+import { CommandError, showCommand } from './command-error.js';
 
 // kubelet's PATH often lacks the sbin directories where losetup, mkfs and friends live.
 const EXTRA_PATH = ['/usr/local/sbin', '/usr/sbin', '/sbin'];
@@ -15,7 +16,7 @@ export function setprivPath(): string | undefined {
 }
 
 /** The directories children are looked up in: PATH (or a fallback when it is empty) plus the sbin directories. */
-export function extendedPath(current: string | undefined): string[] {
+function extendedPath(current: string | undefined): string[] {
   const parts = (current || FALLBACK_PATH).split(':').filter((p) => p.length > 0);
   for (const dir of EXTRA_PATH) if (!parts.includes(dir)) parts.push(dir);
   return parts;
@@ -58,4 +59,24 @@ function isExecutableFile(path: string): boolean {
   } catch {
     return false;
   }
+}
+
+/**
+ * What every way of starting a child looks up first: the executable `command` names on the extended search path, and
+ * that path; a CommandError, as of a child that could not start, when there is none.
+ */
+export function locateCommand(command: string, args: string[]): { executable: string; searchPath: string[] } {
+  const searchPath = extendedPath(process.env.PATH);
+  const executable = findExecutable(command, searchPath);
+  if (executable === undefined) {
+    throw new CommandError(`${showCommand(command, args)} could not be started: command not found (PATH=${searchPath.join(':')})`, {
+      command,
+      args: [...args],
+      exitCode: undefined,
+      stderrTail: '',
+      timedOut: false,
+      durationMs: 0,
+    });
+  }
+  return { executable, searchPath };
 }

@@ -4,7 +4,7 @@ import { LatchError } from '../../errors.js';
 import { CommandError, formatDuration, lastLineSuffix, outputTail, showCommand } from './command-error.js';
 import { running, signalGroup } from './process-groups.js';
 import { checkArgv, elapsedMs, type RunResult } from './run.js';
-import { extendedPath, findExecutable, setprivPath } from './search-path.js';
+import { locateCommand, setprivPath } from './search-path.js';
 
 /** A child whose stdout is read as it comes (runStreaming). */
 export interface StreamingChild {
@@ -28,13 +28,9 @@ export function runStreaming(command: string, args: string[], options: { timeout
   if (!Number.isFinite(timeoutMs) || timeoutMs <= 0) {
     throw new LatchError(`timeout for ${command} must be a positive number of milliseconds, got ${timeoutMs}`);
   }
-  const searchPath = extendedPath(process.env.PATH);
-  const executable = findExecutable(command, searchPath);
+  const { executable, searchPath } = locateCommand(command, args);
   const shown = showCommand(command, args);
   const details = { command, args: [...args], exitCode: undefined, stderrTail: '', timedOut: false, durationMs: 0 };
-  if (executable === undefined) {
-    throw new CommandError(`${shown} could not be started: command not found (PATH=${searchPath.join(':')})`, details);
-  }
   const setpriv = setprivPath();
   const [file, argv] = setpriv ? [setpriv, ['--pdeathsig', 'SIGKILL', '--', executable, ...args]] : [executable, args];
   const started = process.hrtime.bigint();
