@@ -5,51 +5,28 @@
 // backup after 1% of the image changed, and a restore. `cp --sparse=always` is shown too, for information: coreutils 9 copies only the
 // data extents, in the kernel (copy_file_range), and leaves them unsynced in the page cache, so it does a small
 // fraction of the work. `npm run bench` runs it as its
-// `backup` section (figures with targets); `npm run bench:backup` runs it alone and prints the details.
+// `backup` section (figures with targets); `npm run bench:backup` runs it alone and prints the details, then the rbd
+// benchmark (backup-rbd.ts) and the S3 one (backup-s3.ts).
 // The machine is shared and noisy: the ratios to the copy matter, not the absolute times. The candidates alternate
 // over REPS rounds and each figure is a ratio of medians; the image is read from the page cache by every candidate
 // alike.
 import { execFileSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, openSync, closeSync, rmSync, statSync, writeSync } from 'node:fs';
-import { randomBytes } from 'node:crypto';
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { createBackup } from '../../src/backup/create.js';
 import type { Manifest } from '../../src/backup/manifest.js';
 import { restoreBackup } from '../../src/backup/restore.js';
+import { filledImage, IMAGE_SIZE as SIZE, median, MiB, overwrite, timed } from './backup-image.js';
 import { rbdBackupBench } from './backup-rbd.js';
+import { s3BackupBench } from './backup-s3.js';
 import type { Figure } from './figures.js';
 
-const MiB = 1024 * 1024;
-const SIZE = 1024 * MiB;
 const REPS = Number(process.env.BENCH_BACKUP_REPS ?? 3);
 /** The incremental backup's change: 1% of the image, in one run of random (incompressible) bytes. */
 const CHANGE = SIZE / 100;
 
-async function timed<T>(fn: () => T | Promise<T>): Promise<{ ms: number; value: T }> {
-  const start = performance.now();
-  const value = await fn();
-  return { ms: performance.now() - start, value };
-}
-
 function duBytes(path: string): number {
   return Number(execFileSync('du', ['-s', '-B1', path], { encoding: 'utf8' }).split('\t')[0]);
-}
-
-function median(values: number[]): number {
-  const sorted = [...values].sort((a, b) => a - b);
-  const mid = Math.floor(sorted.length / 2);
-  const at = (i: number) => sorted[i] ?? Number.NaN;
-  return sorted.length % 2 === 1 ? at(mid) : (at(mid - 1) + at(mid)) / 2;
-}
-
-/** Overwrites `bytes` of the image at `offset` with random bytes (the "1% change" of an incremental backup). */
-function overwrite(image: string, offset: number, bytes: number): void {
-  const fd = openSync(image, 'r+');
-  try {
-    for (let done = 0; done < bytes; done += MiB) writeSync(fd, randomBytes(Math.min(MiB, bytes - done)), 0, undefined, offset + done);
-  } finally {
-    closeSync(fd);
-  }
 }
 
 /** The backup section of `npm run bench`: figures with targets, and the details for the results file. */
@@ -59,18 +36,7 @@ export async function backupThroughput(): Promise<{ figures: Figure[]; details: 
   }
   const root = mkdtempSync('/tmp/latch-backup-bench-');
   try {
-    const image = join(root, 'vol.img');
-    execFileSync('truncate', ['-s', String(SIZE), image]);
-    execFileSync('mkfs.ext4', ['-q', '-F', image]);
-    const mnt = join(root, 'mnt');
-    mkdirSync(mnt);
-    execFileSync('mount', ['-o', 'loop', image, mnt]);
-    try {
-      execFileSync('cp', ['-r', '/usr/include', join(mnt, 'usr_include')]);
-    } finally {
-      execFileSync('umount', [mnt]);
-    }
-    const allocated = statSync(image).blocks * 512;
+    const { image, allocated } = filledImage(root);
     const fresh = (name: string) => {
       const dir = join(root, name);
       rmSync(dir, { recursive: true, force: true });
@@ -164,13 +130,14 @@ export async function backupThroughput(): Promise<{ figures: Figure[]; details: 
   }
 }
 
-/** `npm run bench:backup [-- --only dir|rbd]`: the directory benchmark, then the rbd one (backup-rbd.ts). */
+/** `npm run bench:backup [-- --only dir|rbd|s3]`: the directory benchmark, the rbd one (backup-rbd.ts), the S3 one (backup-s3.ts). */
 async function main(): Promise<void> {
   if (process.getuid?.() !== 0) throw new Error('the backup benchmark needs root (it mounts a loop device to fill the image)');
   const only = process.argv.includes('--only') ? process.argv[process.argv.indexOf('--only') + 1] : undefined;
   const runs = [
     ...(only === undefined || only === 'dir' ? [backupThroughput] : []),
     ...(only === undefined || only === 'rbd' ? [rbdBackupBench] : []),
+    ...(only === undefined || only === 's3' ? [s3BackupBench] : []),
   ];
   for (const bench of runs) {
     const { figures, details } = await bench();

@@ -4,7 +4,8 @@
 //
 //   npm run bench                     every section
 //   npm run bench -- --only io,rbd    some sections (calls, ledger, lifecycle, concurrent, execa, io, rbd, backup, cephfs); the results file
-//                                     keeps the other sections' figures from their last run
+//                                     keeps the other sections' figures from their last run, and the docs those
+//                                     they show from a later run (figures.ts)
 import { spawn, spawnSync } from 'node:child_process';
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, tmpdir, totalmem } from 'node:os';
@@ -20,7 +21,7 @@ import { reloadPageCache } from '../../src/sys/page-cache.js';
 import { run } from '../../src/sys/run.js';
 import { EtcdCluster, etcdSkipReason } from '../etcd/etcd.js';
 import { NATIVE_HELPER } from '../fixtures/native-helper.js';
-import { printFigures, writeReports, type Figure, type Results } from './figures.js';
+import { printFigures, SECTIONS, writeReports, type Figure, type Results, type Section } from './figures.js';
 import { backupThroughput } from './backup.js';
 import { sharedIo } from './cephfs.js';
 import { cachedBytes, cleanUp, evict, loopIo, rbdIo, syncFile } from './io.js';
@@ -57,8 +58,6 @@ interface Stats {
 }
 const results: Record<string, unknown> = { machine: machine(), reps: REPS, callReps: CALL_REPS };
 const figures: Figure[] = [];
-const SECTIONS = ['calls', 'ledger', 'lifecycle', 'concurrent', 'execa', 'io', 'rbd', 'backup', 'cephfs'] as const;
-type Section = (typeof SECTIONS)[number];
 
 function stats(samples: Sample[]): Stats {
   const ms = samples.map((s) => s.ms).sort((a, b) => a - b);

@@ -2,8 +2,17 @@
 // the end of `npm run bench`, kept in test/bench/results/latest.json and rendered into docs/performance.md (every
 // figure) and the README (those with a target), between the markers below, by `npm run bench:report`, which bench
 // also runs after each run.
+//
+// The results file is not committed, so a fresh clone has none, and `npm run bench -- --only X` there knows only X's
+// figures; the docs are what keeps the others. So the block in docs/performance.md is read back before it is
+// written: for each section, whichever of the docs and the results file measured it last is shown (a section the
+// results do not have keeps its rows, date and note as they stand in the docs).
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+
+/** The bench's sections, in the order they run and are shown (the names `--only` takes). */
+export const SECTIONS = ['calls', 'ledger', 'lifecycle', 'concurrent', 'execa', 'io', 'rbd', 'backup', 'cephfs'] as const;
+export type Section = (typeof SECTIONS)[number];
 
 export interface Figure {
   /** The bench section that measured it (the name `--only` takes). */
@@ -22,6 +31,8 @@ export interface Results {
   /** When each section was last measured: `--only` updates some and keeps the others. */
   measuredAt: Record<string, string>;
   figures: Figure[];
+  /** A note shown after a section's date (kept from the docs, where one was written by hand). */
+  notes?: Record<string, string>;
   [section: string]: unknown;
 }
 
@@ -40,7 +51,7 @@ const END = '<!-- bench:end -->';
 function machineLine(results: Results): string {
   const m = results.machine;
   const sections = Object.entries(results.measuredAt)
-    .map(([s, at]) => `${s} ${at.slice(0, 16).replace('T', ' ')} UTC`)
+    .map(([s, at]) => `${s} ${at.slice(0, 16).replace('T', ' ')} UTC${results.notes?.[s] ? ` ${results.notes[s]}` : ''}`)
     .join(', ');
   return (
     `Measured on ${m.cpu ?? 'unknown CPU'} (${m.cores ?? '?'} cores, ${m.memory ?? '?'} RAM, kernel ${m.kernel ?? '?'}, Node ${m.node ?? '?'}); ` +
@@ -77,21 +88,89 @@ function renderSummary(results: Results): string {
 }
 
 /** The files with a generated block, relative to the repository's root, and what each one shows. */
+const FULL_REPORT = 'docs/performance.md';
 const REPORTS: [string, (results: Results) => string][] = [
-  ['docs/performance.md', renderFigures],
+  [FULL_REPORT, renderFigures],
   ['README.md', renderSummary],
 ];
 
-/** Replaces the generated block of each report file under `root` with the results; throws when markers are missing. */
+/** The generated block of a report file: where it starts and ends (the markers excluded); throws when they are missing. */
+function blockOf(path: string, doc: string): { start: number; end: number } {
+  const start = doc.indexOf(BEGIN);
+  const end = doc.indexOf(END);
+  if (start < 0 || end < start) throw new Error(`${path} has no ${BEGIN} ... ${END} block`);
+  return { start: start + BEGIN.length, end };
+}
+
+/** What a block of docs/performance.md shows, read back: each section's date (and note) and every figure's row. */
+function figuresInBlock(block: string): Pick<Results, 'measuredAt' | 'figures'> & { notes: Record<string, string> } {
+  const measuredAt: Record<string, string> = {};
+  const notes: Record<string, string> = {};
+  const listed = /Sections measured: (.*)$/m.exec(block)?.[1] ?? '';
+  for (const m of listed.matchAll(/([\w-]+) (\d{4}-\d\d-\d\d) (\d\d:\d\d) UTC(?: (\([^)]*\)))?/g)) {
+    const [, section = '', day = '', time = '', note] = m;
+    measuredAt[section] = `${day}T${time}`;
+    if (note) notes[section] = note;
+  }
+  const figures: Figure[] = [];
+  const lines = block.split('\n');
+  const separator = lines.findIndex((l) => l.startsWith('|---'));
+  // The rows after the table's separator line; cells split at the pipes that cell() did not escape.
+  for (const line of separator < 0 ? [] : lines.slice(separator + 1)) {
+    if (!line.startsWith('| ')) continue;
+    const cells = line
+      .slice(1, -1)
+      .split(/(?<!\\)\|/)
+      .map((c) => c.trim().replace(/\\\|/g, '|'));
+    const [section, what, value, target, verdict] = cells;
+    if (cells.length !== 5 || section === undefined || what === undefined || value === undefined || target === undefined) continue;
+    figures.push({ section, what, value, target, ...(verdict === 'pass' && { pass: true }), ...(verdict === 'FAIL' && { pass: false }) });
+  }
+  return { measuredAt, notes, figures };
+}
+
+/**
+ * The results to show: for each section, the rows of whichever measured it last, the results file or the docs' block
+ * (`shown`, read back by figuresInBlock, to the minute); a section the results lack keeps what the docs show.
+ */
+function newestFigures(results: Results, shown: ReturnType<typeof figuresInBlock>): Results {
+  const measuredAt: Record<string, string> = {};
+  const notes: Record<string, string> = {};
+  const figures: Figure[] = [];
+  const order = [
+    ...SECTIONS,
+    ...Object.keys({ ...shown.measuredAt, ...results.measuredAt }).filter((s) => !SECTIONS.includes(s as Section)),
+  ];
+  for (const section of new Set(order)) {
+    const ours = results.measuredAt[section];
+    const docs = shown.measuredAt[section];
+    const fromDocs = ours === undefined || (docs !== undefined && docs > ours.slice(0, 16));
+    const from = fromDocs ? shown : results;
+    const at = fromDocs ? docs : ours;
+    const rows = from.figures.filter((f) => f.section === section);
+    if (at === undefined && rows.length === 0) continue;
+    if (at !== undefined) measuredAt[section] = at;
+    const note = fromDocs ? shown.notes[section] : results.notes?.[section];
+    if (note) notes[section] = note;
+    figures.push(...rows);
+  }
+  return { ...results, measuredAt, notes, figures };
+}
+
+/**
+ * Replaces the generated block of each report file under `root` with the results, keeping from docs/performance.md's
+ * block the sections it shows from a later run than the results (or that the results lack: newestFigures).
+ */
 export function writeReports(resultsFile: string, root: string): string[] {
-  const results = JSON.parse(readFileSync(resultsFile, 'utf8')) as Results;
+  const full = join(root, FULL_REPORT);
+  const fullDoc = readFileSync(full, 'utf8');
+  const { start, end } = blockOf(full, fullDoc);
+  const results = newestFigures(JSON.parse(readFileSync(resultsFile, 'utf8')) as Results, figuresInBlock(fullDoc.slice(start, end)));
   return REPORTS.map(([file, render]) => {
     const path = join(root, file);
     const doc = readFileSync(path, 'utf8');
-    const start = doc.indexOf(BEGIN);
-    const end = doc.indexOf(END);
-    if (start < 0 || end < start) throw new Error(`${path} has no ${BEGIN} ... ${END} block`);
-    writeFileSync(path, `${doc.slice(0, start + BEGIN.length)}\n${render(results)}\n${doc.slice(end)}`);
+    const block = blockOf(path, doc);
+    writeFileSync(path, `${doc.slice(0, block.start)}\n${render(results)}\n${doc.slice(block.end)}`);
     return file;
   });
 }
