@@ -6,7 +6,7 @@
 // Needs root and Debian's ceph packages (scripts/setup.sh); skips with a message otherwise.
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { mkdirSync, readFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -176,13 +176,24 @@ describe('RbdBackend on a one-host Ceph cluster', { skip }, () => {
       ['mounted', (m) => m.mounts > 0],
       ['loop device set up', (m) => m.loops.length > 0],
     ];
+    // Between the mount and the loop device the child runs only losetup, for a few milliseconds: less than a poll takes
+    // on a busy machine. For that point the child runs a losetup that waits a second first (first on its PATH), so
+    // that the poll sees the mount with no loop device yet.
+    const slowBin = join(ceph.dir, 'slow-losetup');
+    mkdirSync(slowBin, { recursive: true });
+    const realLosetup = (await run('sh', ['-c', 'PATH="$PATH:/usr/sbin:/sbin" command -v losetup'])).stdout.trim();
+    writeFileSync(join(slowBin, 'losetup'), `#!/bin/sh\nsleep 1\nexec ${realLosetup} "$@"\n`, { mode: 0o755 });
     const seen: string[] = [];
     for (const [what, reached] of points) {
       await a.release('vol-kill');
       const child = spawn(
         process.execPath,
         ['--import', 'tsx', join(REPO, 'test/fixtures/rbd-attach.ts'), JSON.stringify(optionsA), 'vol-kill'],
-        { cwd: REPO, stdio: ['ignore', 'pipe', 'pipe'] },
+        {
+          cwd: REPO,
+          stdio: ['ignore', 'pipe', 'pipe'],
+          ...(what === 'mounted' && { env: { ...process.env, PATH: `${slowBin}:${process.env.PATH ?? ''}` } }),
+        },
       );
       const exited = new Promise<void>((r) => child.on('exit', () => r()));
       let done = false;
