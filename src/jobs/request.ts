@@ -60,6 +60,8 @@ export function holdersOf(doc: VolumeDoc): string[] {
 export function jobNode(ctx: Context, volume: string, doc: VolumeDoc | undefined, asked?: string): string {
   const holders = doc ? holdersOf(doc) : [];
   const wanted = asked === undefined ? undefined : checkNodeName(asked);
+  // A shared volume is granted to every node that asks (ledger/shared.ts), and its jobs need no device: any node will do.
+  if (doc?.spec.shared) return wanted ?? ctx.config.nodeName;
   if (holders.length > 0) {
     const holder = holders[0] as string;
     if (wanted !== undefined && !holders.includes(wanted)) {
