@@ -18,6 +18,10 @@ import type { CephFsClientKind, CephFsClientSetting, CephFsConfig, Config } from
 import { LatchError } from '../errors.js';
 import {
   cephFuseClientAddress,
+  cloneCancel,
+  cloneStatus,
+  subvolumeSnapshotClone,
+  type CloneStatus,
   isSubvolumePath,
   readClientRecord,
   startCephFuse,
@@ -134,6 +138,28 @@ export class SharedVolumes {
 
   async deleteSnapshot(volume: string, name: string): Promise<void> {
     await subvolumeSnapshotRemove(this.options.identity, this.ref(volume), name);
+  }
+
+  // ---- clones: the manager copies a snapshot into a new subvolume of the group, in the background ----------------
+
+  /** Starts cloning snapshot `snap` of `source` into new subvolume `target`; false when `target` exists already. */
+  startClone(source: string, snap: string, target: string): Promise<boolean> {
+    return subvolumeSnapshotClone(this.options.identity, this.ref(source), snap, target);
+  }
+
+  /** How the clone into `target` goes; undefined when no subvolume `target` exists; throws when it is no clone. */
+  cloneStatus(target: string): Promise<CloneStatus | undefined> {
+    return cloneStatus(this.options.identity, this.ref(target));
+  }
+
+  /** Cancels the clone into `target` (a clone past its deadline). */
+  cancelClone(target: string): Promise<void> {
+    return cloneCancel(this.options.identity, this.ref(target));
+  }
+
+  /** Removes what a failed or canceled clone left under `target` (the manager wants --force for it). */
+  removeFailedClone(target: string): Promise<void> {
+    return subvolumeRemove(this.options.identity, this.ref(target), { force: true });
   }
 
   private clientFile(volume: string): string {
