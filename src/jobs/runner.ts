@@ -245,7 +245,8 @@ export class JobRunner {
       if (handler.cleanUp) await handler.cleanUp?.(job, { ctx, volume, ticket, doc, device });
       const needed = Object.values(doc.spec.tickets).some((t) => t.nodeID === node && t.id !== ticket.id && needsDevice(doc, t));
       if (needed || !nodeHoldsDevice(doc, node)) return;
-      const busy = shared ? await shared.releaseSharedForJob(ctx, volume) : await releaseDevice(ctx, volume);
+      const release = shared ? (await import('../node/shared.js')).releaseSharedForJob : releaseDevice;
+      const busy = await release(ctx, volume);
       if (busy !== undefined) this.log({ volume, ticket: ticket.id, kept: busy, why: 'the device is mounted on this node' });
     });
   }
