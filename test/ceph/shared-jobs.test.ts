@@ -7,7 +7,18 @@
 // Every FUSE mount lives under the cluster's dir, whose teardown aborts them through fusectl, also after a failure.
 // Needs root, Debian's ceph, ceph-mds and ceph-fuse packages; skips with a message otherwise.
 import assert from 'node:assert/strict';
-import { existsSync, mkdirSync, readFileSync, readlinkSync, rmSync, statSync, writeFileSync, symlinkSync, linkSync } from 'node:fs';
+import {
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+  symlinkSync,
+  linkSync,
+} from 'node:fs';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -23,6 +34,7 @@ import { volumeRestore } from '../../src/cli/volume/restore.js';
 import { backupCreate } from '../../src/cli/backup/create.js';
 import { createSharedVolume, sharedVolumesOf } from '../../src/node/shared.js';
 import { cephfsNodeCaps } from '../../src/sys/cephfs.js';
+import { readMountInfo } from '../../src/sys/mounts.js';
 import { withJobRunner } from '../fixtures/job-runner.js';
 import { MemoryStore } from '../fixtures/memory-store.js';
 import { cephSkipReason, startCephCluster, type CephCluster } from '../ceph/cluster.js';
@@ -195,4 +207,67 @@ describe('jobs on shared volumes through tickets', { skip }, () => {
       assert.equal(statSync(join(dir, 'mode-600')).mode & 0o777, 0o600);
     });
   });
+
+  it(
+    'a SIGSTOPped ceph-fuse under a backup fails the job once it made no progress for commandTimeout, and leaves nothing',
+    { timeout: 180_000 },
+    async () => {
+      await createSharedVolume(ctx, 'big', 256 * MiB, 'ext4');
+      await withMount('big', (dir) => {
+        for (let i = 0; i < 24; i++) writeFileSync(join(dir, `part-${i}`), Buffer.alloc(4 * MiB, i + 1));
+      });
+      const jobMount = join(ceph.dir, 'mnt', 'node-a', 'cephfs', 'jobs', 'big');
+      // Stops the job's own ceph-fuse as soon as its mount shows (its argv names the job's mount point).
+      let stopped: number | undefined;
+      const watcher = (async () => {
+        for (let i = 0; i < 3000 && stopped === undefined; i++) {
+          // Once it has mounted (stopped while it starts, it is its start's deadline that ends the job instead).
+          if (!(await readMountInfo()).some((m) => m.mountPoint === jobMount && m.fsType === 'fuse.ceph-fuse')) {
+            await sleep(10);
+            continue;
+          }
+          for (const entry of readdirSync('/proc').filter((e) => /^[0-9]+$/.test(e))) {
+            const argv = (() => {
+              try {
+                return readFileSync(`/proc/${entry}/cmdline`, 'utf8').split('\0');
+              } catch {
+                return [];
+              }
+            })();
+            if ((argv[0] ?? '').endsWith('ceph-fuse') && argv.includes(jobMount)) {
+              process.kill(Number(entry), 'SIGSTOP');
+              stopped = Number(entry);
+              break;
+            }
+          }
+          await sleep(10);
+        }
+      })();
+      const started = Date.now();
+      try {
+        await assert.rejects(
+          withJobRunner(ctx, () => backupCreate({ volume: 'big', name: 'hung1', output: 'table' }, io)),
+          /made no progress for 20000 ms; its connection was aborted/,
+        );
+      } finally {
+        await watcher;
+        if (stopped !== undefined) {
+          try {
+            process.kill(stopped, 'SIGCONT');
+          } catch {
+            // killed by the job's unmount: as it should be
+          }
+        }
+      }
+      assert.ok(stopped !== undefined, "the job's ceph-fuse was stopped");
+      const took = Date.now() - started;
+      assert.ok(took < 90_000, `the job ended ${took} ms after it began: bounded by its stall deadline, not the hung mount`);
+      assert.ok(!(await readMountInfo()).some((m) => m.mountPoint === jobMount), "the job's mount is gone");
+      const doc = await ctx.ledger.get('big');
+      assert.equal(doc?.status.jobs?.at(-1)?.status.state, 'failed');
+      assert.deepEqual(doc?.status.nodes, {}, 'the hold is released');
+      const { manifestExists } = await import('../../src/backup/manifest.js');
+      assert.equal(await manifestExists({ type: 'dir', path: join(work, 'target') }, 'hung1'), false, 'nothing was published');
+    },
+  );
 });

@@ -49,6 +49,13 @@ function stallGuard(mountPoint: string, timeoutMs: number, signal: AbortSignal) 
       last = Date.now();
     },
     stalled: () => stalled,
+    /** The error to throw for `err` (what a call on the aborted mount failed with): the stall, when there was one. */
+    explain: (err: unknown): unknown =>
+      stalled
+        ? new LatchError(`the CephFS mount at ${mountPoint} made no progress for ${timeoutMs} ms; its connection was aborted`, {
+            cause: err,
+          })
+        : err,
     stop: () => {
       clearInterval(timer);
       signal.removeEventListener('abort', onAbort);
@@ -112,6 +119,8 @@ export async function backUpShared(job: JobOf<'backup'>, jobRun: JobRun, target:
         if (guard.stalled()) throw new LatchError(`the CephFS mount at ${mount} was aborted: nothing is published`);
       },
     });
+  } catch (err) {
+    throw guard.explain(err);
   } finally {
     guard.stop();
     await shared.unmountForJob(mount);
@@ -161,6 +170,8 @@ export async function restoreShared(job: JobOf<'restore'>, jobRun: JobRun, targe
     report = await extractTree(stream.bytes, mount, guard.tick);
     guard.tick();
     await guardFuse(mount, timeoutMs, (childTimeoutMs) => run('sync', ['-f', mount], { timeoutMs: childTimeoutMs }));
+  } catch (err) {
+    throw guard.explain(err);
   } finally {
     guard.stop();
     await shared.unmountForJob(mount);
