@@ -53,7 +53,8 @@ export function holdersOf(doc: VolumeDoc): string[] {
 }
 
 /**
- * Which node does the job (docs/jobs.md, "Which node"): the node that holds the volume when it is in use; else the
+ * Which node does the job (docs/jobs.md, "Which node"). A shared volume's: the one asked for, else this node. Any
+ * other volume's: the node that holds the volume when it is in use; else the
  * one asked for; else this node, or the volume's home when this node does not reach its image. Asking for another node
  * than the holder, or than the home, is refused.
  */

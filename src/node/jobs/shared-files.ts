@@ -120,6 +120,10 @@ export async function backUpShared(job: JobOf<'backup'>, jobRun: JobRun, target:
       },
     });
   } catch (err) {
+    guard.stop();
+    await shared.unmountForJob(mount);
+    // A failed backup lets go of its own snapshot; an interrupted one keeps it for the attempt that redoes it.
+    if (own !== undefined && !signal.aborted) await shared.deleteSnapshot(volume, own).catch(() => undefined);
     throw guard.explain(err);
   } finally {
     guard.stop();
