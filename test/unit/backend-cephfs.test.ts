@@ -189,6 +189,26 @@ describe('shared volumes: choices, caps and refusals', () => {
     const shared = { ...block, spec: { ...block.spec, shared: true as const } };
     await assert.rejects(setUpDevice(ctx, 's1', shared), /shared \(ReadWriteMany\) CephFS volume: it has no block device to set up/);
     assert.equal(await ctx.backend.size('s1'), undefined, 'no image was made');
+    // The runner sets a shared volume's job up without a device; a manual attach of it is refused by its handler.
+    const { attachJob } = await import('../../src/node/jobs/attach.js');
+    const ticket = {
+      id: 't1',
+      type: 'manual' as const,
+      nodeID: 'node-a',
+      parameters: { readOnly: false },
+      job: { kind: 'attach' as const },
+    };
+    await assert.rejects(
+      attachJob.run({ kind: 'attach' }, {
+        ctx,
+        volume: 's1',
+        ticket,
+        doc: shared,
+        device: '/latch/shared/s1',
+        signal: new AbortController().signal,
+      } as never),
+      /shared \(ReadWriteMany\) CephFS volume: it has no block device to attach/,
+    );
   });
 });
 
