@@ -194,6 +194,8 @@ const bundleOptions = {
     asStringUntilImported('node-forge'),
     // The S3 client (an S3 backup target only): ~1.3 MB of code that no driver call may parse.
     asStringUntilImported('@aws-sdk/client-s3'),
+    // tar-stream (a shared volume's backup and restore, in the agent only).
+    asStringUntilImported('tar-stream'),
   ],
   entryPoints: ['src/bin.ts'],
   bundle: true,

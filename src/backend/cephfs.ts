@@ -11,13 +11,17 @@
 //  - the kernel client (KernelCephClient in cephfs-kernel.ts, where the kernel has the ceph module; tested against a
 //    fake here): `mount -t ceph :PATH TARGET -o name=ID,secretfile=F,mds_namespace=FS,conf=C`, found in mountinfo as
 //    fsType ceph whose source ends with the subvolume's path and whose options name the node's identity.
-import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { readFileSync } from 'node:fs';
 import type { CephFsClientKind, CephFsClientSetting, CephFsConfig, Config } from '../config.js';
 import { LatchError } from '../errors.js';
 import {
   cephFuseClientAddress,
+  cloneCancel,
+  cloneStatus,
+  subvolumeSnapshotClone,
+  type CloneStatus,
   isSubvolumePath,
   readClientRecord,
   startCephFuse,
@@ -134,6 +138,58 @@ export class SharedVolumes {
 
   async deleteSnapshot(volume: string, name: string): Promise<void> {
     await subvolumeSnapshotRemove(this.options.identity, this.ref(volume), name);
+  }
+
+  // ---- clones: the manager copies a snapshot into a new subvolume of the group, in the background ----------------
+
+  /** Starts cloning snapshot `snap` of `source` into new subvolume `target`; false when `target` exists already. */
+  startClone(source: string, snap: string, target: string): Promise<boolean> {
+    return subvolumeSnapshotClone(this.options.identity, this.ref(source), snap, target);
+  }
+
+  /** How the clone into `target` goes; undefined when no subvolume `target` exists; throws when it is no clone. */
+  cloneStatus(target: string): Promise<CloneStatus | undefined> {
+    return cloneStatus(this.options.identity, this.ref(target));
+  }
+
+  /** Cancels the clone into `target` (a clone past its deadline). */
+  cancelClone(target: string): Promise<void> {
+    return cloneCancel(this.options.identity, this.ref(target));
+  }
+
+  /** Removes what a failed or canceled clone left under `target` (the manager wants --force for it). */
+  removeFailedClone(target: string): Promise<void> {
+    return subvolumeRemove(this.options.identity, this.ref(target), { force: true });
+  }
+
+  // ---- a job's own mount (backup, restore): beside any mount of a pod, with an admin socket of its own ------------
+
+  /**
+   * Mounts the volume's subvolume at `target` for a job of this node (read-only for a backup) and returns its client
+   * instance, for the ledger (a fence must be able to cut a restore's writes off). A mount of it left at `target` by
+   * an interrupted job is taken down first.
+   */
+  async mountForJob(volume: string, target: string, options: { readOnly: boolean }): Promise<string | undefined> {
+    const info = await subvolumeInfo(this.options.identity, this.ref(volume));
+    if (info === undefined) throw new LatchError(`volume ${volume} has no subvolume in ${this.storage}`);
+    if (await this.options.client.mountAt(target)) await this.options.client.unmount(target);
+    await mkdir(this.options.cephfs.mountDir, { recursive: true, mode: 0o700 });
+    await mkdir(target, { recursive: true, mode: 0o700 });
+    const adminSocket = join(this.options.cephfs.mountDir, `${volume}.job.asok`);
+    await this.options.client.mount(info.path, target, { readOnly: options.readOnly, adminSocket });
+    if (this.options.client.kind !== 'ceph-fuse') return undefined;
+    return cephFuseClientAddress(adminSocket, Math.min(this.options.timeoutMs, 10_000));
+  }
+
+  /** Takes a job's mount down (a hung or fenced one too: its FUSE connection is aborted). */
+  async unmountForJob(target: string): Promise<void> {
+    await this.options.client.unmount(target);
+    await rmdir(target).catch(() => undefined);
+  }
+
+  /** Where this node mounts the volume for its jobs: node-private, beside the admin sockets. */
+  jobMountPath(volume: string): string {
+    return join(this.options.cephfs.mountDir, 'jobs', volume);
   }
 
   private clientFile(volume: string): string {

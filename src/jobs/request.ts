@@ -53,13 +53,16 @@ export function holdersOf(doc: VolumeDoc): string[] {
 }
 
 /**
- * Which node does the job (docs/jobs.md, "Which node"): the node that holds the volume when it is in use; else the
+ * Which node does the job (docs/jobs.md, "Which node"). A shared volume's: the one asked for, else this node. Any
+ * other volume's: the node that holds the volume when it is in use; else the
  * one asked for; else this node, or the volume's home when this node does not reach its image. Asking for another node
  * than the holder, or than the home, is refused.
  */
 export function jobNode(ctx: Context, volume: string, doc: VolumeDoc | undefined, asked?: string): string {
   const holders = doc ? holdersOf(doc) : [];
   const wanted = asked === undefined ? undefined : checkNodeName(asked);
+  // A shared volume is granted to every node that asks (ledger/shared.ts), and its jobs need no device: any node will do.
+  if (doc?.spec.shared) return wanted ?? ctx.config.nodeName;
   if (holders.length > 0) {
     const holder = holders[0] as string;
     if (wanted !== undefined && !holders.includes(wanted)) {

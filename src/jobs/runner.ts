@@ -184,6 +184,8 @@ export class JobRunner {
     let update: JobUpdate;
     try {
       const { device, doc } = await withVolumeLock(ctx.config, volume, async () => {
+        // A shared volume has no device: the node's grant is recorded, and the handler mounts what it needs itself.
+        if (started.spec.shared) return (await import('../node/shared.js')).setUpSharedForJob(ctx, volume);
         await ctx.ledger.claimGrant(volume, node);
         const current = (await ctx.ledger.get(volume)) ?? started;
         return setUpDevice(ctx, volume, current);
@@ -238,11 +240,13 @@ export class JobRunner {
       const doc = await ctx.ledger.get(volume);
       if (!doc) return;
       const handler = await handlerOf(job);
-      const device = (await ctx.backend.findDevice(volume)) ?? '';
+      const shared = doc.spec.shared ? await import('../node/shared.js') : undefined;
+      const device = shared ? shared.sharedDeviceId(volume) : ((await ctx.backend.findDevice(volume)) ?? '');
       if (handler.cleanUp) await handler.cleanUp?.(job, { ctx, volume, ticket, doc, device });
       const needed = Object.values(doc.spec.tickets).some((t) => t.nodeID === node && t.id !== ticket.id && needsDevice(doc, t));
       if (needed || !nodeHoldsDevice(doc, node)) return;
-      const busy = await releaseDevice(ctx, volume);
+      const release = shared ? (await import('../node/shared.js')).releaseSharedForJob : releaseDevice;
+      const busy = await release(ctx, volume);
       if (busy !== undefined) this.log({ volume, ticket: ticket.id, kept: busy, why: 'the device is mounted on this node' });
     });
   }

@@ -30,7 +30,7 @@ import { stagingPath } from './staging.js';
 import type { WorkloadRequest } from './tickets.js';
 
 /** The configured shared volumes; a LatchError where the configuration has none. */
-async function sharedVolumesOf(ctx: Context): Promise<SharedVolumes> {
+export async function sharedVolumesOf(ctx: Context): Promise<SharedVolumes> {
   const { sharedVolumesFor } = await import('../backend/cephfs.js');
   const shared = sharedVolumesFor(ctx.config);
   if (!shared) {
@@ -42,7 +42,7 @@ async function sharedVolumesOf(ctx: Context): Promise<SharedVolumes> {
 }
 
 /** What waitforattach replies for a shared volume and mountdevice accepts (backend/cephfs.ts sharedDeviceId). */
-function sharedDeviceId(volume: string): string {
+export function sharedDeviceId(volume: string): string {
   return `/latch/shared/${volume}`;
 }
 
@@ -229,11 +229,47 @@ export async function createSharedVolume(
 }
 
 /**
- * The snapshots of a shared volume (`latch snapshot create|list|delete`): CephFS subvolume snapshots, which the MDS
- * cuts whatever mounts the volume, so they need no ticket, no device and no freeze; undefined for a block volume.
+ * The snapshots of a shared volume (`latch snapshot list|delete`, and the snapshot job's CephFS subvolume snapshots);
+ * undefined for a block volume.
  */
 export async function sharedSnapshotsOf(ctx: Context, volume: string): Promise<SharedVolumes | undefined> {
   return (await ctx.ledger.get(volume))?.spec.shared ? sharedVolumesOf(ctx) : undefined;
+}
+
+// ---- the node agent's jobs -----------------------------------------------------------------------------------------
+
+/**
+ * The job runner's set-up for a job ticket on a shared volume, in place of a block device's (jobs/runner.ts): the
+ * node claims its grant and records it with the volume's identifier, and nothing is mounted. A snapshot or a clone is
+ * the manager's work (no node client is needed); a job that reads or writes files mounts what it needs itself and
+ * unmounts it before it ends. The subvolume is not made here: a clone or a restore makes its own target.
+ */
+export async function setUpSharedForJob(ctx: Context, name: string): Promise<{ device: string; doc: VolumeDoc }> {
+  const node = ctx.config.nodeName;
+  const claimed = await ctx.ledger.claimGrant(name, node);
+  if (!claimed || !isInUse(claimed.status.nodes[node]?.phase)) {
+    throw new LatchError(`volume ${name} was withdrawn from node ${node} before its job started`);
+  }
+  const device = sharedDeviceId(name);
+  const after = await ctx.ledger.recordDevice(name, node, device);
+  if (after?.status.nodes[node]?.phase !== 'attached') {
+    await releaseSharedForJob(ctx, name);
+    throw new LatchError(`volume ${name} was detached from node ${node} while its job was being set up`);
+  }
+  return { device, doc: after };
+}
+
+/**
+ * The job runner's release of a shared volume after a job: the node's hold goes unless it still has the volume
+ * mounted (a pod's mount, the other mode's); returns the mount point that keeps it then, as releaseDevice does.
+ */
+export async function releaseSharedForJob(ctx: Context, name: string): Promise<string | undefined> {
+  const shared = await sharedVolumesOf(ctx);
+  const kept = (await shared.ownMounts()).find((m) => m.volume === name);
+  if (kept) return kept.target;
+  const after = await ctx.ledger.confirmRelease(name, ctx.config.nodeName);
+  await clearSharedFence(ctx, shared, name, after);
+  return undefined;
 }
 
 /** `latch volume delete` of a shared volume (the caller checked that nobody holds it): its subvolume goes. */

@@ -23,6 +23,8 @@ export interface SubvolumeInfo {
 
 const ENOENT = 2;
 const EEXIST = 17;
+const EINVAL = 22;
+const EOPNOTSUPP = 95;
 
 async function ceph(identity: CephIdentity, args: string[], okExitCodes: number[] = [], timeoutMs?: number): Promise<RunResult> {
   try {
@@ -45,7 +47,12 @@ function groupArgs(ref: SubvolumeRef): string[] {
 export function cephfsNodeCaps(pool: string, fsName: string, group: string): string[] {
   const mgr = ['create', 'getpath', 'info', 'resize', 'rm', 'snapshot create', 'snapshot ls', 'snapshot info', 'snapshot rm']
     .map((cmd) => `allow command "fs subvolume ${cmd}" with vol_name=${fsName} group_name=${group}`)
-    .concat([`allow command "fs subvolumegroup create" with vol_name=${fsName} group_name=${group}`]);
+    .concat([
+      // A clone only from latch's group into latch's group.
+      `allow command "fs subvolume snapshot clone" with vol_name=${fsName} group_name=${group} target_group_name=${group}`,
+      ...['status', 'cancel'].map((cmd) => `allow command "fs clone ${cmd}" with vol_name=${fsName} group_name=${group}`),
+      `allow command "fs subvolumegroup create" with vol_name=${fsName} group_name=${group}`,
+    ]);
   return [
     'mon',
     'allow service mon r, allow service osd r, allow service pg r, allow service mds r',
@@ -105,9 +112,10 @@ export async function subvolumeResize(identity: CephIdentity, ref: SubvolumeRef,
   await ceph(identity, ['fs', 'subvolume', 'resize', ref.fsName, ref.volume, String(sizeBytes), ...groupArgs(ref), '--no_shrink']);
 }
 
-/** `ceph fs subvolume rm`; a missing subvolume is fine. */
-export async function subvolumeRemove(identity: CephIdentity, ref: SubvolumeRef): Promise<void> {
-  await ceph(identity, ['fs', 'subvolume', 'rm', ref.fsName, ref.volume, ...groupArgs(ref)], [ENOENT]);
+/** `ceph fs subvolume rm` (with `--force`: also a failed or canceled clone); a missing subvolume is fine. */
+export async function subvolumeRemove(identity: CephIdentity, ref: SubvolumeRef, options: { force?: boolean } = {}): Promise<void> {
+  const force = options.force === true ? ['--force'] : [];
+  await ceph(identity, ['fs', 'subvolume', 'rm', ref.fsName, ref.volume, ...groupArgs(ref), ...force], [ENOENT]);
 }
 
 /** `ceph fs subvolume snapshot create`; false when a snapshot of that name exists already. */
@@ -158,6 +166,64 @@ export async function subvolumeSnapshots(
 /** `ceph fs subvolume snapshot rm`; a missing snapshot is fine. */
 export async function subvolumeSnapshotRemove(identity: CephIdentity, ref: SubvolumeRef, snap: string): Promise<void> {
   await ceph(identity, ['fs', 'subvolume', 'snapshot', 'rm', ref.fsName, ref.volume, snap, ...groupArgs(ref)], [ENOENT]);
+}
+
+/**
+ * `ceph fs subvolume snapshot clone`: the manager copies snapshot `snap` of `ref` into a new subvolume `target` of the
+ * same group, in the background (cloneStatus says how it goes). false when `target` exists already.
+ */
+export async function subvolumeSnapshotClone(identity: CephIdentity, ref: SubvolumeRef, snap: string, target: string): Promise<boolean> {
+  const args = ['fs', 'subvolume', 'snapshot', 'clone', ref.fsName, ref.volume, snap, target, ...groupArgs(ref)];
+  const { exitCode } = await ceph(identity, [...args, '--target_group_name', ref.group], [EEXIST]);
+  return exitCode !== EEXIST;
+}
+
+/** A clone's state (`ceph fs clone status`): its source, and why it failed when it did. */
+export interface CloneStatus {
+  state: 'pending' | 'in-progress' | 'complete' | 'failed' | 'canceled';
+  source: { volume: string; snapshot: string } | undefined;
+  failure: string | undefined;
+}
+
+const CLONE_STATES: readonly CloneStatus['state'][] = ['pending', 'in-progress', 'complete', 'failed', 'canceled'];
+
+/**
+ * `ceph fs clone status` of subvolume `ref.volume`: undefined when no such subvolume exists; a LatchError when it
+ * exists but is no clone (the manager refuses the question).
+ */
+export async function cloneStatus(identity: CephIdentity, ref: SubvolumeRef): Promise<CloneStatus | undefined> {
+  const args = ['fs', 'clone', 'status', ref.fsName, ref.volume, ...groupArgs(ref), '--format', 'json'];
+  const { stdout, stderr, exitCode } = await ceph(identity, args, [ENOENT, EOPNOTSUPP, EINVAL]);
+  if (exitCode === ENOENT) return undefined;
+  if (exitCode !== 0) throw new LatchError(`subvolume ${ref.volume} exists and is not a clone (${stderr.trim().slice(0, 200)})`);
+  return parseCloneStatus(stdout);
+}
+
+/** What `ceph fs clone status --format json` prints, checked (pure, for the tests). */
+export function parseCloneStatus(text: string): CloneStatus {
+  let parsed: { status?: { state?: unknown; source?: { subvolume?: unknown; snapshot?: unknown }; failure?: { errstr?: unknown } } };
+  try {
+    parsed = JSON.parse(text) as typeof parsed;
+  } catch (err) {
+    throw new LatchError('ceph fs clone status printed something that is not JSON', { cause: err });
+  }
+  const status = parsed.status;
+  const state = CLONE_STATES.find((s) => s === status?.state);
+  if (state === undefined) throw new LatchError(`ceph fs clone status printed no known state (${JSON.stringify(status?.state)})`);
+  const source = status?.source;
+  return {
+    state,
+    source:
+      typeof source?.subvolume === 'string' && typeof source.snapshot === 'string'
+        ? { volume: source.subvolume, snapshot: source.snapshot }
+        : undefined,
+    failure: typeof status?.failure?.errstr === 'string' ? status.failure.errstr : undefined,
+  };
+}
+
+/** `ceph fs clone cancel`: stops a pending or running clone (it stays, canceled, until removed). */
+export async function cloneCancel(identity: CephIdentity, ref: SubvolumeRef): Promise<void> {
+  await ceph(identity, ['fs', 'clone', 'cancel', ref.fsName, ref.volume, ...groupArgs(ref)], [ENOENT, EINVAL]);
 }
 
 export interface CephFuseOptions {

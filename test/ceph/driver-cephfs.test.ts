@@ -4,7 +4,8 @@
 // shared volume at once and write concurrently; each sees the others' files; the quota refuses writes past the size
 // and `latch volume expand` lifts it; a block volume keeps its one-writer rule in the same run; a shared volume is
 // refused where a block device is required; calls repeated after a SIGKILL converge; a SIGSTOPped ceph-fuse does not
-// hold an unmount past its deadline; and a node fenced while all three write has none of its late writes land.
+// hold an unmount past its deadline; a node fenced while all three write has none of its late writes land; and a
+// snapshot is taken by a node's agent through a snapshot ticket beside the pods.
 // Every FUSE mount lives under the cluster's dir, whose teardown aborts them through fusectl, also after a failure.
 // Needs root, Debian's ceph, ceph-mds and ceph-fuse packages and bin/latch; skips with a message otherwise.
 import assert from 'node:assert/strict';
@@ -365,29 +366,48 @@ describe('shared volumes on CephFS through the driver', { skip }, () => {
     },
   );
 
-  it('a snapshot is a CephFS subvolume snapshot: point in time, listed, deleted', { timeout: 120_000 }, async () => {
-    const file = join(podDir('node-b'), 'snap-me');
-    await sh(`echo before > "${file}"; sync "${file}"`);
-    const created = await admin('node-b', 'snapshot', 'create', PV, 's1');
-    assert.equal(created.code, 0, created.out);
-    assert.match(created.out, /snapshot s1 of shared volume pv-shared created/);
-    await sh(`echo after > "${file}"; sync "${file}"`);
-    // The snapshot shows in the subvolume's .snap as _s1_<inode>, with the content of the moment it was cut.
-    const entry = readdirSync(join(podDir('node-a'), '.snap')).find((n) => n.includes('s1'));
-    assert.ok(entry, 'the snapshot shows under .snap');
-    const { stdout } = await sh(`cat "${join(podDir('node-a'), '.snap', entry, 'snap-me')}"`);
-    assert.equal(stdout.trim(), 'before');
-    const again = await admin('node-b', 'snapshot', 'create', PV, 's1');
-    assert.notEqual(again.code, 0, 'a taken name is refused');
-    const listed = JSON.parse((await admin('admin', 'snapshot', 'list', PV, '-o', 'json')).out) as { name: string; sharing: string }[];
-    assert.deepEqual(
-      listed.map((l) => [l.name, l.sharing]),
-      [['s1', 'native']],
-    );
-    const deleted = await admin('admin', 'snapshot', 'delete', PV, 's1');
-    assert.equal(deleted.code, 0, deleted.out);
-    assert.deepEqual(JSON.parse((await admin('admin', 'snapshot', 'list', PV, '-o', 'json')).out), []);
-  });
+  it(
+    'a snapshot is a CephFS subvolume snapshot taken by the agent beside the pods: point in time, listed, deleted',
+    { timeout: 120_000 },
+    async () => {
+      const file = join(podDir('node-b'), 'snap-me');
+      await sh(`echo before > "${file}"; sync "${file}"`);
+      // A snapshot ticket for node-b, taken by node-b's agent (one pass) while node-b's pod keeps the volume.
+      const asked = await admin('node-b', 'snapshot', 'create', PV, 's1', '--no-wait');
+      assert.equal(asked.code, 0, asked.out);
+      const agent = await admin('node-b', 'agent', '--once');
+      assert.equal(agent.code, 0, agent.out);
+      const inspected = JSON.parse((await admin('admin', 'volume', 'inspect', PV, '-o', 'json')).out) as {
+        spec: { tickets: Record<string, { type: string }> };
+        status: { jobs?: { status: { state: string; message: string } }[]; currentNodes: string[] };
+      };
+      const job = inspected.status.jobs?.at(-1);
+      assert.equal(job?.status.state, 'succeeded', job?.status.message);
+      assert.match(job?.status.message ?? '', /snapshot s1 of shared volume pv-shared created/);
+      assert.deepEqual(
+        Object.values(inspected.spec.tickets).map((t) => t.type),
+        ['workload', 'workload', 'workload'],
+        'the snapshot ticket is finished; the pods keep theirs',
+      );
+      assert.deepEqual(inspected.status.currentNodes, ['node-a', 'node-b', 'node-c'], 'no node lost the volume');
+      await sh(`echo after > "${file}"; sync "${file}"`);
+      // The snapshot shows in the subvolume's .snap as _s1_<inode>, with the content of the moment it was cut.
+      const entry = readdirSync(join(podDir('node-a'), '.snap')).find((n) => n.includes('s1'));
+      assert.ok(entry, 'the snapshot shows under .snap');
+      const { stdout } = await sh(`cat "${join(podDir('node-a'), '.snap', entry, 'snap-me')}"`);
+      assert.equal(stdout.trim(), 'before');
+      const again = await admin('node-b', 'snapshot', 'create', PV, 's1');
+      assert.notEqual(again.code, 0, 'a taken name is refused');
+      const listed = JSON.parse((await admin('admin', 'snapshot', 'list', PV, '-o', 'json')).out) as { name: string; sharing: string }[];
+      assert.deepEqual(
+        listed.map((l) => [l.name, l.sharing]),
+        [['s1', 'native']],
+      );
+      const deleted = await admin('admin', 'snapshot', 'delete', PV, 's1');
+      assert.equal(deleted.code, 0, deleted.out);
+      assert.deepEqual(JSON.parse((await admin('admin', 'snapshot', 'list', PV, '-o', 'json')).out), []);
+    },
+  );
 
   it('every node unmounts; the volume is free, and delete removes its subvolume', { timeout: 120_000 }, async () => {
     for (const node of NODES) assert.equal((await call(node, 'unmount', podDir(node))).status, 'Success');

@@ -5,7 +5,7 @@
 # together (docs/testing.md, "Where the time goes"); every other file follows in name order.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-longest=(driver-rbd-faults nemesis driver-cephfs backend-rbd backup-s3)
+longest=(driver-rbd-faults nemesis driver-cephfs shared-jobs backend-rbd backup-s3)
 files=()
 for name in "${longest[@]}"; do files+=("test/ceph/$name.test.ts"); done
 for file in test/ceph/*.test.ts; do

@@ -16,7 +16,7 @@ import { createContext } from '../../src/context.js';
 import { setUpDevice } from '../../src/node/device.js';
 import { refuseKindMismatch } from '../../src/node/shared.js';
 import { MemoryStore } from '../fixtures/memory-store.js';
-import { cephfsNodeCaps, isSubvolumePath } from '../../src/sys/cephfs.js';
+import { cephfsNodeCaps, isSubvolumePath, parseCloneStatus } from '../../src/sys/cephfs.js';
 import type { MountInfo } from '../../src/sys/mounts.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'latch-cephfs-unit-'));
@@ -135,8 +135,13 @@ describe('shared volumes: choices, caps and refusals', () => {
     const of = (service: string) => caps[caps.indexOf(service) + 1] ?? '';
     assert.equal(of('mds'), 'allow rw fsname=cephfs path=/volumes/latch');
     assert.match(of('osd'), /allow rw tag cephfs data=cephfs/);
-    for (const grant of of('mgr').split(', ')) assert.match(grant, /with vol_name=cephfs group_name=latch$/);
-    assert.doesNotMatch(of('mgr'), /subvolumegroup rm|snapshot clone|fs volume |fs subvolume ls/);
+    for (const grant of of('mgr').split(', ')) assert.match(grant, /with vol_name=cephfs group_name=latch( target_group_name=latch)?$/);
+    // A clone only from latch's group into latch's group.
+    assert.match(
+      of('mgr'),
+      /allow command "fs subvolume snapshot clone" with vol_name=cephfs group_name=latch target_group_name=latch(,|$)/,
+    );
+    assert.doesNotMatch(of('mgr'), /subvolumegroup rm|fs volume |fs subvolume ls/);
   });
 
   it('refuses a subvolume path the volumes module would not give (it reaches ceph-fuse argv)', () => {
@@ -184,5 +189,43 @@ describe('shared volumes: choices, caps and refusals', () => {
     const shared = { ...block, spec: { ...block.spec, shared: true as const } };
     await assert.rejects(setUpDevice(ctx, 's1', shared), /shared \(ReadWriteMany\) CephFS volume: it has no block device to set up/);
     assert.equal(await ctx.backend.size('s1'), undefined, 'no image was made');
+    // The runner sets a shared volume's job up without a device; a manual attach of it is refused by its handler.
+    const { attachJob } = await import('../../src/node/jobs/attach.js');
+    const ticket = {
+      id: 't1',
+      type: 'manual' as const,
+      nodeID: 'node-a',
+      parameters: { readOnly: false },
+      job: { kind: 'attach' as const },
+    };
+    await assert.rejects(
+      attachJob.run({ kind: 'attach' }, {
+        ctx,
+        volume: 's1',
+        ticket,
+        doc: shared,
+        device: '/latch/shared/s1',
+        signal: new AbortController().signal,
+      } as never),
+      /shared \(ReadWriteMany\) CephFS volume: it has no block device to attach/,
+    );
+  });
+});
+
+describe('clone status of shared volumes', () => {
+  it('reads the state, source and failure of `ceph fs clone status`, and refuses what it does not know', () => {
+    const status = parseCloneStatus(
+      JSON.stringify({
+        status: {
+          state: 'failed',
+          source: { volume: 'cephfs', subvolume: 'shv', snapshot: 's1', group: 'latch' },
+          failure: { errno: '122', errstr: 'Disk quota exceeded' },
+        },
+      }),
+    );
+    assert.deepEqual(status, { state: 'failed', source: { volume: 'shv', snapshot: 's1' }, failure: 'Disk quota exceeded' });
+    assert.equal(parseCloneStatus('{"status":{"state":"in-progress"}}').state, 'in-progress');
+    assert.throws(() => parseCloneStatus('{"status":{"state":"exploded"}}'), /no known state/);
+    assert.throws(() => parseCloneStatus('not json'), /not JSON/);
   });
 });

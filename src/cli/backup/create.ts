@@ -52,7 +52,8 @@ export async function backupCreate(options: BackupCreateOptions, io: CommandIO):
   if (!underWay && (await manifestExists(target, name)))
     throw new LatchError(`a backup named ${name} already exists in ${describeTarget(target)}`);
 
-  if (!(node === config.nodeName && holdersOf(doc).includes(node)) || underWay) {
+  // A shared volume's backup is always the agent's job (its ticket shares the volume with its pods at once).
+  if (!(node === config.nodeName && holdersOf(doc).includes(node)) || underWay || doc.spec.shared) {
     await requestAndReport(ctx, io, volume, request, options);
     return;
   }

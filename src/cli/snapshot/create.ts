@@ -1,6 +1,7 @@
 // latch snapshot create: a consistent snapshot of a volume. In use on this node: taken here at once (frozen if
 // mounted). In use on another node, or idle: asked of the node agent through a snapshot ticket (docs/jobs.md), on the
 // node that holds it (frozen there) or, for an idle volume, on --node or this node (the seeds' auto-attach flow).
+// A shared volume's: always a snapshot ticket, on --node or this node (a CephFS subvolume snapshot, no freeze).
 import { hasSnapshots } from '../../backend/types.js';
 import { LatchError } from '../../errors.js';
 import { checkVolumeName } from '../../names.js';
@@ -32,22 +33,11 @@ export async function snapshotCreate(options: SnapshotCreateOptions, io: Command
   const ctx = io.context(config);
   const doc = await ctx.ledger.get(volume);
   if (!doc) throw new LatchError(`volume ${volume} does not exist (latch volume list shows the volumes)`);
-  if (doc.spec.shared) {
-    // A CephFS subvolume snapshot: cut by the MDS whatever mounts the volume, so no ticket and no agent are needed.
-    const shared = await (await import('../../node/shared.js')).sharedSnapshotsOf(ctx, volume);
-    if (!shared) throw new LatchError(`volume ${volume} is no longer a shared volume`);
-    const info = await shared.createSnapshot(volume, name);
-    io.out(
-      options.output === 'json'
-        ? formatJson({ ...info, consistency: 'crash-consistent' })
-        : `snapshot ${name} of shared volume ${volume} created (native, ${formatSize(info.sizeBytes)}; crash-consistent: a CephFS snapshot)\n`,
-    );
-    return;
-  }
   const node = jobNode(ctx, volume, doc, options.node);
   const request = jobRequest(ctx, volume, { kind: 'snapshot', snapshot: name }, node);
 
-  if (node === config.nodeName && holdersOf(doc).includes(node) && !doc.spec.tickets[request.id]) {
+  // A shared volume's snapshot is always the agent's job (a snapshot ticket shares the volume with its pods at once).
+  if (!doc.spec.shared && node === config.nodeName && holdersOf(doc).includes(node) && !doc.spec.tickets[request.id]) {
     // In use here: taken now, beside the pod, without an agent.
     const { info, consistency, note } = await snapshotVolume(ctx, volume, name);
     if (options.output === 'json') {
@@ -65,11 +55,12 @@ export async function snapshotCreate(options: SnapshotCreateOptions, io: Command
 
   // A taken name is refused before anything is asked (a job finds "its" snapshot done), unless this very job is
   // under way: then the request finds its ticket and waits for it.
-  if (
-    !doc.spec.tickets[request.id] &&
-    hasSnapshots(ctx.backend) &&
-    (await ctx.backend.listSnapshots(volume)).some((s) => s.name === name)
-  ) {
+  const snapshots = doc.spec.shared
+    ? await (await import('../../node/shared.js')).sharedVolumesOf(ctx)
+    : hasSnapshots(ctx.backend)
+      ? ctx.backend
+      : undefined;
+  if (!doc.spec.tickets[request.id] && snapshots && (await snapshots.listSnapshots(volume)).some((s) => s.name === name)) {
     throw new LatchError(`volume ${volume} already has a snapshot named ${name}`);
   }
   await requestAndReport(ctx, io, volume, request, options);

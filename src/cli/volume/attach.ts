@@ -28,6 +28,9 @@ export async function volumeAttach(options: VolumeAttachOptions, io: CommandIO):
   const ctx = io.context(config);
   const doc = await getVolume(ctx.ledger, options.name);
   const name = doc.name;
+  if (doc.spec.shared) {
+    throw new LatchError(`volume ${name} is a shared (ReadWriteMany) CephFS volume: it has no block device to attach; mount it in a pod`);
+  }
   const others = holdersOf(doc).filter((n) => n !== node);
   if (others.length > 0 && !(options.readOnly && Object.values(doc.status.nodes).every((e) => e.readOnly))) {
     throw new LatchError(

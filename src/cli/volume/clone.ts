@@ -5,7 +5,8 @@
 import { isDeepStrictEqual } from 'node:util';
 import { LatchError } from '../../errors.js';
 import { FS_TYPES, type FsType } from '../../filesystems.js';
-import { hasSnapshots } from '../../backend/types.js';
+import { hasSnapshots, type SnapshotInfo } from '../../backend/types.js';
+import type { Context } from '../../context.js';
 import { finishedJob } from '../../ledger/arbitrate.js';
 import { checkVolumeName } from '../../names.js';
 import { cloneTicketIds } from '../../node/jobs/clone.js';
@@ -34,10 +35,16 @@ export async function volumeClone(options: VolumeCloneOptions, io: CommandIO): P
   const ctx = io.context(config);
   const sourceDoc = await getVolume(ctx.ledger, source);
   let sizeBytes = sourceDoc.spec.sizeBytes;
+  const shared = sourceDoc.spec.shared === true;
+  // A shared volume is cloned by the manager from one of its snapshots (node/jobs/clone.ts): a new shared volume.
+  if (shared && options.fromSnapshot === undefined) {
+    throw new LatchError(
+      `volume ${source} is a shared volume: clone one of its snapshots (latch snapshot create ${source} S, then --from-snapshot S)`,
+    );
+  }
   if (options.fromSnapshot !== undefined) {
     const snapshot = checkVolumeName(options.fromSnapshot, 'snapshot name', 200);
-    if (!hasSnapshots(ctx.backend)) throw new LatchError(`${ctx.backend.storage} cannot take snapshots`);
-    const found = (await ctx.backend.listSnapshots(source)).find((s) => s.name === snapshot);
+    const found = (await snapshotsOf(ctx, source, shared)).find((s) => s.name === snapshot);
     if (!found) throw new LatchError(`volume ${source} has no snapshot named ${snapshot} (latch snapshot list ${source})`);
     sizeBytes = found.sizeBytes;
   }
@@ -71,7 +78,7 @@ export async function volumeClone(options: VolumeCloneOptions, io: CommandIO): P
   // The target first (it creates NEW, and its job waits for the source's ticket), then the source's: a command
   // interrupted in between leaves a target job that waits, and repeating the command adds what is missing.
   if (existing) await requestAndWait(ctx, name, target, { wait: false, timeoutMs: 0 });
-  else await createWithTicket(ctx, name, target, { sizeBytes, fsType });
+  else await createWithTicket(ctx, name, target, { sizeBytes, fsType, ...(shared && { shared: true }) });
   await requestAndWait(ctx, source, holder, { wait: false, timeoutMs: 0 });
   try {
     await runJob(ctx, io, name, target, {
@@ -85,4 +92,11 @@ export async function volumeClone(options: VolumeCloneOptions, io: CommandIO): P
     if (!(await ctx.ledger.get(name))?.spec.tickets[ids.target]) await takeBackUnstarted(ctx, source, ids.source);
     throw err;
   }
+}
+
+/** The snapshots of SOURCE: its subvolume's when it is shared, else the backend's. */
+async function snapshotsOf(ctx: Context, source: string, shared: boolean): Promise<SnapshotInfo[]> {
+  if (shared) return (await (await import('../../node/shared.js')).sharedVolumesOf(ctx)).listSnapshots(source);
+  if (!hasSnapshots(ctx.backend)) throw new LatchError(`${ctx.backend.storage} cannot take snapshots`);
+  return ctx.backend.listSnapshots(source);
 }

@@ -1,7 +1,9 @@
 // latch volume restore NEW --from-backup B: a new volume filled from a backup by the node agent (docs/jobs.md,
 // "Restore"). The volume's document is created together with its restore ticket (priority 2000, never preempted) in
 // one ledger write, so no workload can have NEW before the restore is done, nor after it failed.
-import { readManifest } from '../../backup/manifest.js';
+import { readManifest, type Manifest } from '../../backup/manifest.js';
+import type { Context } from '../../context.js';
+import { SHARED_ARCHIVE } from '../../node/shared-files.js';
 import { checkBackupName } from '../../backup/layout.js';
 import { LatchError } from '../../errors.js';
 import { FS_TYPES, type FsType } from '../../filesystems.js';
@@ -39,6 +41,8 @@ export async function volumeRestore(options: VolumeRestoreOptions, io: CommandIO
     throw new LatchError(`--fs-type ${fsType} is not allowed; allowed: ${config.allowedFsTypes.join(', ')}`);
   }
   const ctx = io.context(config);
+  // The files of a shared volume (a tar archive: node/jobs/shared-files.ts) make a new shared volume.
+  const shared = manifest.fsType === SHARED_ARCHIVE;
   const job = { kind: 'restore', backup } as const;
   const id = jobTicketId('restore', name, backup);
   const existing = await ctx.ledger.get(name);
@@ -61,7 +65,8 @@ export async function volumeRestore(options: VolumeRestoreOptions, io: CommandIO
   io.out(
     `restoring backup ${backup} (volume ${manifest.volume}, ${formatSize(manifest.sizeBytes)}) into new volume ${name} on node ${node}\n`,
   );
-  if (!existing) await createWithTicket(ctx, name, request, { sizeBytes: manifest.sizeBytes, fsType });
+  if (!existing)
+    await createWithTicket(ctx, name, request, { sizeBytes: await sizeOf(ctx, manifest), fsType, ...(shared && { shared: true }) });
   await runJob(ctx, io, name, request, {
     wait: options.wait,
     timeoutMs: options.timeout === undefined ? FILL_WAIT_MS : options.timeout * 1000,
@@ -76,3 +81,16 @@ export async function volumeRestore(options: VolumeRestoreOptions, io: CommandIO
 function knownFsType(fsType: string | undefined): FsType | undefined {
   return fsType !== undefined && (FS_TYPES as readonly string[]).includes(fsType) ? (fsType as FsType) : undefined;
 }
+
+/**
+ * The new volume's size: the backup's image size; for a shared volume's archive (whose image is the archive's bound,
+ * not the volume's quota), the source volume's quota when the ledger still has it and it is larger.
+ */
+async function sizeOf(ctx: Context, manifest: Manifest): Promise<number> {
+  if (manifest.fsType !== SHARED_ARCHIVE) return manifest.sizeBytes;
+  const source = await ctx.ledger.get(manifest.volume);
+  const archive = Math.ceil(manifest.sizeBytes / MiB) * MiB;
+  return Math.min(Math.max(archive, source?.spec.shared ? source.spec.sizeBytes : 0), ctx.config.maxSize);
+}
+
+const MiB = 1024 * 1024;

@@ -20,7 +20,10 @@ import type { JobHandler, JobOf, JobRun } from './types.js';
 
 export const attachJob: JobHandler<'attach'> = {
   kind: 'attach',
-  async run(job, { ctx, volume, ticket, device }) {
+  async run(job, { ctx, volume, ticket, device, doc }) {
+    // A shared volume's job set-up records a grant, not a device (jobs/runner.ts): there is nothing to attach.
+    if (doc.spec.shared)
+      throw new LatchError(`volume ${volume} is a shared (ReadWriteMany) CephFS volume: it has no block device to attach`);
     const readOnly = ticket.parameters.readOnly;
     const result = { device, readOnly };
     if (!mountAsked(job)) {

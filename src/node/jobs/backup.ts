@@ -68,6 +68,8 @@ const backUp: JobHandler<'backup'> = {
     if (!config.backupTarget) throw new LatchError(`no backup target is configured on node ${config.nodeName} (config: backupTarget)`);
     const target: BackupTarget = config.backupTarget;
     await checkTarget(target);
+    // A shared volume's files, archived from a CephFS snapshot (node/jobs/shared-files.ts).
+    if (run.doc.spec.shared) return (await import('./shared-files.js')).backUpShared(job, run, target);
     if (await manifestExists(target, job.backup)) {
       // readManifest checks it whole (checksum): a damaged one is an error, never "done".
       const manifest = await readManifest(target, job.backup);
@@ -142,6 +144,9 @@ const backUp: JobHandler<'backup'> = {
 
 export const backupJob: JobHandler<'backup'> = {
   kind: 'backup',
+  cleanUp: async (_job, run) => {
+    if (run.doc.spec.shared) await (await import('./shared-files.js')).unmountJobMount(run.ctx, run.volume);
+  },
   run: (job, run) =>
     observed(
       run.ctx.config,

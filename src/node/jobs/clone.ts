@@ -12,6 +12,12 @@
 // then the runner lets SOURCE go as for any job. Everything it waits on is in the ledger, so an agent killed and
 // restarted simply waits again (or finds the target done and ends at once); the target's handler never writes the
 // source's ticket, so no two processes finish the same ticket.
+//
+// A shared volume (a CephFS subvolume) is cloned from one of its snapshots by the manager itself (`ceph fs subvolume
+// snapshot clone`, a server-side copy of the files into a new subvolume of the group), which no block device and no
+// node mount could do better: the target's job starts it, waits for `ceph fs clone status` to say complete (or failed)
+// within CLONE_DEADLINE_MS, and sets NEW's quota. The tickets are the same, so that the ledger keeps the new volume
+// from every pod until the copy is whole, and SOURCE is held (shared, read-only) meanwhile.
 import { createHash } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { isAllZero } from '../../backup/chunks.js';
@@ -28,6 +34,8 @@ import type { JobHandler, JobOf, JobRun } from './types.js';
 
 /** How often a clone's two sides look at each other's ticket in the ledger. */
 const POLL_MS = 500;
+/** How long a shared volume's clone may take before it is canceled and the job fails (the manager copies file by file). */
+const CLONE_DEADLINE_MS = 6 * 3600 * 1000;
 /** The unit of the copy: a block of zeros this size becomes a hole. */
 const BLOCK = 1024 * 1024;
 
@@ -68,6 +76,7 @@ async function holdSource(job: CloneJob, { ctx, signal }: JobRun) {
 
 async function cloneInto(job: CloneJob, run: JobRun) {
   const { ctx, volume, device, signal } = run;
+  if (run.doc.spec.shared) return cloneShared(job, run);
   if (job.fromSnapshot === undefined) await waitForSource(job, run);
   else if (!(await ctx.ledger.get(job.source))) throw new LatchError(`volume ${job.source} does not exist`);
   const source = await openBackupSource(ctx, job.source, job.fromSnapshot);
@@ -96,6 +105,60 @@ async function cloneInto(job: CloneJob, run: JobRun) {
       ...(filesystem !== undefined && { filesystem }),
     },
     ...(filesystem !== undefined && { filesystem }),
+  };
+}
+
+/**
+ * The clone of a shared volume's snapshot into NEW (also shared), by the manager. Idempotent: a NEW subvolume that is
+ * the clone of the same snapshot is waited for (a repeat after a kill), anything else under NEW's name is refused.
+ */
+async function cloneShared(job: CloneJob, run: JobRun) {
+  const { ctx, volume, signal } = run;
+  const snapshot = job.fromSnapshot;
+  const sourceDoc = await ctx.ledger.get(job.source);
+  if (!sourceDoc) throw new LatchError(`volume ${job.source} does not exist`);
+  if (!sourceDoc.spec.shared) throw new LatchError(`volume ${job.source} is a block volume; ${volume} is a shared volume`);
+  if (snapshot === undefined) throw new LatchError(`a shared volume is cloned from one of its snapshots: give --from-snapshot`);
+  const shared = await (await import('../shared.js')).sharedVolumesOf(ctx);
+  const deadline = Date.now() + CLONE_DEADLINE_MS;
+  let status = await shared.cloneStatus(volume);
+  if (status === undefined) {
+    if (!(await shared.listSnapshots(job.source)).some((s) => s.name === snapshot)) {
+      throw new LatchError(`volume ${job.source} has no snapshot named ${snapshot}`);
+    }
+    await shared.startClone(job.source, snapshot, volume);
+    status = await shared.cloneStatus(volume);
+    if (status === undefined) throw new LatchError(`the clone ${volume} is not found right after it was started`);
+  }
+  if (status.source !== undefined && (status.source.volume !== job.source || status.source.snapshot !== snapshot)) {
+    throw new LatchError(
+      `subvolume ${volume} is a clone of snapshot ${status.source.snapshot} of ${status.source.volume}, not of ${snapshot} of ${job.source}`,
+    );
+  }
+  let said = '';
+  while (status.state === 'pending' || status.state === 'in-progress') {
+    if (Date.now() >= deadline) {
+      await shared.cancelClone(volume);
+      throw new LatchError(`the clone into ${volume} did not complete within ${CLONE_DEADLINE_MS / 3600_000} h; it was canceled`);
+    }
+    const message = `the manager is cloning snapshot ${snapshot} of ${job.source} into ${volume} (${status.state})`;
+    if (message !== said) await ctx.ledger.recordJob(volume, run.ticket.id, { state: 'running', message });
+    said = message;
+    // Aborted (preempted, the agent stopping): the manager goes on, and the next attempt waits for the same clone.
+    await sleep(POLL_MS, undefined, { signal });
+    status = await shared.cloneStatus(volume);
+    if (status === undefined) throw new LatchError(`the clone ${volume} vanished while it was being made`);
+  }
+  if (status.state !== 'complete') {
+    // A failed or canceled clone is removed, so that the command repeated starts it afresh.
+    await shared.removeFailedClone(volume);
+    throw new LatchError(`the manager's clone into ${volume} ${status.state}${status.failure ? `: ${status.failure}` : ''}`);
+  }
+  // The size of NEW is its quota, whatever the clone carried over.
+  await shared.grow(volume, run.doc.spec.sizeBytes);
+  return {
+    message: `cloned snapshot ${snapshot} of shared volume ${job.source} into shared volume ${volume} (the manager copied its files)`,
+    result: { source: job.source, fromSnapshot: snapshot, consistency: 'crash-consistent', sizeBytes: run.doc.spec.sizeBytes },
   };
 }
 

@@ -11,10 +11,13 @@ import { LatchError, errorMessage } from '../../errors.js';
 import { readManifest } from '../../backup/manifest.js';
 import { restoreBackup } from '../../backup/restore.js';
 import { observed, triggerOf } from '../backup-outcome.js';
-import type { JobHandler, JobOf, JobRun } from './types.js';
+import type { JobHandler, JobOf, JobOutcome, JobRun } from './types.js';
 
 export const restoreJob: JobHandler<'restore'> = {
   kind: 'restore',
+  cleanUp: async (_job, run) => {
+    if (run.doc.spec.shared) await (await import('./shared-files.js')).unmountJobMount(run.ctx, run.volume);
+  },
   run: (job, run) =>
     observed(
       run.ctx.config,
@@ -39,9 +42,12 @@ export function halfMade(volume: string, repeat: string, err: unknown): LatchErr
   );
 }
 
-async function restore(job: JobOf<'restore'>, { ctx, volume, device, signal }: JobRun) {
+async function restore(job: JobOf<'restore'>, run: JobRun): Promise<JobOutcome> {
+  const { ctx, volume, device, signal } = run;
   const target = ctx.config.backupTarget;
   if (!target) throw new LatchError(`node ${ctx.config.nodeName} has no backup target configured (backupTarget in ${ctx.config.source})`);
+  // A new shared volume: the backup's tar archive becomes its files (node/jobs/shared-files.ts).
+  if (run.doc.spec.shared) return (await import('./shared-files.js')).restoreShared(job, run, target);
   const manifest = await readManifest(target, job.backup);
   // restoreBackup refuses a device smaller than the backup, before it writes anything.
   // A volume nothing was ever written to reads zeros: only the data chunks are written (the storage stays thin). One

@@ -1,11 +1,13 @@
 // The snapshot job: snapshot `job.snapshot` of the volume, taken on the node that holds it (node/snapshot.ts: frozen
 // while mounted here). Idempotent by name: the backend makes a snapshot appear only complete (a temp file linked into
 // place), so a snapshot of that name that exists is this job's, done by an earlier attempt, and is reported done.
+// A shared volume's snapshot is a CephFS subvolume snapshot (`ceph fs subvolume snapshot create`), cut by the MDS
+// whatever mounts the volume: no device, no freeze; the volumes module too shows a snapshot only once it is made.
 import { hasSnapshots } from '../../backend/types.js';
 import { NotSupportedError } from '../../errors.js';
 import { formatSize } from '../../size.js';
 import { snapshotVolume, type Consistency } from '../snapshot.js';
-import type { JobHandler, JobRun } from './types.js';
+import type { JobHandler, JobOutcome, JobRun } from './types.js';
 import { refuseBaseName } from '../backup.js';
 
 /**
@@ -27,6 +29,7 @@ export const snapshotJob: JobHandler<'snapshot'> = {
     const backend = ctx.backend;
     if (!hasSnapshots(backend)) throw new NotSupportedError(`${backend.storage} cannot take snapshots`);
     refuseBaseName(job.snapshot);
+    if (run.doc.spec.shared) return snapshotShared(job.snapshot, run);
     const existing = (await backend.listSnapshots(volume)).find((s) => s.name === job.snapshot);
     if (existing) {
       return {
@@ -51,3 +54,30 @@ export const snapshotJob: JobHandler<'snapshot'> = {
     };
   },
 };
+
+/** A shared volume's snapshot: the manager's `ceph fs subvolume snapshot create`, crash-consistent (nothing frozen). */
+async function snapshotShared(name: string, { ctx, volume, signal }: JobRun): Promise<JobOutcome> {
+  const shared = await (await import('../shared.js')).sharedVolumesOf(ctx);
+  const existing = (await shared.listSnapshots(volume)).find((s) => s.name === name);
+  const consistency = 'crash-consistent';
+  const note = 'a CephFS snapshot, cut by the MDS while the clients of the volume may write (nothing is frozen)';
+  if (existing) {
+    return {
+      message: `snapshot ${name} of shared volume ${volume} exists (made by an earlier attempt)`,
+      result: { snapshot: name, sharing: existing.sharing, sizeBytes: existing.sizeBytes, createdAt: existing.createdAt, consistency },
+    };
+  }
+  signal.throwIfAborted();
+  const info = await shared.createSnapshot(volume, name);
+  return {
+    message: `snapshot ${name} of shared volume ${volume} created (native, ${formatSize(info.sizeBytes)}, ${consistency}: ${note})`,
+    result: {
+      snapshot: name,
+      sharing: info.sharing,
+      sizeBytes: info.sizeBytes,
+      createdAt: info.createdAt,
+      consistency,
+      consistencyNote: note,
+    },
+  };
+}

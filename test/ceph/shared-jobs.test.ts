@@ -1,0 +1,273 @@
+// Jobs on shared (ReadWriteMany) volumes through the ticket flow, on a one-host Ceph cluster with a CephFS file system
+// (test/ceph/mds.ts): `latch snapshot create` asks the node agent's job runner (in process here) for a CephFS
+// subvolume snapshot through a snapshot ticket, `latch volume clone --from-snapshot` has the clone job make the
+// manager copy it into a new shared volume, and `latch backup create` / `latch volume restore` carry a shared volume's
+// files through a tar stream in the chunk engine into a new shared volume. Every command runs as node-a's own
+// identity, whose caps reach only latch's subvolume group (cephfsNodeCaps): what it may do is what the jobs need.
+// Every FUSE mount lives under the cluster's dir, whose teardown aborts them through fusectl, also after a failure.
+// Needs root, Debian's ceph, ceph-mds and ceph-fuse packages; skips with a message otherwise.
+import assert from 'node:assert/strict';
+import {
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+  symlinkSync,
+  linkSync,
+} from 'node:fs';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { after, before, describe, it } from 'node:test';
+import { parseConfig } from '../../src/config.js';
+import { createContext, type Context } from '../../src/context.js';
+import type { CommandIO } from '../../src/cli/io.js';
+import { snapshotCreate } from '../../src/cli/snapshot/create.js';
+import { snapshotList } from '../../src/cli/snapshot/list.js';
+import { volumeClone } from '../../src/cli/volume/clone.js';
+import { volumeRestore } from '../../src/cli/volume/restore.js';
+import { backupCreate } from '../../src/cli/backup/create.js';
+import { createSharedVolume, sharedVolumesOf } from '../../src/node/shared.js';
+import { cephfsNodeCaps } from '../../src/sys/cephfs.js';
+import { readMountInfo } from '../../src/sys/mounts.js';
+import { withJobRunner } from '../fixtures/job-runner.js';
+import { MemoryStore } from '../fixtures/memory-store.js';
+import { cephSkipReason, startCephCluster, type CephCluster } from '../ceph/cluster.js';
+
+const MiB = 1024 * 1024;
+const which = (tool: string) => ['/usr/bin', '/usr/sbin', '/bin', '/sbin'].some((d) => existsSync(join(d, tool)));
+const skip =
+  cephSkipReason() ??
+  (which('ceph-mds') && which('ceph-fuse') ? undefined : 'ceph-mds and ceph-fuse are not installed: run scripts/setup.sh');
+
+describe('jobs on shared volumes through tickets', { skip }, () => {
+  let ceph: CephCluster;
+  let ctx: Context;
+  let io: CommandIO;
+  let printed = '';
+  let work = '';
+
+  before(
+    async () => {
+      ceph = await startCephCluster({ cephfs: true });
+      const client = await ceph.createClient('latch-node-a', { caps: cephfsNodeCaps(ceph.pool, 'cephfs', 'latch') });
+      work = mkdtempSync(join(tmpdir(), 'latch-shared-jobs-'));
+      mkdirSync(join(work, 'target'));
+      const raw = {
+        nodeName: 'node-a',
+        // One node, one ledger of its own (the file store; MemoryStore here).
+        singleNode: 'node-a',
+        stateDir: join(work, 'state'),
+        logFile: join(work, 'latch.log'),
+        maxSize: '1Gi',
+        commandTimeout: 20,
+        backupTarget: { type: 'dir', path: join(work, 'target') },
+        backend: {
+          type: 'rbd',
+          pool: ceph.pool,
+          cephConf: client.confPath,
+          clientId: client.id,
+          keyring: client.keyringPath,
+          mountDir: join(ceph.dir, 'mnt', 'node-a', 'rbd'),
+          cephfs: { fsName: 'cephfs', group: 'latch', client: 'ceph-fuse', mountDir: join(ceph.dir, 'mnt', 'node-a', 'cephfs') },
+        },
+      };
+      const file = join(work, 'config.json');
+      writeFileSync(file, JSON.stringify(raw));
+      const store = new MemoryStore();
+      ctx = createContext(parseConfig(raw, file), { store });
+      io = { out: (text) => (printed += text), env: { LATCH_CONFIG: file }, context: (c) => createContext(c, { store }) };
+    },
+    { timeout: 120_000 },
+  );
+
+  after(async () => {
+    await ceph?.stop();
+    if (work) rmSync(work, { recursive: true, force: true });
+  });
+
+  /** Mounts the volume's subvolume as node-a at a scratch dir, runs `body` on it, and unmounts it. */
+  async function withMount<T>(volume: string, body: (dir: string) => T | Promise<T>): Promise<T> {
+    const shared = await sharedVolumesOf(ctx);
+    const dir = join(ceph.dir, 'mnt', 'scratch', volume);
+    await shared.mountAt(volume, dir, { readOnly: false });
+    try {
+      return await body(dir);
+    } finally {
+      await shared.unmountAt(volume, dir);
+    }
+  }
+
+  it('a snapshot of a shared volume is a snapshot ticket run by the agent, and leaves no hold', { timeout: 120_000 }, async () => {
+    await createSharedVolume(ctx, 'shv', 64 * MiB, 'ext4');
+    await withMount('shv', (dir) => {
+      mkdirSync(join(dir, 'sub'));
+      writeFileSync(join(dir, 'sub', 'a.txt'), 'alpha\n');
+      writeFileSync(join(dir, 'b.bin'), Buffer.alloc(3 * MiB, 7));
+    });
+    printed = '';
+    await withJobRunner(ctx, () => snapshotCreate({ volume: 'shv', name: 's1', output: 'table' }, io));
+    assert.match(printed, /snapshot s1 of shared volume shv created \(native, 64Mi?B?.*crash-consistent/);
+    const doc = await ctx.ledger.get('shv');
+    const job = doc?.status.jobs?.at(-1);
+    assert.equal(job?.status.state, 'succeeded', job?.status.message);
+    assert.equal(job?.job.kind, 'snapshot');
+    assert.deepEqual(Object.keys(doc?.spec.tickets ?? {}), [], 'the snapshot ticket is finished');
+    assert.deepEqual(doc?.status.nodes, {}, 'the job held the volume without a mount and let it go');
+    printed = '';
+    await snapshotList({ volume: 'shv', output: 'json' }, io);
+    assert.deepEqual(
+      (JSON.parse(printed) as { name: string }[]).map((s) => s.name),
+      ['s1'],
+    );
+    // A taken name is refused before a ticket is asked for.
+    await assert.rejects(
+      withJobRunner(ctx, () => snapshotCreate({ volume: 'shv', name: 's1', output: 'table' }, io)),
+      /volume shv already has a snapshot named s1/,
+    );
+    // What the snapshot holds does not change with the volume.
+    await withMount('shv', (dir) => writeFileSync(join(dir, 'sub', 'a.txt'), 'changed after s1\n'));
+  });
+
+  it('clones a snapshot of a shared volume into a new shared volume through the clone job', { timeout: 180_000 }, async () => {
+    await assert.rejects(
+      volumeClone({ source: 'shv', name: 'nope', wait: true }, io),
+      /volume shv is a shared volume: clone one of its snapshots/,
+    );
+    printed = '';
+    await withJobRunner(ctx, () => volumeClone({ source: 'shv', name: 'shc', fromSnapshot: 's1', wait: true, timeout: 120 }, io));
+    assert.match(printed, /cloned snapshot s1 of shared volume shv into shared volume shc/);
+    const doc = await ctx.ledger.get('shc');
+    assert.equal(doc?.spec.shared, true, 'the clone is a shared volume');
+    assert.deepEqual(Object.keys(doc?.spec.tickets ?? {}), [], 'its clone ticket is finished');
+    assert.deepEqual(doc?.status.nodes, {});
+    // The source's job ends once it sees the target's done (it looks every 0.5 s): the agent goes on until then.
+    const source = await withJobRunner(ctx, async () => {
+      for (let i = 0; i < 100; i++) {
+        const doc = await ctx.ledger.get('shv');
+        if (Object.keys(doc?.spec.tickets ?? {}).length === 0) return doc;
+        await sleep(100);
+      }
+      return ctx.ledger.get('shv');
+    });
+    assert.deepEqual(Object.keys(source?.spec.tickets ?? {}), [], "the source's clone ticket is finished too");
+    assert.deepEqual(source?.status.nodes, {});
+    const shared = await sharedVolumesOf(ctx);
+    assert.equal(await shared.size('shc'), 64 * MiB, 'its quota is its size');
+    await withMount('shc', (dir) => {
+      assert.equal(readFileSync(join(dir, 'sub', 'a.txt'), 'utf8'), 'alpha\n', 'the snapshot, not the volume as it is now');
+      assert.ok(readFileSync(join(dir, 'b.bin')).equals(Buffer.alloc(3 * MiB, 7)));
+    });
+    // Repeating the command finds the clone done.
+    printed = '';
+    await volumeClone({ source: 'shv', name: 'shc', fromSnapshot: 's1', wait: true }, io);
+    assert.match(printed, /volume shc was cloned from shv already/);
+  });
+
+  it("backs up a shared volume's files as a tar archive and restores them into a new shared volume", { timeout: 180_000 }, async () => {
+    await withMount('shv', (dir) => {
+      symlinkSync('sub/a.txt', join(dir, 'to-a'));
+      linkSync(join(dir, 'b.bin'), join(dir, 'b-again'));
+      writeFileSync(join(dir, 'mode-600'), 'secret\n', { mode: 0o600 });
+    });
+    printed = '';
+    await withJobRunner(ctx, () => backupCreate({ volume: 'shv', name: 'fb1', output: 'table' }, io));
+    assert.match(printed, /backup fb1 of shared volume shv created \(snapshot latch-base-fb1, crash-consistent\): a tar archive/);
+    const doc = await ctx.ledger.get('shv');
+    assert.deepEqual(Object.keys(doc?.spec.tickets ?? {}), [], 'the backup ticket is finished');
+    assert.deepEqual(doc?.status.nodes, {}, 'and its mount and hold are gone');
+    const shared = await sharedVolumesOf(ctx);
+    assert.deepEqual(
+      (await shared.listSnapshots('shv')).map((s) => s.name),
+      ['s1'],
+      "the backup's own snapshot is removed",
+    );
+
+    printed = '';
+    await withJobRunner(ctx, () => volumeRestore({ name: 'shr', fromBackup: 'fb1', wait: true, timeout: 120 }, io));
+    assert.match(
+      printed,
+      /restored backup fb1 \(shared volume shv\) into shared volume shr: 3 file\(s\), 1 director\(ies\), 1 symbolic link\(s\), 1 hard link\(s\)/,
+    );
+    const restored = await ctx.ledger.get('shr');
+    assert.equal(restored?.spec.shared, true);
+    assert.equal(restored?.spec.sizeBytes, 64 * MiB, "the source volume's size");
+    assert.deepEqual(Object.keys(restored?.spec.tickets ?? {}), []);
+    assert.deepEqual(restored?.status.nodes, {});
+    await withMount('shr', (dir) => {
+      assert.equal(readFileSync(join(dir, 'sub', 'a.txt'), 'utf8'), 'changed after s1\n', 'the volume as it was at the backup');
+      assert.ok(readFileSync(join(dir, 'b.bin')).equals(Buffer.alloc(3 * MiB, 7)));
+      assert.equal(readlinkSync(join(dir, 'to-a')), 'sub/a.txt');
+      assert.equal(statSync(join(dir, 'b-again')).ino, statSync(join(dir, 'b.bin')).ino);
+      assert.equal(statSync(join(dir, 'mode-600')).mode & 0o777, 0o600);
+    });
+  });
+
+  it(
+    'a SIGSTOPped ceph-fuse under a backup fails the job once it made no progress for commandTimeout, and leaves nothing',
+    { timeout: 180_000 },
+    async () => {
+      await createSharedVolume(ctx, 'big', 256 * MiB, 'ext4');
+      await withMount('big', (dir) => {
+        for (let i = 0; i < 24; i++) writeFileSync(join(dir, `part-${i}`), Buffer.alloc(4 * MiB, i + 1));
+      });
+      const jobMount = join(ceph.dir, 'mnt', 'node-a', 'cephfs', 'jobs', 'big');
+      // Stops the job's own ceph-fuse as soon as its mount shows (its argv names the job's mount point).
+      let stopped: number | undefined;
+      const watcher = (async () => {
+        for (let i = 0; i < 3000 && stopped === undefined; i++) {
+          // Once it has mounted (stopped while it starts, it is its start's deadline that ends the job instead).
+          if (!(await readMountInfo()).some((m) => m.mountPoint === jobMount && m.fsType === 'fuse.ceph-fuse')) {
+            await sleep(10);
+            continue;
+          }
+          for (const entry of readdirSync('/proc').filter((e) => /^[0-9]+$/.test(e))) {
+            const argv = (() => {
+              try {
+                return readFileSync(`/proc/${entry}/cmdline`, 'utf8').split('\0');
+              } catch {
+                return [];
+              }
+            })();
+            if ((argv[0] ?? '').endsWith('ceph-fuse') && argv.includes(jobMount)) {
+              process.kill(Number(entry), 'SIGSTOP');
+              stopped = Number(entry);
+              break;
+            }
+          }
+          await sleep(10);
+        }
+      })();
+      const started = Date.now();
+      try {
+        await assert.rejects(
+          withJobRunner(ctx, () => backupCreate({ volume: 'big', name: 'hung1', output: 'table' }, io)),
+          /made no progress for 20000 ms; its connection was aborted/,
+        );
+      } finally {
+        await watcher;
+        if (stopped !== undefined) {
+          try {
+            process.kill(stopped, 'SIGCONT');
+          } catch {
+            // killed by the job's unmount: as it should be
+          }
+        }
+      }
+      assert.ok(stopped !== undefined, "the job's ceph-fuse was stopped");
+      const took = Date.now() - started;
+      assert.ok(took < 90_000, `the job ended ${took} ms after it began: bounded by its stall deadline, not the hung mount`);
+      assert.ok(!(await readMountInfo()).some((m) => m.mountPoint === jobMount), "the job's mount is gone");
+      const doc = await ctx.ledger.get('big');
+      assert.equal(doc?.status.jobs?.at(-1)?.status.state, 'failed');
+      assert.deepEqual(doc?.status.nodes, {}, 'the hold is released');
+      const { manifestExists } = await import('../../src/backup/manifest.js');
+      assert.equal(await manifestExists({ type: 'dir', path: join(work, 'target') }, 'hung1'), false, 'nothing was published');
+    },
+  );
+});
