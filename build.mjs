@@ -35,6 +35,7 @@ import {
 import { tmpdir } from 'node:os';
 import { basename, dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { brotliCompressSync } from 'node:zlib';
 
 const pkg = JSON.parse(readFileSync(new URL('./package.json', import.meta.url), 'utf8'));
 
@@ -76,6 +77,9 @@ const englishOnlyZodLocales = {
 // and `latch metrics`, croner for the agent's recurring jobs) would still cost every driver call the parsing of their
 // ~30-170 KB as part of the bundle (measured for the two big ones: 2-12% of a call). Each is bundled on its own, embedded as a string (which V8 only scans) and evaluated
 // on its first import.
+/** Bytes of source above which an embedded library is stored compressed. */
+const LARGE_EMBEDDED_MODULE = 256 * 1024;
+
 function asStringUntilImported(name) {
   const namespace = `${name}-as-string`;
   return {
@@ -95,10 +99,17 @@ function asStringUntilImported(name) {
           logLevel: 'warning',
         });
         const source = `(function (module, exports, require) {${outputFiles[0].text}\n})`;
+        // A large library is kept brotli-compressed (base64): every call reads and scans the whole bundle, and the S3
+        // client's 1.3 MB as a plain string cost each driver call about 4 ms (docs/performance.md); decompressing it
+        // when it is first imported costs a few ms, once, in the process that uses it.
+        const text =
+          source.length > LARGE_EMBEDDED_MODULE
+            ? `require('node:zlib').brotliDecompressSync(Buffer.from(${JSON.stringify(brotliCompressSync(source).toString('base64'))}, 'base64')).toString('utf8')`
+            : JSON.stringify(source);
         return {
           contents:
             `const loaded = { exports: {} };\n` +
-            `require('node:vm').runInThisContext(${JSON.stringify(source)}, { filename: ${JSON.stringify(name)} })(loaded, loaded.exports, require);\n` +
+            `require('node:vm').runInThisContext(${text}, { filename: ${JSON.stringify(name)} })(loaded, loaded.exports, require);\n` +
             `module.exports = loaded.exports;\n`,
           loader: 'js',
         };
