@@ -3,7 +3,7 @@
 // fencer. Every call names the conf, the id and the keyring file (never a key), and every child has a deadline.
 import { readFile } from 'node:fs/promises';
 import { LatchError } from '../errors.js';
-import { cephClientArgs, redactedError, type CephIdentity } from './rbd.js';
+import { ceph as cephTool, cephClientArgs, redactedError, type CephIdentity } from './rbd.js';
 import { run, startDaemon, type RunResult } from './run.js';
 
 /** One shared volume: subvolume `volume` of group `group` in file system `fsName`. */
@@ -26,12 +26,9 @@ const EEXIST = 17;
 const EINVAL = 22;
 const EOPNOTSUPP = 95;
 
-async function ceph(identity: CephIdentity, args: string[], okExitCodes: number[] = [], timeoutMs?: number): Promise<RunResult> {
-  try {
-    return await run('ceph', [...cephClientArgs(identity), '--connect-timeout', '10', ...args], { okExitCodes, timeoutMs });
-  } catch (err) {
-    throw redactedError(err);
-  }
+/** The ceph tool as `identity` (sys/rbd.ts), its wait for a monitor bounded: a file-system call may come from a driver call. */
+function ceph(identity: CephIdentity, args: string[], okExitCodes: number[] = [], timeoutMs?: number): Promise<RunResult> {
+  return cephTool(identity, ['--connect-timeout', '10', ...args], okExitCodes, timeoutMs);
 }
 
 function groupArgs(ref: SubvolumeRef): string[] {

@@ -263,9 +263,13 @@ export async function rbdDeviceUnmap(identity: CephIdentity, device: string, tim
   await rbd(identity, ['device', 'unmap', '--device-type', 'krbd', device], [], timeoutMs);
 }
 
-async function ceph(identity: CephIdentity, args: string[], okExitCodes: number[] = []): Promise<RunResult> {
+/**
+ * `ceph ARGS` as `identity`, its key kept out of errors; the identity's deadline unless `timeoutMs` names another.
+ * The one way latch runs the ceph tool (sys/cephfs.ts too).
+ */
+export async function ceph(identity: CephIdentity, args: string[], okExitCodes: number[] = [], timeoutMs?: number): Promise<RunResult> {
   try {
-    return await run('ceph', [...cephClientArgs(identity), ...args], { okExitCodes, timeoutMs: identity.commandTimeoutMs });
+    return await run('ceph', [...cephClientArgs(identity), ...args], { okExitCodes, timeoutMs: timeoutMs ?? identity.commandTimeoutMs });
   } catch (err) {
     throw redactedError(err);
   }
