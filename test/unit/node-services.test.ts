@@ -51,15 +51,19 @@ describe('the node-local volume lock', () => {
 
   it('serialises holders of the same volume and lets other volumes and nodes through', async () => {
     const order: string[] = [];
+    // The second holder asks only once the first is in: a fixed sleep lost that race on a loaded machine.
+    let firstIn!: () => void;
+    const entered = new Promise<void>((r) => (firstIn = r));
     const first = withVolumeLock(config, 'v', async () => {
       order.push('first in');
+      firstIn();
       // Other volumes and other nodes are not blocked meanwhile.
       await withVolumeLock(config, 'w', async () => order.push('other volume'), 1000);
       await withVolumeLock({ ...config, nodeName: 'node-b' }, 'v', async () => order.push('other node'), 1000);
       await sleep(150);
       order.push('first out');
     });
-    await sleep(20);
+    await entered;
     const second = withVolumeLock(config, 'v', async () => order.push('second'));
     await Promise.all([first, second]);
     assert.deepEqual(order, ['first in', 'other volume', 'other node', 'first out', 'second']);
@@ -67,8 +71,13 @@ describe('the node-local volume lock', () => {
 
   it('gives up with a LatchError after the wait, and frees the lock when fn throws', async () => {
     let release!: () => void;
-    const held = withVolumeLock(config, 'x', () => new Promise<void>((r) => (release = r)));
-    await sleep(20);
+    let heldIn!: () => void;
+    const entered = new Promise<void>((r) => (heldIn = r));
+    const held = withVolumeLock(config, 'x', () => {
+      heldIn();
+      return new Promise<void>((r) => (release = r));
+    });
+    await entered;
     await assert.rejects(
       withVolumeLock(config, 'x', async () => 1, 100),
       (err: unknown) => {
