@@ -3,6 +3,7 @@
 // throws a LatchError for a user's mistake; taking its I/O as an argument, it is tested by calling it.
 import { loadConfig, type Config } from '../config.js';
 import { createContext, type Context } from '../context.js';
+import { printable } from './output.js';
 
 export interface CommandIO {
   /** Where the command prints for people (stdout). */
@@ -24,15 +25,18 @@ export interface CliIO extends CommandIO {
   close?(): Promise<void>;
 }
 
-/** The real process: stdout, stderr, process.env, and contexts whose stores are closed once the command is done. */
+/**
+ * The real process: stdout, stderr (both through `printable`: no control character from the ledger or a target
+ * reaches the terminal), process.env, and contexts whose stores are closed once the command is done.
+ */
 export function processIO(): CliIO {
   const opened: Context[] = [];
   return {
     out: (text) => {
-      process.stdout.write(text);
+      process.stdout.write(printable(text));
     },
     err: (text) => {
-      process.stderr.write(text);
+      process.stderr.write(printable(text));
     },
     env: process.env,
     context: (config) => {

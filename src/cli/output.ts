@@ -9,6 +9,22 @@ export function parseFormat(value: string): OutputFormat {
   return value;
 }
 
+/**
+ * Text as a terminal may show it: what admin commands print comes partly from the ledger, backup targets and the
+ * storage, which other nodes and tenants write, so a control character in it (an escape sequence that moves the
+ * cursor, rewrites the title or hides the rest of a line; a carriage return; a bidirectional override) is shown as
+ * its escape, `\u001b`, instead of acting. Newlines and tabs stay. The escape is JSON's own, so `-o json` output stays
+ * valid JSON that decodes to the same strings (JSON.stringify escapes C0 characters itself, but not DEL, C1 or the
+ * bidirectional controls).
+ */
+export function printable(text: string): string {
+  return text.replace(
+    // eslint-disable-next-line no-control-regex -- matching control characters is the point
+    /[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g,
+    (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`,
+  );
+}
+
 export function formatJson(data: unknown): string {
   return `${JSON.stringify(data, null, 2)}\n`;
 }
