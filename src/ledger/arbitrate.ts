@@ -13,6 +13,7 @@ export {
   startJob,
   recordJob,
   finishJob,
+  recordDirectJob,
   endJob,
   jobTicketsOfNode,
   finishedJob,

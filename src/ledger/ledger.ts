@@ -19,6 +19,7 @@ import {
   markFenceCleared,
   markReleased,
   newVolume,
+  recordDirectJob,
   recordJob,
   releaseDeadNode,
   removeFence,
@@ -32,7 +33,7 @@ import {
 import { accessRefusal, changeAllowed, type Caller } from './access.js';
 import { reapTickets, releaseHoldWithoutDevice, touchTicket } from './automatic.js';
 import { pvKey, volumeKey } from './keys.js';
-import type { AutomaticAction, VolumeAllowed, VolumeDoc, VolumeOwner } from './types.js';
+import type { AutomaticAction, FinishedJob, VolumeAllowed, VolumeDoc, VolumeOwner } from './types.js';
 
 const MAX_ATTEMPTS = 500;
 /**
@@ -271,6 +272,14 @@ export class Ledger {
   /** Removes the job's ticket and keeps its outcome in status.jobs, in one write; no ticket: nothing changes. */
   finishJob(name: string, id: string): Promise<VolumeDoc | undefined> {
     return this.update(name, (d) => d && finishJob(d, id, this.now()));
+  }
+
+  /**
+   * Keeps the outcome of a job a command ran itself, without a ticket, in status.jobs (bounded like a finished
+   * ticket's); the same record again, or no volume: nothing changes.
+   */
+  recordDirectJob(name: string, finished: FinishedJob & { direct: true }): Promise<VolumeDoc | undefined> {
+    return this.update(name, (d) => d && recordDirectJob(d, finished));
   }
 
   /** A person asks the job to end: finished at once if no agent started it, else 'ending' for its agent. */

@@ -140,6 +140,11 @@ export interface FinishedJob {
   node: string;
   job: JobSpec;
   status: JobStatus;
+  /**
+   * Run by a command itself, beside a pod, without a ticket (`latch backup create` on the node that holds the
+   * volume): `ticket` is the ID its job ticket would have had (jobTicketId), never a ticket that existed.
+   */
+  direct?: true;
 }
 
 /**

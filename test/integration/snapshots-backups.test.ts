@@ -26,10 +26,15 @@ import { listBackups, readManifest } from '../../src/backup/manifest.js';
 import { restoreBackup } from '../../src/backup/restore.js';
 import { verifyBackup } from '../../src/backup/verify.js';
 import { backupCreate } from '../../src/cli/backup/create.js';
+import { backupList } from '../../src/cli/backup/list.js';
 import type { CommandIO } from '../../src/cli/io.js';
 import { snapshotList } from '../../src/cli/snapshot/list.js';
 import { parseConfig } from '../../src/config.js';
 import { createContext, type Context } from '../../src/context.js';
+import { StoreError } from '../../src/errors.js';
+import { MAX_FINISHED_JOBS } from '../../src/ledger/arbitrate.js';
+import { jobTicketId } from '../../src/ledger/ids.js';
+import type { FinishedJob } from '../../src/ledger/types.js';
 import { snapshotVolume } from '../../src/node/snapshot.js';
 import { parseFilefrag } from '../../src/sys/clone.js';
 import { withJobRunner } from '../fixtures/job-runner.js';
@@ -306,6 +311,100 @@ describe('snapshots and backups of volumes in use', { skip: notRoot || noXfs }, 
     await (ctx.backend as LoopBackend).deleteSnapshot('vol', `latch-backup-node-b-${deadPid}-abcdef`);
     const verified = await verifyBackup({ target: { type: 'dir', path: targetDir, keyFile }, name: 'online' });
     assert.deepEqual([verified.ok, verified.authenticated], [true, true]);
+  });
+
+  it('backup create beside the pod records its outcome in the ledger: a failure (a full target), then a success; backup list shows each; the history stays bounded', async () => {
+    const full = join(scratch.root, 'full-target');
+    mkdirSync(full);
+    scratch.mount(['-t', 'tmpfs', '-o', 'size=256k,mode=0700', 'latch-test-full', full], full);
+    const state = join(scratch.root, 'state-node-a');
+    const fullFile = join(state, 'config-full.json');
+    const logFile = join(state, 'latch.log');
+    const raw = { nodeName: 'node-a', poolDir: pool, stateDir: state, logFile, backupTarget: { type: 'dir', path: full, keyFile } };
+    writeFileSync(fullFile, JSON.stringify(raw));
+    const beside: CommandIO = { ...io, env: { LATCH_CONFIG: fullFile } };
+    // More than the 256 KiB target holds, whatever the earlier tests left on the volume.
+    writeFileSync(join(mnt, 'incompressible.bin'), randomBytes(2 * MiB));
+    // The history is full already: the oldest entry goes for each new one.
+    const old = (i: number): FinishedJob => ({
+      ticket: `backup-old-${i}`,
+      type: 'backup',
+      node: 'node-b',
+      job: { kind: 'backup', backup: `old-${i}` },
+      status: { state: 'succeeded', node: 'node-b', startedAt: '2026-01-01T00:00:00.000Z', attempts: 1, message: 'old' },
+    });
+    await ctx.ledger.update(
+      'vol',
+      (d) => d && { ...d, status: { ...d.status, jobs: Array.from({ length: MAX_FINISHED_JOBS }, (_, i) => old(i)) } },
+    );
+    const history = async () => (await ctx.ledger.get('vol'))?.status.jobs ?? [];
+    const brief = (j: FinishedJob | undefined) =>
+      j && [j.ticket, j.type, j.node, j.job, j.status.state, j.status.node, j.status.attempts, j.direct];
+
+    await assert.rejects(backupCreate({ volume: 'vol', name: 'beside-1', output: 'table' }, beside), /backup target .* is full/);
+    let jobs = await history();
+    assert.equal(jobs.length, MAX_FINISHED_JOBS);
+    assert.equal(jobs[0]?.ticket, 'backup-old-1');
+    assert.deepEqual(brief(jobs.at(-1)), [
+      jobTicketId('backup', 'vol', 'beside-1'),
+      'backup',
+      'node-a',
+      { kind: 'backup', backup: 'beside-1' },
+      'failed',
+      'node-a',
+      1,
+      true,
+    ]);
+    assert.match(jobs.at(-1)?.status.message ?? '', /is full/);
+    printed = '';
+    await backupList({ output: 'table' }, beside);
+    assert.match(printed, /^vol\s+failed\s+\S+\s+beside-1\s+node-a\s+.*is full/m);
+
+    execFileSync('mount', ['-o', 'remount,size=64m', full]);
+    printed = '';
+    await backupCreate({ volume: 'vol', name: 'beside-2', output: 'table' }, beside);
+    assert.match(printed, /backup beside-2 of volume vol created/);
+    assert.doesNotMatch(printed, /not in the ledger/);
+    jobs = await history();
+    assert.equal(jobs.length, MAX_FINISHED_JOBS);
+    assert.deepEqual(
+      jobs.slice(-2).map((j) => [j.job, j.status.state, j.direct]),
+      [
+        [{ kind: 'backup', backup: 'beside-1' }, 'failed', true],
+        [{ kind: 'backup', backup: 'beside-2' }, 'succeeded', true],
+      ],
+    );
+    assert.equal(jobs.at(-1)?.status.result?.backup, 'beside-2');
+    printed = '';
+    await backupList({ output: 'table' }, beside);
+    assert.match(printed, /^vol\s+succeeded\s+\S+\s+beside-2\s+node-a\s*$/m);
+
+    // The ledger cannot be written once the backup is done: a success stands and says so, a failure fails with its
+    // own message; both are logged.
+    store.beforeWrite = (key) => {
+      if (key === 'volumes/vol') throw new StoreError('the ledger is out of reach');
+    };
+    try {
+      printed = '';
+      await backupCreate({ volume: 'vol', name: 'beside-3', output: 'table' }, beside);
+      assert.match(printed, /backup beside-3 of volume vol created/);
+      assert.match(printed, /its outcome is not in the ledger's job history: the ledger is out of reach/);
+      await assert.rejects(
+        backupCreate({ volume: 'vol', name: 'beside-4', fromSnapshot: 'no-such-snapshot', output: 'table' }, beside),
+        (err: Error) => /no-such-snapshot/.test(err.message) && !/ledger/.test(err.message),
+      );
+    } finally {
+      store.beforeWrite = undefined;
+    }
+    const logged = readFileSync(logFile, 'utf8');
+    assert.match(
+      logged,
+      /"backup":"beside-3","outcome":"succeeded","error":"its outcome could not be recorded in the ledger: the ledger is out of reach"/,
+    );
+    assert.match(logged, /"backup":"beside-4","outcome":"failed","error":"its outcome could not be recorded/);
+    assert.equal((await history()).at(-1)?.status.result?.backup, 'beside-2', 'nothing was recorded while the ledger was out of reach');
+    rmSync(join(mnt, 'incompressible.bin'));
+    scratch.umount(full);
   });
 
   it('backup create of the idle volume (through a ticket: the agent reads the device it set up); a second one moves only the change; restore onto a loop device', async () => {

@@ -17,6 +17,7 @@ import {
   MAX_FINISHED_JOBS,
   newVolume,
   reconcile,
+  recordDirectJob,
   recordJob,
   removeTicket,
   requestJob,
@@ -210,6 +211,42 @@ describe("job tickets: the job's life", () => {
     assert.equal(doc.status.jobs?.[0]?.ticket, 'snap-05');
     assert.equal(doc.status.jobs?.at(-1)?.ticket, `snap-${MAX_FINISHED_JOBS + 4}`);
     assert.equal(finishedJob(doc, 'snap-00'), undefined);
+  });
+
+  it('a job run beside a pod without a ticket is kept like a finished one: tickets untouched, the same bound, a repeat changes nothing', () => {
+    let doc = settle(addTicket(vol(), ticket('pod', 'node-a'), T0), 'node-a');
+    const direct = (i: number, state: 'succeeded' | 'failed' = 'succeeded') => ({
+      ticket: `backup-${i}`,
+      type: 'backup' as const,
+      node: 'node-a',
+      job: { kind: 'backup' as const, backup: `b${i}` },
+      status: { state, node: 'node-a', startedAt: T1, finishedAt: T2, attempts: 1, message: `b${i} ${state}` },
+      direct: true as const,
+    });
+    const once = recordDirectJob(doc, direct(0, 'failed'));
+    assert.notEqual(once, doc, 'a new document: the input is not changed');
+    assert.equal(doc.status.jobs, undefined);
+    assert.deepEqual(once.status.jobs, [direct(0, 'failed')]);
+    assert.deepEqual({ ...once, status: { ...once.status, jobs: undefined } }, { ...doc, status: { ...doc.status, jobs: undefined } });
+    assert.equal(recordDirectJob(once, direct(0, 'failed')), once, 'the same record again (a retried write): no change');
+    assert.equal(finishedJob(once, 'backup-0')?.status.message, 'b0 failed');
+    // Interleaved with finished tickets, the newest MAX_FINISHED_JOBS stay, whichever way they came.
+    doc = once;
+    for (let i = 1; i <= MAX_FINISHED_JOBS + 3; i++) {
+      if (i % 2 === 0) doc = recordDirectJob(doc, direct(i));
+      else {
+        const id = `snap-${i}`;
+        doc = startJob(requestJob(doc, snap(id, 'node-a', `s${i}`), T0), id, 'node-a', T0);
+        doc = finishJob(recordJob(doc, id, { state: 'succeeded', message: `s${i}` }, T1), id, T1);
+      }
+    }
+    assert.equal(doc.status.jobs?.length, MAX_FINISHED_JOBS);
+    // 24 kept in all: the first 4 (backup-0, snap-1, backup-2, snap-3) went.
+    assert.equal(doc.status.jobs?.[0]?.ticket, 'backup-4');
+    assert.equal(doc.status.jobs?.at(-1)?.ticket, `snap-${MAX_FINISHED_JOBS + 3}`);
+    assert.equal(doc.status.jobs?.at(-2)?.direct, true);
+    assert.ok(isSatisfied(doc, 'pod'), "the pod's ticket is as it was");
+    assert.deepEqual(checkInvariants(doc), []);
   });
 
   it('endJob of a job no agent started finishes it at once', () => {

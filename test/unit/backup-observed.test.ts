@@ -9,12 +9,14 @@ import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 import { backupIntervals } from '../../src/jobs/recurring.js';
 import { lastOutcomes } from '../../src/cli/backup/list.js';
+import { directBackupRecord } from '../../src/jobs/direct.js';
+import { jobTicketId } from '../../src/ledger/ids.js';
 import { parseConfig } from '../../src/config.js';
 import { readWholeLog } from '../../src/agent/call-log.js';
 import { LatchMetrics } from '../../src/agent/metrics.js';
 import { writeLog } from '../../src/log.js';
-import { newVolume } from '../../src/ledger/arbitrate.js';
-import type { FinishedJob } from '../../src/ledger/types.js';
+import { newVolume, recordDirectJob } from '../../src/ledger/arbitrate.js';
+import type { FinishedJob, VolumeDoc } from '../../src/ledger/types.js';
 import { observed, triggerOf } from '../../src/node/backup-outcome.js';
 import type { Manifest } from '../../src/backup/manifest.js';
 
@@ -191,6 +193,72 @@ describe('latch backup list: the last outcome per volume', () => {
     assert.deepEqual(
       lastOutcomes(backups, [db, web], 'web').map((o) => o.volume),
       ['web'],
+    );
+  });
+
+  it('a backup run beside a pod, recorded as its job ticket would have been, counts like one: a failure, then a success', () => {
+    const at = (s: number) => `2026-11-27T10:00:${String(s).padStart(2, '0')}.000Z`;
+    const failed = directBackupRecord('db', 'db-3', 'node-a', {
+      state: 'failed',
+      message: 'the backup target is full',
+      startedAt: at(1),
+      finishedAt: at(2),
+    });
+    assert.deepEqual(failed, {
+      ticket: jobTicketId('backup', 'db', 'db-3'),
+      type: 'backup',
+      node: 'node-a',
+      job: { kind: 'backup', backup: 'db-3' },
+      status: { state: 'failed', node: 'node-a', startedAt: at(1), finishedAt: at(2), attempts: 1, message: 'the backup target is full' },
+      direct: true,
+    });
+    let db = recordDirectJob(newVolume('db', 1024, 'ext4', at(0)), failed);
+    const backups = [{ name: 'db-1', manifest: manifest('db-1', 'db', at(0)) }];
+    assert.deepEqual(
+      lastOutcomes(backups, [db]).map((o) => [o.outcome, o.backup, o.node, o.message]),
+      [['failed', 'db-3', 'node-a', 'the backup target is full']],
+      'newer than the last complete backup',
+    );
+    const succeeded = directBackupRecord('db', 'db-4', 'node-a', {
+      state: 'succeeded',
+      message: 'created',
+      startedAt: at(3),
+      finishedAt: at(5),
+    });
+    db = recordDirectJob(db, succeeded);
+    // Its manifest completed a moment before the record was written: either way the newest is a success.
+    backups.push({ name: 'db-4', manifest: manifest('db-4', 'db', at(4)) });
+    assert.deepEqual(
+      lastOutcomes(backups, [db]).map((o) => [o.outcome, o.backup, o.message]),
+      [['succeeded', 'db-4', undefined]],
+    );
+  });
+
+  it('passes over history entries and job statuses whose fields are not what latch writes (another node wrote them)', () => {
+    const at = '2026-11-27T10:00:00.000Z';
+    const good = finished('db-1', 'failed', at, 'the target is full');
+    const forged = [
+      null,
+      'text',
+      { ...good, job: null },
+      { ...good, job: { kind: 'backup', backup: 7 } },
+      { ...good, status: { ...good.status, finishedAt: 5, startedAt: undefined } },
+      { ...good, status: { ...good.status, node: { x: 1 } } },
+      { ...good, status: { ...good.status, message: ['a'] } },
+      { ...good, status: 'failed' },
+    ];
+    const db = newVolume('db', 1024, 'ext4', at);
+    (db.status as { jobs: unknown }).jobs = forged;
+    const web = newVolume('web', 1024, 'ext4', at);
+    (web.status as { jobs: unknown }).jobs = { not: 'an array' };
+    const tickets = newVolume('tickets', 1024, 'ext4', at);
+    tickets.spec.tickets = { t: { id: 't', job: { kind: 'backup', backup: 'x' } } } as unknown as VolumeDoc['spec']['tickets'];
+    (tickets.status as { tickets: unknown }).tickets = { t: { job: 'running' } };
+    assert.deepEqual(lastOutcomes([], [db, web, tickets]), []);
+    (db.status as { jobs: unknown }).jobs = [...forged, good];
+    assert.deepEqual(
+      lastOutcomes([], [db, web, tickets]).map((o) => [o.volume, o.outcome, o.message]),
+      [['db', 'failed', 'the target is full']],
     );
   });
 });

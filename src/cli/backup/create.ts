@@ -5,10 +5,11 @@ import { createBackup, defaultBackupName } from '../../backup/create.js';
 import { checkBackupName, describeTarget } from '../../backup/layout.js';
 import { checkTarget } from '../../backup/store.js';
 import { manifestExists } from '../../backup/manifest.js';
-import { LatchError } from '../../errors.js';
+import { LatchError, errorMessage } from '../../errors.js';
 import { checkVolumeName } from '../../names.js';
 import { diffingBackend, incrementalBackup } from '../../node/backup.js';
 import { observed } from '../../node/backup-outcome.js';
+import { backupSummary } from '../../node/jobs/backup.js';
 import { openBackupSource } from '../../node/snapshot.js';
 import type { Context } from '../../context.js';
 import type { BackupTarget } from '../../backup/layout.js';
@@ -19,6 +20,7 @@ import { holdersOf, jobNode, jobRequest } from '../../jobs/request.js';
 import { requestAndReport } from '../job-report.js';
 import { formatJson, type OutputFormat } from '../output.js';
 import { backupTargetOf } from '../../jobs/backup-target.js';
+import { recordDirectBackup } from '../../jobs/direct.js';
 
 export interface BackupCreateOptions {
   volume: string;
@@ -58,26 +60,49 @@ export async function backupCreate(options: BackupCreateOptions, io: CommandIO):
     return;
   }
 
-  // In use here: done now, beside the pod, without an agent; its outcome is logged for the agent's metrics.
-  const { manifest, source } = await observed(
-    config,
-    { kind: 'backup', trigger: 'manual', volume, name },
-    () => backUpHere(ctx, { target, volume, name, fromSnapshot: options.fromSnapshot, fsType: doc.status.filesystem }),
-    (made) => ({ read: made.bytesRead, written: made.manifest.stats.newBytesStored }),
-  );
+  // In use here: done now, beside the pod, without an agent. Its outcome is logged for the agent's metrics and, once
+  // known, recorded in the volume's status.jobs as a finished backup job's is (jobs/direct.ts): a failed one has no
+  // manifest, and `latch backup list` would otherwise go on showing the last success.
+  const startedAt = ctx.ledger.now();
+  let made: Awaited<ReturnType<typeof backUpHere>>;
+  try {
+    made = await observed(
+      config,
+      { kind: 'backup', trigger: 'manual', volume, name },
+      () => backUpHere(ctx, { target, volume, name, fromSnapshot: options.fromSnapshot, fsType: doc.status.filesystem }),
+      (done) => ({ read: done.bytesRead, written: done.manifest.stats.newBytesStored }),
+    );
+  } catch (err) {
+    // The command fails with the backup's own message; a record that cannot be written is only logged.
+    await recordDirectBackup(ctx, volume, name, { state: 'failed', message: errorMessage(err), startedAt });
+    throw err;
+  }
+  const { manifest, source } = made;
+  const s = manifest.stats;
+  const consistency = `${source.consistency}${source.note ? `: ${source.note}` : ''}`;
+  const notRecorded = await recordDirectBackup(ctx, volume, name, {
+    state: 'succeeded',
+    message:
+      `backup ${manifest.name} of volume ${volume} created beside the pod (${consistency}): ${formatSize(manifest.sizeBytes)}, ` +
+      `${s.newChunks} new chunk(s) (${formatSize(s.newBytesStored)} written), ${s.presentChunks} already in the target`,
+    result: { ...backupSummary(manifest, source.consistency, source.note), bytesRead: made.bytesRead },
+    startedAt,
+  });
   const { chunks, ...summary } = manifest;
   if (options.output === 'json') {
     const note = source.note !== undefined && { consistencyNote: source.note };
-    io.out(formatJson({ ...summary, chunkCount: chunks.length, consistency: source.consistency, ...note }));
+    const unrecorded = notRecorded !== undefined && { outcomeNotRecorded: notRecorded };
+    io.out(formatJson({ ...summary, chunkCount: chunks.length, consistency: source.consistency, ...note, ...unrecorded }));
     return;
   }
-  const s = manifest.stats;
   io.out(
-    `backup ${manifest.name} of volume ${volume} created in ${describeTarget(target)} (${source.consistency}${source.note ? `: ${source.note}` : ''}, from ${manifest.source}):\n` +
+    `backup ${manifest.name} of volume ${volume} created in ${describeTarget(target)} (${consistency}, from ${manifest.source}):\n` +
       `  ${formatSize(manifest.sizeBytes)}, ${s.dataChunks} data chunk(s) (${formatSize(s.dataBytes)}), ${s.holeChunks} hole(s)\n` +
       `  ${s.newChunks} new chunk(s) written (${formatSize(s.newBytesStored)} compressed), ${s.presentChunks} already in the target` +
       (manifest.parent ? ` (previous backup: ${manifest.parent})` : '') +
-      '\n',
+      '\n' +
+      // The backup is complete all the same: `backup list` finds it in the target; only the ledger's history misses it.
+      (notRecorded === undefined ? '' : `  (its outcome is not in the ledger's job history: ${notRecorded})\n`),
   );
 }
 

@@ -4,7 +4,7 @@
 // (a failed one has no manifest, and is seen only there).
 import { listBackups, type ListedBackup } from '../../backup/manifest.js';
 import { errorMessage } from '../../errors.js';
-import type { VolumeDoc } from '../../ledger/types.js';
+import type { FinishedJob, JobSpec, JobStatus, Ticket, VolumeDoc } from '../../ledger/types.js';
 import { checkVolumeName } from '../../names.js';
 import { formatSize } from '../../size.js';
 import { configOf, type CommandIO } from '../io.js';
@@ -76,13 +76,14 @@ export interface LastOutcome {
 
 /**
  * Per volume, its newest backup event: a complete backup in the target (succeeded), or a backup job in the ledger,
- * finished (succeeded or failed, with its message) or still running.
+ * finished (succeeded or failed, with its message; a backup run beside a pod is recorded the same way) or still
+ * running. The ledger is another node's writing: an entry whose fields are not what latch writes is passed over.
  */
 export function lastOutcomes(backups: ListedBackup[], docs: VolumeDoc[], volume?: string): LastOutcome[] {
   const newest = new Map<string, LastOutcome>();
-  const offer = (o: LastOutcome) => {
+  const offer = (o: LastOutcome | undefined) => {
+    if (o === undefined || (volume !== undefined && o.volume !== volume)) return;
     const seen = newest.get(o.volume);
-    if (volume !== undefined && o.volume !== volume) return;
     if (!seen || o.at > seen.at || (o.at === seen.at && o.outcome !== 'succeeded')) newest.set(o.volume, o);
   };
   for (const b of backups) {
@@ -90,30 +91,34 @@ export function lastOutcomes(backups: ListedBackup[], docs: VolumeDoc[], volume?
     if (m) offer({ volume: m.volume, outcome: 'succeeded', at: m.completedAt, backup: m.name, node: m.node });
   }
   for (const doc of docs) {
-    for (const finished of doc.status.jobs ?? []) {
-      if (finished.job.kind !== 'backup' || (finished.status.state !== 'succeeded' && finished.status.state !== 'failed')) continue;
-      offer({
-        volume: doc.name,
-        outcome: finished.status.state,
-        at: finished.status.finishedAt ?? finished.status.startedAt,
-        backup: finished.job.backup,
-        node: finished.status.node,
-        ...(finished.status.state === 'failed' && { message: finished.status.message }),
-      });
+    const jobs: unknown[] = Array.isArray(doc.status.jobs) ? doc.status.jobs : [];
+    for (const finished of jobs as Array<Partial<FinishedJob> | null>) {
+      const state = finished?.status?.state;
+      if (state !== 'succeeded' && state !== 'failed') continue;
+      offer(backupEvent(doc.name, finished?.job, finished?.status, state));
     }
-    for (const ticket of Object.values(doc.spec.tickets)) {
-      const job = doc.status.tickets[ticket.id]?.job;
-      if (ticket.job?.kind !== 'backup' || job === undefined) continue;
-      const outcome = job.state === 'failed' ? 'failed' : job.state === 'succeeded' ? 'succeeded' : 'running';
-      offer({
-        volume: doc.name,
-        outcome,
-        at: job.finishedAt ?? job.startedAt,
-        backup: ticket.job.backup,
-        node: job.node,
-        ...(outcome === 'failed' && { message: job.message }),
-      });
+    const tickets: Array<Partial<Ticket> | null> = Object.values(doc.spec.tickets);
+    const statuses = (doc.status.tickets as Partial<VolumeDoc['status']['tickets']> | undefined) ?? {};
+    for (const ticket of tickets) {
+      const job: Partial<JobStatus> | undefined = typeof ticket?.id === 'string' ? statuses[ticket.id]?.job : undefined;
+      if (job === undefined) continue;
+      offer(backupEvent(doc.name, ticket?.job, job, job.state === 'failed' || job.state === 'succeeded' ? job.state : 'running'));
     }
   }
   return [...newest.values()].sort((a, b) => a.volume.localeCompare(b.volume));
+}
+
+/** One backup job's event, if its fields are the strings latch writes (else undefined: it is not shown). */
+function backupEvent(
+  volume: string,
+  spec: Partial<JobSpec> | undefined,
+  status: Partial<JobStatus> | undefined,
+  outcome: LastOutcome['outcome'],
+): LastOutcome | undefined {
+  if (spec?.kind !== 'backup' || typeof spec.backup !== 'string') return undefined;
+  const at = status?.finishedAt ?? status?.startedAt;
+  const { node, message } = status ?? {};
+  if (typeof at !== 'string' || (node !== undefined && typeof node !== 'string')) return undefined;
+  if (outcome === 'failed' && typeof message !== 'string') return undefined;
+  return { volume, outcome, at, backup: spec.backup, ...(node !== undefined && { node }), ...(outcome === 'failed' && { message }) };
 }

@@ -169,9 +169,23 @@ export function finishJob(doc: VolumeDoc, id: string, now: string): VolumeDoc {
     job: ticket.job,
     status: { ...status, finishedAt: status.finishedAt ?? now },
   };
-  const next = removeTicket(doc, id, now);
-  next.status.jobs = [...(next.status.jobs ?? []), finished].slice(-MAX_FINISHED_JOBS);
-  return next;
+  return keepFinished(removeTicket(doc, id, now), finished);
+}
+
+/**
+ * A job a command ran itself, beside a pod, without a ticket (`latch backup create` on the node that holds the
+ * volume): its outcome is kept in status.jobs as a finished ticket's is (same shape, same bound), so that whatever
+ * reads the history sees it. The same record again (a compare-and-swap retry, a repeated write) changes nothing.
+ */
+export function recordDirectJob(doc: VolumeDoc, finished: FinishedJob & { direct: true }): VolumeDoc {
+  if ((doc.status.jobs ?? []).some((j) => isDeepStrictEqual(j, finished))) return doc;
+  return keepFinished(structuredClone(doc), finished);
+}
+
+/** Appends to status.jobs (newest last), keeping the newest MAX_FINISHED_JOBS. Changes `doc`. */
+function keepFinished(doc: VolumeDoc, finished: FinishedJob): VolumeDoc {
+  doc.status.jobs = [...(doc.status.jobs ?? []), finished].slice(-MAX_FINISHED_JOBS);
+  return doc;
 }
 
 /**

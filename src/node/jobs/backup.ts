@@ -15,7 +15,8 @@ import { openBackupSource, type BackupSource } from '../snapshot.js';
 import { setUpForJobsOnly } from './snapshot.js';
 import type { JobHandler, JobRun } from './types.js';
 
-function summary(manifest: Manifest, consistency: string, note?: string): Record<string, unknown> {
+/** What a backup job's result carries (also a backup run beside a pod's record: cli/backup/create.ts). */
+export function backupSummary(manifest: Manifest, consistency: string, note?: string): Record<string, unknown> {
   const s = manifest.stats;
   return {
     backup: manifest.name,
@@ -77,7 +78,7 @@ const backUp: JobHandler<'backup'> = {
         throw new LatchError(`a backup named ${job.backup} already exists in ${describeTarget(target)}, of volume ${manifest.volume}`);
       return {
         message: `backup ${job.backup} of volume ${volume} exists (made by an earlier attempt)`,
-        result: summary(manifest, 'done before'),
+        result: backupSummary(manifest, 'done before'),
       };
     }
     signal.throwIfAborted();
@@ -103,7 +104,7 @@ const backUp: JobHandler<'backup'> = {
           `${formatSize(made.manifest.sizeBytes)}, read ${formatSize(made.bytesRead)} from the cluster (${how}), ` +
           `${s.newChunks} new chunk(s) (${formatSize(s.newBytesStored)} written), ${s.presentChunks} already in the target`,
         result: {
-          ...summary(made.manifest, made.consistency, made.note),
+          ...backupSummary(made.manifest, made.consistency, made.note),
           bytesRead: made.bytesRead,
           ...('parent' in made.base ? { incrementalFrom: made.base.parent } : { fullRead: made.base.none }),
         },
@@ -137,7 +138,7 @@ const backUp: JobHandler<'backup'> = {
         `backup ${manifest.name} of volume ${volume} created (${source.consistency}${source.note ? `: ${source.note}` : ''}): ` +
         `${formatSize(manifest.sizeBytes)}, ` +
         `${s.newChunks} new chunk(s) (${formatSize(s.newBytesStored)} written), ${s.presentChunks} already in the target`,
-      result: { ...summary(manifest, source.consistency, source.note), bytesRead: manifest.stats.dataBytes },
+      result: { ...backupSummary(manifest, source.consistency, source.note), bytesRead: manifest.stats.dataBytes },
     };
   },
 };
