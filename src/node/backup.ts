@@ -10,7 +10,7 @@
 // backup of its name, complete, checked (authenticated when a key is configured), of the same chunk size, and every
 // chunk it lists: otherwise the backup reads everything allocated, and says why.
 import { createHash } from 'node:crypto';
-import { chunkExists, DEFAULT_CHUNK_SIZE } from '../backup/chunks.js';
+import { DEFAULT_CHUNK_SIZE, missingChunk } from '../backup/chunks.js';
 import { createBackup } from '../backup/create.js';
 import { diffChunkSource } from '../backup/delta.js';
 import type { BackupTarget } from '../backup/layout.js';
@@ -184,11 +184,11 @@ async function usableParent(
     };
   }
   if (manifest.chunkSize !== DEFAULT_CHUNK_SIZE) return { none: `the previous backup ${newest.name} has chunks of another size` };
-  for (const hash of new Set(manifest.chunks)) {
-    if (hash !== null && !(await chunkExists(target, hash))) {
-      return { none: `the previous backup ${newest.name} lacks chunk ${hash} in the target` };
-    }
-  }
+  const lacking = await missingChunk(
+    target,
+    manifest.chunks.filter((hash): hash is string => hash !== null),
+  );
+  if (lacking !== undefined) return { none: `the previous backup ${newest.name} lacks chunk ${lacking} in the target` };
   return { manifest, snapshot, codec };
 }
 

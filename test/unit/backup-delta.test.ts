@@ -3,13 +3,15 @@
 // carried over unread, a partly changed chunk laid over the previous backup's bytes, a volume that grew, and the
 // result restoring byte for byte.
 import assert from 'node:assert/strict';
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { after, describe, it } from 'node:test';
+import { missingChunk } from '../../src/backup/chunks.js';
 import { createBackup } from '../../src/backup/create.js';
+import { storeOf } from '../../src/backup/store.js';
 import { diffChunkSource } from '../../src/backup/delta.js';
 import { restoreBackup } from '../../src/backup/restore.js';
 import { configuredBackend } from '../../src/backend/index.js';
@@ -192,5 +194,43 @@ describe('the base snapshots of incremental backups', () => {
     refuseBaseName('latch-basement');
     const io = { out: () => undefined, env: {}, context: () => assert.fail('no context is needed to refuse') } as unknown as CommandIO;
     await assert.rejects(snapshotCreate({ volume: 'db', name: 'latch-base-db-1', output: 'table' }, io), /kept for the bases/);
+  });
+});
+
+describe('the look-up of the chunks a backup builds on', () => {
+  it('finds the one chunk the target lacks among many, a few look-ups at a time, and none when all are there', async () => {
+    const path = join(scratch, 'lookup');
+    const target = { type: 'dir' as const, path };
+    const ids = Array.from({ length: 200 }, (_, i) => createHash('sha256').update(`chunk ${i}`).digest('hex'));
+    for (const id of ids) {
+      mkdirSync(join(path, 'chunks', id.slice(0, 2)), { recursive: true });
+      writeFileSync(join(path, 'chunks', id.slice(0, 2), id), 'x');
+    }
+    // Counts the look-ups in flight on the target's own store (the one every backup of this target uses).
+    const store = await storeOf(target);
+    const exists = store.exists.bind(store);
+    let inFlight = 0;
+    let most = 0;
+    let calls = 0;
+    store.exists = async (key: string) => {
+      calls++;
+      most = Math.max(most, ++inFlight);
+      await new Promise((r) => setTimeout(r, 1));
+      try {
+        return await exists(key);
+      } finally {
+        inFlight--;
+      }
+    };
+    assert.equal(await missingChunk(target, [...ids, ...ids]), undefined);
+    assert.equal(calls, 200, 'each chunk looked up once, repeats included');
+    assert.ok(most > 1 && most <= 16, `${most} look-ups in flight`);
+
+    const gone = ids[150] as string;
+    rmSync(join(path, 'chunks', gone.slice(0, 2), gone));
+    calls = 0;
+    assert.equal(await missingChunk(target, ids), gone);
+    assert.ok(calls <= 200);
+    assert.equal(await missingChunk(target, []), undefined);
   });
 });
