@@ -78,9 +78,12 @@ export async function readSharedUsage(volumes: readonly string[], read: UsageRea
   return { figures, failed };
 }
 
-/** The child's deadline passed, or ceph gave up reaching the cluster (ETIMEDOUT, as doctor/rbd/cluster.ts reads it). */
+/**
+ * The child's deadline passed, or ceph gave up reaching the monitors within its --connect-timeout: it then exits 1
+ * with "timed out" (measured, ceph 16) or, elsewhere, ETIMEDOUT (110), as doctor/rbd/cluster.ts reads it.
+ */
 function clusterDidNotAnswer(err: unknown): boolean {
-  return err instanceof CommandError && (err.timedOut || err.exitCode === 110);
+  return err instanceof CommandError && (err.timedOut || err.exitCode === 110 || /timed out/i.test(err.stderrTail));
 }
 
 /**

@@ -27,15 +27,16 @@ function sample(text: string, series: string): number | undefined {
   return line === undefined ? undefined : Number(line.slice(series.length + 1));
 }
 
-function timedOut(): CommandError {
-  return new CommandError('ceph timed out after 20000 ms', {
+/** ceph killed at its deadline, or ceph giving up on the monitors after --connect-timeout (exit 1, "timed out"). */
+function timedOut(how: 'deadline' | 'connect'): CommandError {
+  return new CommandError(how === 'deadline' ? 'ceph timed out after 20000 ms' : 'ceph exited with 1: timed out', {
     command: 'ceph',
     args: ['fs', 'subvolume', 'info'],
-    exitCode: undefined,
-    signal: 'SIGTERM',
-    stderrTail: '',
-    timedOut: true,
-    durationMs: 20000,
+    exitCode: how === 'deadline' ? undefined : 1,
+    signal: how === 'deadline' ? 'SIGTERM' : undefined,
+    stderrTail: how === 'deadline' ? '' : 'timed out',
+    timedOut: how === 'deadline',
+    durationMs: how === 'deadline' ? 20000 : 10000,
   });
 }
 
@@ -99,21 +100,23 @@ describe('shared volume quota and use', () => {
 
   it('once the cluster does not answer in time, the volumes not started yet are skipped for the round', async () => {
     const volumes = Array.from({ length: 12 }, (_, i) => `v${String(i).padStart(2, '0')}`);
-    const { read, asked } = fakeReader({
-      ...Object.fromEntries(volumes.map((v) => [v, { usedBytes: 1, quotaBytes: 2 }])),
-      v00: timedOut(),
-    });
-    const logged: Record<string, unknown>[] = [];
-    const round = await readSharedUsage(volumes, read, (e) => logged.push(e));
-    // v00 times out; the reads already started with it (a few at a time) finish, nothing more starts.
-    assert.ok(asked.length < volumes.length, `${asked.length} of ${volumes.length} read`);
-    assert.ok(asked.length <= 4, `at most 4 reads at a time: ${asked.join(' ')}`);
-    assert.equal(round.figures.size, asked.length - 1);
-    assert.equal(round.failed, volumes.length - round.figures.size, 'every volume without figures is counted');
-    assert.ok(
-      logged.some((e) => /not read this round: the cluster did not answer in time/.test(String(e.error))),
-      JSON.stringify(logged),
-    );
+    for (const how of ['deadline', 'connect'] as const) {
+      const { read, asked } = fakeReader({
+        ...Object.fromEntries(volumes.map((v) => [v, { usedBytes: 1, quotaBytes: 2 }])),
+        v00: timedOut(how),
+      });
+      const logged: Record<string, unknown>[] = [];
+      const round = await readSharedUsage(volumes, read, (e) => logged.push(e));
+      // v00 times out; the reads already started with it (a few at a time) finish, nothing more starts.
+      assert.ok(asked.length < volumes.length, `${how}: ${asked.length} of ${volumes.length} read`);
+      assert.ok(asked.length <= 4, `${how}: at most 4 reads at a time: ${asked.join(' ')}`);
+      assert.equal(round.figures.size, asked.length - 1);
+      assert.equal(round.failed, volumes.length - round.figures.size, 'every volume without figures is counted');
+      assert.ok(
+        logged.some((e) => /not read this round: the cluster did not answer in time/.test(String(e.error))),
+        JSON.stringify(logged),
+      );
+    }
     // An ordinary failure does not stop the round.
     const other = fakeReader({ ...Object.fromEntries(volumes.map((v) => [v, { usedBytes: 1, quotaBytes: 2 }])), v00: new Error('EPERM') });
     const all = await readSharedUsage(volumes, other.read, () => undefined);
