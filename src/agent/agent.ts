@@ -1,8 +1,9 @@
 // The node's agent: the long-running process of a node (a DaemonSet or a systemd unit), one per node, started by
 // `latch agent`. Every agent.intervalSeconds it runs the tasks of tasks.ts (reaping tickets, releasing this node's holds
-// its kernel proves stale, the cheap doctor checks); on every ledger change (Store.watch) and every interval its job
-// runner (jobs/runner.ts) does the job tickets granted to this node; and it serves /metrics on agent.listen (loopback by
-// default). It keeps nothing the ledger does not hold, so it may be killed and restarted at any moment (docs/jobs.md).
+// its kernel proves stale, the cheap doctor checks, the quota and use of its shared volumes); on every ledger change
+// (Store.watch) and every interval its job runner (jobs/runner.ts) does the job tickets granted to this node; and it
+// serves /metrics on agent.listen (loopback by default). It keeps nothing the ledger does not hold, so it may be
+// killed and restarted at any moment (docs/jobs.md).
 import { createServer, type Server } from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Config } from '../config.js';

@@ -1,12 +1,14 @@
 // latch's metrics in Prometheus's text format, through prom-client (loaded only by `latch agent` and `latch metrics`):
 // what the ledger knows right now (gauges, read at each scrape), what the driver did (counters and a latency
-// histogram, from the call log's lines: call-log.ts) and what the cheap doctor checks found. The names are in
-// METRIC_NAMES; test/unit/metrics.test.ts checks that the shipped dashboard and alert rules use only these.
+// histogram, from the call log's lines: call-log.ts), what the cheap doctor checks found and the quota and use of the
+// shared volumes this node holds (each agent round: shared-usage.ts). The names are in METRIC_NAMES;
+// test/unit/monitoring.test.ts checks that the shipped dashboard and alert rules use only these.
 import type * as PromClient from 'prom-client';
 import type { Context } from '../context.js';
 import type { Finding } from '../doctor/findings.js';
 import type { VolumeListing } from '../ledger/ledger.js';
 import type { CallLogLine } from './call-log.js';
+import type { UsageRound } from './shared-usage.js';
 
 export const METRIC_NAMES = {
   volumes: 'latch_volumes',
@@ -27,6 +29,9 @@ export const METRIC_NAMES = {
   recurringLastSuccess: 'latch_recurring_backup_last_success_timestamp_seconds',
   recurringLastFailure: 'latch_recurring_backup_last_failure_timestamp_seconds',
   recurringInterval: 'latch_recurring_backup_interval_seconds',
+  sharedQuota: 'latch_shared_volume_quota_bytes',
+  sharedUsed: 'latch_shared_volume_used_bytes',
+  sharedInfoFailures: 'latch_shared_volume_info_failures_total',
 } as const;
 
 // The label values a backup outcome line may carry (node/backup-outcome.ts); a line with anything else is skipped,
@@ -63,6 +68,9 @@ export class LatchMetrics {
   private readonly recurringLastSuccess: PromClient.Gauge;
   private readonly recurringLastFailure: PromClient.Gauge;
   private readonly recurringInterval: PromClient.Gauge;
+  private readonly sharedQuota: PromClient.Gauge;
+  private readonly sharedUsed: PromClient.Gauge;
+  private readonly sharedInfoFailures: PromClient.Counter;
   /** The values of the two recurring gauges, by outcome, job and volume (bounded as they are). */
   private readonly recurringLatest = new Map<string, number>();
 
@@ -174,8 +182,26 @@ export class LatchMetrics {
       labelNames: ['recurring'],
       registers,
     });
+    this.sharedQuota = new Gauge({
+      name: METRIC_NAMES.sharedQuota,
+      help: "The quota of each shared (CephFS) volume this node holds, in bytes: its size (the cluster's figure, as of the agent's last round)",
+      labelNames: ['volume'],
+      registers,
+    });
+    this.sharedUsed = new Gauge({
+      name: METRIC_NAMES.sharedUsed,
+      help: "The bytes used in each shared (CephFS) volume this node holds (the cluster's figure, as of the agent's last round)",
+      labelNames: ['volume'],
+      registers,
+    });
+    this.sharedInfoFailures = new Counter({
+      name: METRIC_NAMES.sharedInfoFailures,
+      help: 'Reads of the quota and use of a shared volume this node holds that failed or were skipped (one per volume and round)',
+      registers,
+    });
     // Every series exists from the start, so alerts and dashboards see 0 rather than nothing.
     this.released.inc(0);
+    this.sharedInfoFailures.inc(0);
     for (const reason of ['expired', 'abandoned']) this.reaped.inc({ reason }, 0);
     for (const kind of BACKUP_KINDS) {
       for (const trigger of BACKUP_TRIGGERS) {
@@ -227,6 +253,17 @@ export class LatchMetrics {
   setRecurringIntervals(intervals: ReadonlyMap<string, number>): void {
     this.recurringInterval.reset();
     for (const [recurring, seconds] of intervals) this.recurringInterval.set({ recurring }, seconds);
+  }
+
+  /** The figures of the shared volumes this node holds (shared-usage.ts): a volume without figures this round has no series. */
+  setSharedVolumeUsage(round: UsageRound): void {
+    this.sharedQuota.reset();
+    this.sharedUsed.reset();
+    for (const [volume, usage] of round.figures) {
+      this.sharedUsed.set({ volume }, usage.usedBytes);
+      if (usage.quotaBytes !== undefined) this.sharedQuota.set({ volume }, usage.quotaBytes);
+    }
+    this.sharedInfoFailures.inc(round.failed);
   }
 
   /** The ledger as it is now (undefined: it could not be read). */

@@ -12,6 +12,7 @@ import { runLedgerChecks } from '../doctor/run.js';
 import { backupIntervals, runRecurringJobs } from '../jobs/recurring.js';
 import { thawFreezesLeftBehind } from './startup.js';
 import type { LatchMetrics } from './metrics.js';
+import { gatherSharedVolumeUsage } from './shared-usage.js';
 
 /** What a task may use besides the context: the metrics it feeds and the log. */
 export interface AgentRun {
@@ -83,13 +84,28 @@ const recurringJobs: AgentTask = {
   },
 };
 
+/** The quota and use of the shared volumes this node holds, read from the cluster (shared-usage.ts). */
+const sharedVolumeUsage: AgentTask = {
+  name: 'shared-volume-usage',
+  async run({ ctx, log, metrics }) {
+    metrics.setSharedVolumeUsage(await gatherSharedVolumeUsage(ctx, log));
+  },
+};
+
 /** Thaws the freezes a latch process lost track of: killed while frozen, or a freeze that landed after its deadline. */
 const thawLeftoverFreezes: AgentTask = {
   name: 'thaw-leftover-freezes',
   run: ({ ctx, log }) => thawFreezesLeftBehind(ctx.config, log),
 };
 
-export const AGENT_TASKS: readonly AgentTask[] = [thawLeftoverFreezes, reapTickets, releaseStaleHolds, recurringJobs, doctorFindings];
+export const AGENT_TASKS: readonly AgentTask[] = [
+  thawLeftoverFreezes,
+  reapTickets,
+  releaseStaleHolds,
+  recurringJobs,
+  doctorFindings,
+  sharedVolumeUsage,
+];
 
 /**
  * A context for one task round over the agent's long-lived one: the same store, backend and system, but its own call

@@ -395,8 +395,9 @@ class CephFuseClient implements SharedClient {
 export function sharedVolumesFor(config: Pick<Config, 'backend' | 'maxSize' | 'commandTimeout'>): SharedVolumes | undefined {
   const rbd = config.backend;
   if (rbd.type !== 'rbd' || rbd.cephfs === undefined) return undefined;
-  const identity = { cephConf: rbd.cephConf, clientId: rbd.clientId, keyring: rbd.keyring };
   const timeoutMs = config.commandTimeout * 1000;
+  // Every ceph call as this identity (subvolume info, create, resize, snapshots) gets the configured deadline.
+  const identity = { cephConf: rbd.cephConf, clientId: rbd.clientId, keyring: rbd.keyring, commandTimeoutMs: timeoutMs };
   const kind = chooseCephFsClient(rbd.cephfs.client);
   const client =
     kind === 'kernel'

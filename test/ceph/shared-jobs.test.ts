@@ -2,7 +2,8 @@
 // (test/ceph/mds.ts): `latch snapshot create` asks the node agent's job runner (in process here) for a CephFS
 // subvolume snapshot through a snapshot ticket, `latch volume clone --from-snapshot` has the clone job make the
 // manager copy it into a new shared volume, and `latch backup create` / `latch volume restore` carry a shared volume's
-// files through a tar stream in the chunk engine into a new shared volume. Every command runs as node-a's own
+// files through a tar stream in the chunk engine into a new shared volume; `latch metrics` and the agent's round give
+// the quota and use of the shared volumes node-a holds, as the cluster has them. Every command runs as node-a's own
 // identity, whose caps reach only latch's subvolume group (cephfsNodeCaps): what it may do is what the jobs need.
 // Every FUSE mount lives under the cluster's dir, whose teardown aborts them through fusectl, also after a failure.
 // Needs root, Debian's ceph, ceph-mds and ceph-fuse packages; skips with a message otherwise.
@@ -32,6 +33,10 @@ import { snapshotList } from '../../src/cli/snapshot/list.js';
 import { volumeClone } from '../../src/cli/volume/clone.js';
 import { volumeRestore } from '../../src/cli/volume/restore.js';
 import { backupCreate } from '../../src/cli/backup/create.js';
+import { metrics } from '../../src/cli/metrics.js';
+import { LatchMetrics } from '../../src/agent/metrics.js';
+import { AGENT_TASKS, runAgentTasks } from '../../src/agent/tasks.js';
+import { volumeExpand } from '../../src/cli/volume/expand.js';
 import { createSharedVolume, sharedVolumesOf } from '../../src/node/shared.js';
 import { cephfsNodeCaps } from '../../src/sys/cephfs.js';
 import { readMountInfo } from '../../src/sys/mounts.js';
@@ -268,6 +273,94 @@ describe('jobs on shared volumes through tickets', { skip }, () => {
       assert.deepEqual(doc?.status.nodes, {}, 'the hold is released');
       const { manifestExists } = await import('../../src/backup/manifest.js');
       assert.equal(await manifestExists({ type: 'dir', path: join(work, 'target') }, 'hung1'), false, 'nothing was published');
+    },
+  );
+  it(
+    "latch metrics and the agent's round: the quota and use of the shared volumes node-a holds, from the cluster; none once it lets go",
+    { timeout: 180_000 },
+    async (t) => {
+      await createSharedVolume(ctx, 'shq', 32 * MiB, 'ext4');
+      /** The figures `latch metrics` prints for shq (undefined: no series). */
+      const figures = async () => {
+        printed = '';
+        await metrics({}, io);
+        const value = (series: string) => {
+          const line = printed.split('\n').find((l) => l.startsWith(`${series}{volume="shq"} `));
+          return line === undefined ? undefined : Number(line.split(' ').at(-1));
+        };
+        const failures = /^latch_shared_volume_info_failures_total (\S+)$/m.exec(printed)?.[1];
+        return {
+          quota: value('latch_shared_volume_quota_bytes'),
+          used: value('latch_shared_volume_used_bytes'),
+          failures: Number(failures),
+        };
+      };
+      /** Asks until `ok` holds: the MDS propagates a write's bytes to the subvolume's recursive size lazily. */
+      const until = async (ok: (f: Awaited<ReturnType<typeof figures>>) => boolean, what: string) => {
+        let last = await figures();
+        for (let i = 0; i < 30 && !ok(last); i++) {
+          await sleep(1000);
+          last = await figures();
+        }
+        assert.ok(ok(last), `${what}: ${JSON.stringify(last)}`);
+        return last;
+      };
+
+      assert.deepEqual(await figures(), { quota: undefined, used: undefined, failures: 0 }, 'not held by node-a: no series');
+      const ticket = {
+        id: 'w-metrics',
+        type: 'workload' as const,
+        nodeID: 'node-a',
+        parameters: { readOnly: false },
+        requestedBy: {},
+      };
+      const held = await ctx.ledger.addTicket('shq', ticket);
+      assert.equal(held?.status.nodes['node-a']?.phase, 'granted', 'node-a holds shq');
+      try {
+        const before = await figures();
+        assert.equal(before.quota, 32 * MiB, 'the quota is the size');
+        assert.ok(before.used !== undefined && before.used < MiB, `an empty volume: ${before.used}`);
+        assert.equal(before.failures, 0);
+
+        await withMount('shq', (dir) => writeFileSync(join(dir, 'data.bin'), Buffer.alloc(8 * MiB, 1)));
+        const written = await until((f) => (f.used ?? 0) >= (before.used ?? 0) + 8 * MiB, 'used grows by the 8 MiB written');
+        assert.ok((written.used ?? 0) < 9 * MiB, `the bytes written, not more: ${written.used}`);
+        assert.equal(written.quota, 32 * MiB);
+
+        printed = '';
+        await volumeExpand({ name: 'shq', size: '48Mi' }, io);
+        assert.match(printed, /quota raised to 48/);
+        const grown = await figures();
+        assert.equal(grown.quota, 48 * MiB, 'the new quota, at once');
+        assert.equal(grown.used, written.used);
+        assert.equal(grown.failures, 0, 'no read failed');
+        // The agent's round sets the same gauges.
+        const agent = await LatchMetrics.create();
+        await runAgentTasks(
+          ctx.config,
+          () => ctx,
+          agent,
+          AGENT_TASKS.filter((task) => task.name === 'shared-volume-usage'),
+        );
+        const served = await agent.text();
+        assert.match(served, new RegExp(`^latch_shared_volume_quota_bytes\\{volume="shq"\\} ${48 * MiB}$`, 'm'));
+        assert.match(served, new RegExp(`^latch_shared_volume_used_bytes\\{volume="shq"\\} ${grown.used}$`, 'm'));
+
+        // A held shared volume without a subvolume (the ledger's word only): no figures, counted and logged; shq's stay.
+        await ctx.ledger.addTicket('shq-none', ticket, { sizeBytes: 32 * MiB, fsType: 'ext4', shared: true });
+        const oneFailed = await figures();
+        assert.deepEqual(oneFailed, { ...grown, failures: 1 });
+        assert.doesNotMatch(printed, /volume="shq-none"/);
+        const logged = readFileSync(join(work, 'latch.log'), 'utf8');
+        assert.match(logged, /"command":"metrics".*"volume":"shq-none","error":"shared volume has no subvolume/);
+        t.diagnostic(`shq: used ${before.used} -> ${written.used} bytes; quota ${before.quota} -> ${grown.quota} bytes`);
+      } finally {
+        await ctx.ledger.removeTicket('shq', ticket.id);
+        await ctx.ledger.removeTicket('shq-none', ticket.id);
+      }
+      const released = await ctx.ledger.get('shq');
+      assert.deepEqual(released?.status.nodes, {}, 'node-a no longer holds shq');
+      assert.deepEqual(await figures(), { quota: undefined, used: undefined, failures: 0 }, 'no longer held: no series');
     },
   );
 });

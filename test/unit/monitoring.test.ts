@@ -170,6 +170,7 @@ describe('the shipped dashboard and alert rules', () => {
       'LatchDoctorFinding',
       'LatchRecurringBackupFailed',
       'LatchRecurringBackupLate',
+      'LatchSharedVolumeNearlyFull',
     ]) {
       assert.ok(alerts.includes(`alert ${name}`), `the rules have ${name}`);
     }
