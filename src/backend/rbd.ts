@@ -390,6 +390,15 @@ export class RbdBackend implements Backend {
       cancel();
       throw new LatchError(`rbd export-diff of ${this.spec(image)}@${name} reported snapshot ${diff.toSnap}`);
     }
+    // A diff of another size, or from another start, describes some other image: whatever it says is not this snapshot.
+    if (diff.sizeBytes !== snap.size || diff.fromSnap !== from) {
+      cancel();
+      throw new LatchError(
+        `rbd export-diff of ${this.spec(image)}@${name} reported ${diff.sizeBytes} bytes` +
+          (diff.fromSnap === undefined ? '' : ` from snapshot ${diff.fromSnap}`) +
+          `, where the snapshot has ${snap.size}${from === undefined ? '' : ` and the diff starts at ${from}`}`,
+      );
+    }
     async function* records(): AsyncGenerator<DiffRecord> {
       try {
         yield* diff.records;
