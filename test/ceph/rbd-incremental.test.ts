@@ -352,6 +352,9 @@ describe('incremental rbd backups from Ceph', { skip: cephSkipReason() }, () => 
       const expected = dataOf(snapModel);
       assert.equal(result.dataBytes, expected.blocks * MiB, 'the blocks holding data were written, the block of zeros was not');
       assert.deepEqual(exports, [], 'no export of the snapshot under mountDir');
+      let listed = 0;
+      for await (const extent of backend.allocatedExtents('c1')) listed += extent.length;
+      assert.equal(listed, expected.objects * 4 * MiB, 'rbd diff of the clone lists the objects of the data, whole');
       assert.ok(grewBytes < MiB, `mountDir grew by ${grewBytes} bytes outside the mount points during the clone`);
       assert.ok((await readVolume('c1')).equals(snapModel), 'the clone holds the snapshot, byte for byte');
       const used = await usedBytes('c1');
@@ -432,7 +435,7 @@ describe('incremental rbd backups from Ceph', { skip: cephSkipReason() }, () => 
           let copied;
           const started = performance.now();
           try {
-            copied = await copyOnto(source, device, { fresh: false, signal });
+            copied = await copyOnto(source, device, { fresh: false, allocated: backend.allocatedExtents('c3'), signal });
           } finally {
             await source.release();
           }
@@ -493,6 +496,14 @@ describe('incremental rbd backups from Ceph', { skip: cephSkipReason() }, () => 
           bytes.subarray(SIZE).every((x) => x === 0),
           'zeros past it',
         );
+        // Only what was there was zeroed: the objects of the data and of the earlier bytes, not all of the image.
+        const objects = new Set<number>();
+        for (const model of [snapModel, junk]) {
+          for (let o = 0; o < model.length / (4 * MiB); o++)
+            if (model.subarray(o * 4 * MiB, (o + 1) * 4 * MiB).some((x) => x !== 0)) objects.add(o);
+        }
+        const used = await usedBytes('c3');
+        assert.ok(used <= objects.size * 4 * MiB, `the image uses ${used} bytes, at most its ${objects.size} objects written`);
       },
     );
   });

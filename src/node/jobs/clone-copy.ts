@@ -14,7 +14,9 @@
 // The writer (one for both): a data block is written at its offset, unless it is all zeros; zeros are never written
 // but zeroed as holes (`blkdiscard --zeroout`), and so is NEW past the source's size, unless NEW has never been
 // written (a fresh thin image reads zeros: it stays as thin as the source). A repeat after a kill finds NEW written,
-// so it zeroes every hole: whatever the earlier run left where the source has zeros goes.
+// so it zeroes the holes, whatever the earlier run left where the source has zeros: where the storage lists NEW's
+// allocated extents (rbd), only the parts of the holes inside them (the rest reads zeros already; zeroing it through
+// rbd-fuse would write zeros, and allocate all of NEW), else all of them.
 //
 // The check: while writing, a digest of the source's content, sha256 over (offset, bytes) of each block that is not
 // all zeros. After the copy the device is flushed, its cached blocks dropped, and every byte of it read back: the
@@ -175,10 +177,19 @@ class ContentDigest {
   }
 }
 
-/** Writes the source onto NEW's device (see above); `fresh`: NEW was never written, holes need no zeroing. */
-export async function copyOnto(source: CloneSource, device: string, options: { fresh: boolean; signal: AbortSignal }): Promise<CopyReport> {
+export interface CopyOptions {
+  /** NEW was never written: holes need no zeroing. */
+  fresh: boolean;
+  /** Else, where the storage can tell, NEW's allocated extents in order: only those parts of the holes are zeroed. */
+  allocated?: AsyncIterable<{ offset: number; length: number }> | undefined;
+  signal: AbortSignal;
+}
+
+/** Writes the source onto NEW's device (see above). */
+export async function copyOnto(source: CloneSource, device: string, options: CopyOptions): Promise<CopyReport> {
   const { sizeBytes } = source;
   const { handle: output } = await openImage(device, 'r+');
+  const allocated = options.fresh ? undefined : options.allocated && new Allocation(options.allocated);
   try {
     const deviceBytes = await blockDeviceSize(device);
     if (deviceBytes < sizeBytes) throw new LatchError(`${device} holds ${deviceBytes} bytes, less than the source's ${sizeBytes}`);
@@ -187,7 +198,10 @@ export async function copyOnto(source: CloneSource, device: string, options: { f
     let end = 0;
     let holeStart: number | undefined;
     const closeHole = async (at: number) => {
-      if (holeStart !== undefined && !options.fresh) await zeroRange(output, device, holeStart, at - holeStart);
+      if (holeStart !== undefined && !options.fresh) {
+        const ranges = allocated ? await allocated.within(holeStart, at) : [{ offset: holeStart, length: at - holeStart }];
+        for (const range of ranges) await zeroRange(output, device, range.offset, range.length);
+      }
       holeStart = undefined;
     };
     for await (const piece of source.pieces) {
@@ -217,7 +231,50 @@ export async function copyOnto(source: CloneSource, device: string, options: { f
     await output.sync();
     return { sizeBytes, deviceBytes, dataBytes, contentSha256: digest.hex() };
   } finally {
+    await allocated?.close().catch(() => undefined);
     await output.close();
+  }
+}
+
+/** NEW's allocated extents, walked forward once as the holes come in order. */
+class Allocation {
+  private readonly extents: AsyncIterator<{ offset: number; length: number }>;
+  private current: { offset: number; end: number } | undefined;
+  private done = false;
+
+  constructor(extents: AsyncIterable<{ offset: number; length: number }>) {
+    this.extents = extents[Symbol.asyncIterator]();
+  }
+
+  /** The parts of [from, to) that are allocated (`from` never below an earlier call's `to`). */
+  async within(from: number, to: number): Promise<{ offset: number; length: number }[]> {
+    const ranges = [];
+    for (;;) {
+      if (this.current === undefined) {
+        if (this.done) break;
+        const next = await this.extents.next();
+        if (next.done) {
+          this.done = true;
+          break;
+        }
+        this.current = { offset: next.value.offset, end: next.value.offset + next.value.length };
+      }
+      if (this.current.end <= from) {
+        this.current = undefined;
+        continue;
+      }
+      if (this.current.offset >= to) break;
+      const offset = Math.max(from, this.current.offset);
+      ranges.push({ offset, length: Math.min(to, this.current.end) - offset });
+      if (this.current.end > to) break;
+      this.current = undefined;
+    }
+    return ranges;
+  }
+
+  /** Stops the listing (its tool) where the copy is done with it. */
+  async close(): Promise<void> {
+    await this.extents.return?.();
   }
 }
 

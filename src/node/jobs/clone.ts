@@ -79,7 +79,7 @@ async function cloneInto(job: CloneJob, run: JobRun) {
     // device's dirty pages (an attempt killed on this node) are flushed first, so that the storage says all that was.
     await flushDevice(device);
     const fresh = (await ctx.backend.isUnwritten?.(volume)) === true;
-    copied = await copyOnto(source, device, { fresh, signal });
+    copied = await copyOnto(source, device, { fresh, allocated: ctx.backend.allocatedExtents?.(volume), signal });
     // An idle image read directly: refused if SOURCE was asked for or written meanwhile (the job fails; run it again).
     await source.beforeUse?.();
   } finally {
