@@ -414,6 +414,22 @@ describe('incremental rbd backups from Ceph', { skip: cephSkipReason() }, () => 
         assert.deepEqual(await snapshots('csrc'), ['cs1'], "the leftover and the clone's own temporary snapshot are gone");
         assert.ok((await readVolume('c2')).equals(liveModel), 'the clone holds the volume as it was, byte for byte');
         assert.ok((await usedBytes('c2')) <= dataOf(liveModel).objects * 4 * MiB);
+
+        // A copy that fails (stopped before its first block) removes its temporary snapshot all the same.
+        const source = await openCloneSource(ctx, 'csrc', undefined);
+        assert.equal(source.consistency, 'idle');
+        assert.equal((await snapshots('csrc')).length, 2, 'its temporary snapshot is there while it is read');
+        const device = await backend.attach('c2');
+        const stop = new AbortController();
+        stop.abort(new Error('stopped for the test'));
+        try {
+          await assert.rejects(copyOnto(source, device, { fresh: false, signal: stop.signal }), /stopped for the test/);
+        } finally {
+          await source.release();
+          await backend.release('c2');
+        }
+        assert.deepEqual(await snapshots('csrc'), ['cs1'], 'and gone after');
+        assert.ok((await readVolume('c2')).equals(liveModel), 'nothing was written');
       },
     );
 

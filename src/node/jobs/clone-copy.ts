@@ -26,6 +26,7 @@
 // partial copy, an older image); and the source's side is complete, the diff's tool having exited cleanly after its
 // end record. The digest skips zero blocks so that a large thin volume costs no hashing of its holes.
 import { createHash, type Hash } from 'node:crypto';
+import type { FileHandle } from 'node:fs/promises';
 import { isAllZero } from '../../backup/chunks.js';
 import { readExactly } from '../../backup/files.js';
 import { openImage } from '../../backup/source.js';
@@ -108,7 +109,7 @@ export async function openCloneSource(ctx: Context, volume: string, fromSnapshot
 }
 
 /** An image file, block by block. */
-async function* imageBlocks(handle: Awaited<ReturnType<typeof openImage>>['handle'], sizeBytes: number, path: string) {
+async function* imageBlocks(handle: FileHandle, sizeBytes: number, path: string): AsyncGenerator<Piece> {
   for (let offset = 0; offset < sizeBytes; offset += BLOCK) {
     const data = await readExactly(handle, Math.min(BLOCK, sizeBytes - offset), offset, path);
     yield isAllZero(data) ? { offset, zeros: data.length } : { offset, data };
