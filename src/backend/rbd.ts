@@ -294,9 +294,10 @@ export class RbdBackend implements Backend {
     );
   }
 
-  // Snapshots (issue 14): Ceph's own, so taking one costs nothing until the image changes. Reading one for a backup
-  // exports it to a sparse file in the node's mountDir (the rbd-fuse client maps images, not snapshots), removed on
-  // release. Kept at the end of the class, in one block.
+  // Snapshots (issue 14): Ceph's own, so taking one costs nothing until the image changes. Backups and clones read a
+  // snapshot's extents as a stream (snapshotDiff); openSnapshot, the whole snapshot exported to a sparse file in the
+  // node's mountDir (the rbd-fuse client maps images, not snapshots), removed on release, serves what needs a file.
+  // Kept at the end of the class, in one block.
 
   async createSnapshot(volume: string, name: string): Promise<SnapshotInfo> {
     const image = checkVolumeName(volume);
