@@ -402,6 +402,9 @@ export class RbdBackend implements Backend {
    */
   async snapshotDiff(volume: string, name: string, from: string | undefined): Promise<SnapshotDiff> {
     const image = checkVolumeName(volume);
+    // Names from the ledger (a clone's snapshot) are checked as createSnapshot checked those it made.
+    checkVolumeName(name, 'snapshot name', 200);
+    if (from !== undefined) checkVolumeName(from, 'snapshot name', 200);
     const snap = (await rbdSnapList(this.identity, this.pool, image)).find((s) => s.name === name);
     if (!snap) throw new LatchError(`volume ${volume} has no snapshot named ${name} (latch snapshot list ${volume})`);
     // Bounded like an export of the whole snapshot: about 20 MB/s, and never less than 10 minutes.

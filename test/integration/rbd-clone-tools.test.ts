@@ -118,6 +118,9 @@ describe('a clone checks what the rbd tools report (fake rbd)', () => {
     writeFileSync(join(state, 'export-diff'), diffStream(64 * MiB, { from: 'older' }));
     await assert.rejects(readDiff(), /reported 67108864 bytes from snapshot older, where the snapshot has 67108864/);
     await assert.rejects(readDiff('base'), /where the snapshot has 67108864 and the diff starts at base/);
+    // A name from a forged ledger document is refused before any tool runs.
+    await assert.rejects(backend.snapshotDiff('vol', '../s1', undefined), /snapshot name/);
+    await assert.rejects(backend.snapshotDiff('vol', 's1', '-x'), /snapshot name/);
   });
 
   it('reads the allocation listing, zero extents left out', async () => {
