@@ -42,6 +42,9 @@ function lazyRbdBackend(rbd: RbdBackendConfig, maxSize: number, timeoutMs: numbe
     release: async (volume) => (await backend()).release(volume),
     grow: async (volume, sizeBytes) => (await backend()).grow(volume, sizeBytes),
     isUnwritten: async (volume) => (await backend()).isUnwritten(volume),
+    allocatedExtents: async function* (volume) {
+      yield* (await backend()).allocatedExtents(volume);
+    },
     // The snapshot operations (SnapshotBackend), which the rbd backend has.
     createSnapshot: async (volume, name) => (await backend()).createSnapshot(volume, name),
     listSnapshots: async (volume) => (await backend()).listSnapshots(volume),

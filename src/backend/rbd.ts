@@ -7,6 +7,7 @@
 // fence can name it even after the node lost contact with the cluster, and refuses a read-write map while a client
 // the ledger does not know of has the image open or locked.
 import { mkdir, readFile, rm, unlink } from 'node:fs/promises';
+import { createInterface } from 'node:readline';
 import { writeFileAtomic } from '../atomic-file.js';
 import type { RbdClientKind } from '../config.js';
 import { LatchError } from '../errors.js';
@@ -15,6 +16,7 @@ import { formatSize } from '../size.js';
 import { withHostLock } from '../sys/lock.js';
 import {
   isClientInstance,
+  rbdAllocation,
   rbdClones,
   rbdCreate,
   rbdExportDiff,
@@ -292,9 +294,10 @@ export class RbdBackend implements Backend {
     );
   }
 
-  // Snapshots (issue 14): Ceph's own, so taking one costs nothing until the image changes. Reading one for a backup
-  // exports it to a sparse file in the node's mountDir (the rbd-fuse client maps images, not snapshots), removed on
-  // release. Kept at the end of the class, in one block.
+  // Snapshots (issue 14): Ceph's own, so taking one costs nothing until the image changes. Backups and clones read a
+  // snapshot's extents as a stream (snapshotDiff); openSnapshot, the whole snapshot exported to a sparse file in the
+  // node's mountDir (the rbd-fuse client maps images, not snapshots), removed on release, serves what needs a file.
+  // Kept at the end of the class, in one block.
 
   async createSnapshot(volume: string, name: string): Promise<SnapshotInfo> {
     const image = checkVolumeName(volume);
@@ -328,6 +331,38 @@ export class RbdBackend implements Backend {
   /** `rbd du` of the image itself: no object written, nothing used. */
   async isUnwritten(volume: string): Promise<boolean> {
     return (await rbdUsage(this.identity, this.pool, checkVolumeName(volume))).get('') === 0;
+  }
+
+  /**
+   * The image's allocated extents, in order (`rbd diff --whole-object`, streamed: a line at a time, whatever the size);
+   * everything else reads as zeros. Refuses a listing out of order or past the image's size.
+   */
+  async *allocatedExtents(volume: string): AsyncGenerator<{ offset: number; length: number }> {
+    const image = checkVolumeName(volume);
+    const info = await rbdInfo(this.identity, this.pool, image);
+    if (info === undefined) throw new LatchError(`volume ${volume} has no image ${this.spec(image)}`);
+    const child = rbdAllocation(this.identity, this.pool, image, Math.max(600_000, info.size / 1_000_000));
+    try {
+      let end = 0;
+      for await (const line of createInterface({ input: child.stdout, crlfDelay: Infinity })) {
+        const text = line.trim();
+        if (text === '' || /^Offset\s+Length\s+Type$/.test(text)) continue;
+        const m = /^(\d{1,16})\s+(\d{1,16})\s+(data|zero)$/.exec(text);
+        const offset = Number(m?.[1]);
+        const length = Number(m?.[2]);
+        if (!m || offset < end || offset + length > info.size || !Number.isSafeInteger(offset + length)) {
+          throw new LatchError(
+            `rbd diff of ${this.spec(image)} listed ${JSON.stringify(text.slice(0, 80))}, not an extent in order within its size`,
+          );
+        }
+        end = offset + length;
+        // A `zero` extent (discarded) reads as zeros.
+        if (m[3] === 'data' && length > 0) yield { offset, length };
+      }
+      await child.done;
+    } finally {
+      child.kill();
+    }
   }
 
   async snapshotNames(volume: string): Promise<string[]> {
@@ -367,6 +402,9 @@ export class RbdBackend implements Backend {
    */
   async snapshotDiff(volume: string, name: string, from: string | undefined): Promise<SnapshotDiff> {
     const image = checkVolumeName(volume);
+    // Names from the ledger (a clone's snapshot) are checked as createSnapshot checked those it made.
+    checkVolumeName(name, 'snapshot name', 200);
+    if (from !== undefined) checkVolumeName(from, 'snapshot name', 200);
     const snap = (await rbdSnapList(this.identity, this.pool, image)).find((s) => s.name === name);
     if (!snap) throw new LatchError(`volume ${volume} has no snapshot named ${name} (latch snapshot list ${volume})`);
     // Bounded like an export of the whole snapshot: about 20 MB/s, and never less than 10 minutes.
@@ -389,6 +427,15 @@ export class RbdBackend implements Backend {
     if (diff.toSnap !== undefined && diff.toSnap !== name) {
       cancel();
       throw new LatchError(`rbd export-diff of ${this.spec(image)}@${name} reported snapshot ${diff.toSnap}`);
+    }
+    // A diff of another size, or from another start, describes some other image: whatever it says is not this snapshot.
+    if (diff.sizeBytes !== snap.size || diff.fromSnap !== from) {
+      cancel();
+      throw new LatchError(
+        `rbd export-diff of ${this.spec(image)}@${name} reported ${diff.sizeBytes} bytes` +
+          (diff.fromSnap === undefined ? '' : ` from snapshot ${diff.fromSnap}`) +
+          `, where the snapshot has ${snap.size}${from === undefined ? '' : ` and the diff starts at ${from}`}`,
+      );
     }
     async function* records(): AsyncGenerator<DiffRecord> {
       try {

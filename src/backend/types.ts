@@ -62,6 +62,11 @@ export interface Backend {
    * onto it then writes only the data, and the storage stays thin. Absent or false: the restore zeroes the holes too.
    */
   isUnwritten?(volume: string): Promise<boolean>;
+  /**
+   * The volume's allocated extents, in order of offset (everything else reads as zeros), when the storage can tell:
+   * a clone onto a volume already written zeroes only what is there (node/jobs/clone-copy.ts). Absent: all of it.
+   */
+  allocatedExtents?(volume: string): AsyncGenerator<{ offset: number; length: number }>;
 }
 
 /** What the ledger granted a node for one attach, as a backend on shared storage checks it (rbd.ts). */

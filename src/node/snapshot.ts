@@ -112,8 +112,8 @@ export async function snapshotVolume(ctx: Context, volume: string, name: string)
   });
 }
 
-// A backup of a volume in use reads a temporary snapshot `latch-backup-<node>-<pid>-<random>`, removed when the backup
-// ends. A backup killed before that leaves it behind: the next backup of the volume on that node removes those
+// A backup (or a clone) of a volume in use reads a temporary snapshot `latch-backup-<node>-<pid>-<random>`, removed when
+// it ends. One killed before that leaves it behind: the next backup or clone of the volume on that node removes those
 // whose process is gone.
 const TEMP_SNAPSHOT_PREFIX = 'latch-backup-';
 
@@ -184,23 +184,41 @@ export async function openBackupSource(ctx: Context, volume: string, fromSnapsho
       };
     }
   }
-  await removeLeftoverSnapshots(ctx, backend, volume);
-  const name = `${TEMP_SNAPSHOT_PREFIX}${ctx.config.nodeName}-${process.pid}-${randomBytes(3).toString('hex')}`;
-  const { consistency, note } = await snapshotVolume(ctx, volume, name);
+  const temporary = await takeTemporarySnapshot(ctx, volume);
   let image: ReadableImage;
   try {
-    image = await backend.openSnapshot(volume, name);
+    image = await backend.openSnapshot(volume, temporary.name);
   } catch (err) {
-    await backend.deleteSnapshot(volume, name).catch(() => undefined);
+    await temporary.remove().catch(() => undefined);
     throw err;
   }
   return {
     image,
-    consistency,
-    ...(note !== undefined && { note }),
+    consistency: temporary.consistency,
+    ...(temporary.note !== undefined && { note: temporary.note }),
     release: async () => {
       await image.release();
-      await backend.deleteSnapshot(volume, name);
+      await temporary.remove();
     },
   };
+}
+
+/** A temporary consistent snapshot of a volume in use here, to read and then remove (or leave to the next one's clean-up). */
+export interface TemporarySnapshot {
+  name: string;
+  consistency: Consistency;
+  note?: string;
+  remove(): Promise<void>;
+}
+
+/**
+ * Cuts the temporary snapshot a backup or a clone of a volume in use reads (snapshotVolume: frozen when mounted here),
+ * after removing those that killed processes of this node left behind. The caller removes it when done.
+ */
+export async function takeTemporarySnapshot(ctx: Context, volume: string): Promise<TemporarySnapshot> {
+  const backend = snapshotsOf(ctx);
+  await removeLeftoverSnapshots(ctx, backend, volume);
+  const name = `${TEMP_SNAPSHOT_PREFIX}${ctx.config.nodeName}-${process.pid}-${randomBytes(3).toString('hex')}`;
+  const { consistency, note } = await snapshotVolume(ctx, volume, name);
+  return { name, consistency, ...(note !== undefined && { note }), remove: () => backend.deleteSnapshot(volume, name) };
 }

@@ -443,3 +443,17 @@ export function rbdExportDiff(
   done.catch(() => undefined);
   return { ...child, done };
 }
+
+/**
+ * `rbd diff --whole-object pool/image`: the image's own allocated extents (objects, from the object map where it has
+ * one: conservative while another client writes, since librbd marks an object before writing it), as lines
+ * `OFFSET LENGTH data|zero` after a header, streamed. `timeoutMs` bounds the whole listing.
+ */
+export function rbdAllocation(identity: CephIdentity, pool: string, image: string, timeoutMs: number): StreamingChild {
+  const child = runStreaming('rbd', [...cephClientArgs(identity), 'diff', '--whole-object', imageSpec(pool, image)], { timeoutMs });
+  const done = child.done.catch((err: unknown) => {
+    throw redactedError(err);
+  });
+  done.catch(() => undefined);
+  return { ...child, done };
+}

@@ -1,11 +1,27 @@
 // Incremental backups of rbd volumes read from Ceph itself (src/node/backup.ts, src/backup/delta.ts, rbd export-diff)
 // on a one-host cluster (test/ceph/cluster.ts): the first backup reads only the allocated extents, the second only
 // the changed ones (bytes counted), the base snapshot is kept across a failed backup and removed after the next
-// success, and a restore onto a fresh image writes only the data (the image stays thin), checksums equal.
+// success, and a restore onto a fresh image writes only the data (the image stays thin), checksums equal. Clones
+// (src/node/jobs/clone-copy.ts) read the same way: only the allocated extents, nothing written under mountDir, the
+// new image as thin as the data, byte for byte; onto an image holding other bytes (a repeat after a kill) too.
 // Needs root and Debian's ceph packages (scripts/setup.sh); skips with a message otherwise.
 import assert from 'node:assert/strict';
-import { randomBytes } from 'node:crypto';
-import { closeSync, fsyncSync, mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync, writeSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
+import {
+  closeSync,
+  fsyncSync,
+  mkdirSync,
+  mkdtempSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  readSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+  writeSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -17,6 +33,8 @@ import { createContext, type Context } from '../../src/context.js';
 import { baseSnapshotName, incrementalBackup } from '../../src/node/backup.js';
 import { backupCreate } from '../../src/cli/backup/create.js';
 import { backupList } from '../../src/cli/backup/list.js';
+import { volumeClone } from '../../src/cli/volume/clone.js';
+import { copyOnto, openCloneSource, verifyCopy } from '../../src/node/jobs/clone-copy.js';
 import type { CommandIO } from '../../src/cli/io.js';
 import { readWholeLog } from '../../src/agent/call-log.js';
 import { LatchMetrics } from '../../src/agent/metrics.js';
@@ -51,6 +69,46 @@ describe('incremental rbd backups from Ceph', { skip: cephSkipReason() }, () => 
     }
     data.copy(into, offset);
     await backend.release(volume);
+  }
+
+  /** Writes `data` at `offset` through the node's mapping, into `model` too. */
+  async function writeData(volume: string, offset: number, data: Buffer, model: Buffer): Promise<void> {
+    const device = await backend.attach(volume);
+    const fd = openSync(device, 'r+');
+    try {
+      writeSync(fd, data, 0, data.length, offset);
+      fsyncSync(fd);
+    } finally {
+      closeSync(fd);
+    }
+    data.copy(model, offset);
+    await backend.release(volume);
+  }
+
+  /** Every byte of the volume, read through a mapping of it set up now (and released). */
+  async function readVolume(volume: string): Promise<Buffer> {
+    const device = await backend.attach(volume);
+    try {
+      const size = (await backend.size(volume)) ?? 0;
+      const bytes = Buffer.alloc(size);
+      const fd = openSync(device, 'r');
+      try {
+        for (let done = 0; done < size;) done += readSync(fd, bytes, done, size - done, done);
+      } finally {
+        closeSync(fd);
+      }
+      return bytes;
+    } finally {
+      await backend.release(volume);
+    }
+  }
+
+  /** `rbd du`: the bytes the image's objects take. */
+  async function usedBytes(volume: string): Promise<number> {
+    const du = JSON.parse((await ceph.rbd(['du', '--format', 'json', `${ceph.pool}/${volume}`])).stdout) as {
+      images: { used_size: number }[];
+    };
+    return du.images[0]?.used_size ?? -1;
   }
 
   async function snapshots(volume: string): Promise<string[]> {
@@ -103,6 +161,7 @@ describe('incremental rbd backups from Ceph', { skip: cephSkipReason() }, () => 
   after(async () => {
     await backend?.release('vol').catch(() => undefined);
     await backend?.release('fresh').catch(() => undefined);
+    for (const volume of ['csrc', 'c1', 'c1d', 'c-empty', 'c2', 'c3']) await backend?.release(volume).catch(() => undefined);
     await ceph?.stop();
     if (work) rmSync(work, { recursive: true, force: true });
   });
@@ -203,6 +262,283 @@ describe('incremental rbd backups from Ceph', { skip: cephSkipReason() }, () => 
       assert.match(printed, /\nVOLUME\s+LAST OUTCOME\s+AT\s+BACKUP\s+NODE\s+MESSAGE\nvol\s+succeeded\s+\S+\s+j1\s+node-a/);
     },
   );
+
+  describe('clones read the allocated extents straight from the cluster', () => {
+    const snapModel = Buffer.alloc(SIZE);
+    const liveModel = Buffer.alloc(SIZE);
+    const mountDir = () => join(ceph.dir, 'mnt', 'node-a');
+    /** The 1 MiB blocks of `bytes` that are not all zeros, and the 4 MiB objects that hold them. */
+    const dataOf = (bytes: Buffer) => {
+      const blocks = new Set<number>();
+      for (let b = 0; b < bytes.length / MiB; b++) if (bytes.subarray(b * MiB, (b + 1) * MiB).some((x) => x !== 0)) blocks.add(b);
+      return { blocks: blocks.size, objects: new Set([...blocks].map((b) => Math.floor(b / 4))).size };
+    };
+
+    /** Bytes allocated under mountDir but outside the rbd-fuse mount points, and whether an export file was seen. */
+    function localUse(dir: string): { bytes: number; exports: string[] } {
+      const out = { bytes: 0, exports: [] as string[] };
+      const walk = (path: string, top: boolean) => {
+        let entries;
+        try {
+          entries = readdirSync(path, { withFileTypes: true });
+        } catch {
+          return;
+        }
+        for (const e of entries) {
+          // A mount point (a non-dot directory right below mountDir) holds the image's rbd-fuse file: not local disk.
+          if (top && e.isDirectory() && !e.name.startsWith('.')) continue;
+          if (e.name.includes('.export-')) out.exports.push(e.name);
+          try {
+            if (e.isDirectory()) walk(join(path, e.name), false);
+            else if (e.isFile()) out.bytes += statSync(join(path, e.name)).blocks * 512;
+          } catch {
+            /* gone meanwhile */
+          }
+        }
+      };
+      walk(dir, true);
+      return out;
+    }
+
+    /** Runs a clone through the job runner while sampling mountDir every 20 ms; its job's status and the samples. */
+    async function clone(name: string, fromSnapshot?: string) {
+      const before = localUse(mountDir()).bytes;
+      let peak = before;
+      const exports = new Set<string>();
+      const sample = () => {
+        const use = localUse(mountDir());
+        peak = Math.max(peak, use.bytes);
+        for (const e of use.exports) exports.add(e);
+      };
+      const timer = setInterval(sample, 20);
+      const started = performance.now();
+      try {
+        await withJobRunner(ctx, () =>
+          volumeClone({ source: 'csrc', name, ...(fromSnapshot !== undefined && { fromSnapshot }), wait: true }, io),
+        );
+      } finally {
+        clearInterval(timer);
+      }
+      const ms = performance.now() - started;
+      sample();
+      const job = (await ctx.ledger.get(name))?.status.jobs?.at(-1);
+      return { job, ms, grewBytes: peak - before, exports: [...exports] };
+    }
+
+    before(async () => {
+      await ctx.ledger.createVolume('csrc', { sizeBytes: SIZE, fsType: 'ext4' });
+      await backend.create('csrc', SIZE);
+      // Scattered: the first and last bytes, inside objects, across block and object boundaries, and a block of
+      // zeros written (its object exists: the clone leaves it a hole).
+      await writeData('csrc', 0, randomBytes(4096), snapModel);
+      await writeData('csrc', 5 * MiB + 123, randomBytes(10_000), snapModel);
+      await writeData('csrc', 16 * MiB - 100, randomBytes(3 * MiB + 200), snapModel);
+      await writeData('csrc', 30 * MiB, Buffer.alloc(MiB), snapModel);
+      await writeData('csrc', 44 * MiB, randomBytes(3 * MiB), snapModel);
+      await writeData('csrc', SIZE - 4096, randomBytes(4096), snapModel);
+      await backend.createSnapshot('csrc', 'cs1');
+      snapModel.copy(liveModel);
+      // After the snapshot: block 0 back to zeros, one range rewritten, a new one.
+      await writeData('csrc', 0, Buffer.alloc(4096), liveModel);
+      await writeData('csrc', 5 * MiB, randomBytes(MiB), liveModel);
+      await writeData('csrc', 50 * MiB + 7, randomBytes(MiB), liveModel);
+    });
+
+    it('clones a snapshot byte for byte, thin, with nothing written under mountDir', { timeout: 300_000 }, async (t) => {
+      const { job, ms, grewBytes, exports } = await clone('c1', 'cs1');
+      assert.equal(job?.status.state, 'succeeded', job?.status.message);
+      const result = job?.status.result ?? {};
+      assert.match(String(result.read), /its allocated extents, read with rbd export-diff/);
+      const expected = dataOf(snapModel);
+      assert.equal(result.dataBytes, expected.blocks * MiB, 'the blocks holding data were written, the block of zeros was not');
+      assert.deepEqual(exports, [], 'no export of the snapshot under mountDir');
+      let listed = 0;
+      for await (const extent of backend.allocatedExtents('c1')) listed += extent.length;
+      assert.equal(listed, expected.objects * 4 * MiB, 'rbd diff of the clone lists the objects of the data, whole');
+      assert.ok(grewBytes < MiB, `mountDir grew by ${grewBytes} bytes outside the mount points during the clone`);
+      assert.ok((await readVolume('c1')).equals(snapModel), 'the clone holds the snapshot, byte for byte');
+      const used = await usedBytes('c1');
+      assert.ok(
+        used > 0 && used <= expected.objects * 4 * MiB,
+        `the clone uses ${used} bytes for ${expected.objects} objects of data (not the source's object of zeros)`,
+      );
+
+      // The same snapshot read in full by `rbd export` to /dev/null (the old way's first step), for comparison.
+      const nul = openSync('/dev/null', 'w');
+      const exportStarted = performance.now();
+      try {
+        const r = spawnSync('rbd', ['--conf', ceph.confPath, '--id', 'admin', 'export', '--no-progress', `${ceph.pool}/csrc@cs1`, '-'], {
+          stdio: ['ignore', nul, 'pipe'],
+          timeout: 120_000,
+        });
+        assert.equal(r.status, 0, r.stderr?.toString());
+      } finally {
+        closeSync(nul);
+      }
+      const exportMs = performance.now() - exportStarted;
+      // The copy and its check alone (no job runner, no polls), onto a fresh image like the job's.
+      await backend.create('c1d', SIZE);
+      const device = await backend.attach('c1d');
+      const signal = new AbortController().signal;
+      const copyStarted = performance.now();
+      let checkStarted = copyStarted;
+      try {
+        const source = await openCloneSource(ctx, 'csrc', 'cs1');
+        try {
+          const copied = await copyOnto(source, device, { fresh: true, signal });
+          checkStarted = performance.now();
+          await verifyCopy(device, copied, signal);
+        } finally {
+          await source.release();
+        }
+      } finally {
+        await backend.release('c1d');
+      }
+      const checkMs = performance.now() - checkStarted;
+      const copyMs = checkStarted - copyStarted;
+      // The check of a thin image reads its holes too: how fast, on an empty 512 MiB image (which checks as empty).
+      await backend.create('c-empty', 512 * MiB);
+      const empty = await backend.attach('c-empty');
+      const emptyStarted = performance.now();
+      try {
+        const nothing = createHash('sha256').digest('hex');
+        await verifyCopy(empty, { sizeBytes: 512 * MiB, deviceBytes: 512 * MiB, dataBytes: 0, contentSha256: nothing }, signal);
+      } finally {
+        await backend.release('c-empty');
+      }
+      const emptyMs = performance.now() - emptyStarted;
+      const s = (n: number) => `${(n / 1000).toFixed(2)} s`;
+      t.diagnostic(
+        `clone of a ${SIZE / MiB} MiB snapshot with ${expected.blocks} MiB of data: the job ${s(ms)} (with the runner's polls and ` +
+          `mappings); its copy alone ${s(copyMs)}, its check ${s(checkMs)}; rbd export of the same snapshot to /dev/null: ` +
+          `${s(exportMs)}; the check of an empty 512 MiB image ${s(emptyMs)} (${(512 / (emptyMs / 1000)).toFixed(0)} MiB/s of holes)`,
+      );
+    });
+
+    it(
+      "clones the volume itself through a temporary snapshot, removed after, with a dead run's leftover",
+      { timeout: 300_000 },
+      async () => {
+        // What a clone killed on this node leaves: a temporary snapshot named after a process that is gone.
+        const dead = spawnSync('true').pid;
+        const leftover = `latch-backup-node-a-${dead}-0a0b0c`;
+        await backend.createSnapshot('csrc', leftover);
+        const { job, exports } = await clone('c2');
+        assert.equal(job?.status.state, 'succeeded', job?.status.message);
+        assert.equal(job?.status.result?.consistency, 'crash-consistent', 'set up for the clone, not mounted');
+        assert.deepEqual(exports, []);
+        assert.deepEqual(await snapshots('csrc'), ['cs1'], "the leftover and the clone's own temporary snapshot are gone");
+        assert.ok((await readVolume('c2')).equals(liveModel), 'the clone holds the volume as it was, byte for byte');
+        assert.ok((await usedBytes('c2')) <= dataOf(liveModel).objects * 4 * MiB);
+
+        // A copy that fails (stopped before its first block) removes its temporary snapshot all the same.
+        const source = await openCloneSource(ctx, 'csrc', undefined);
+        assert.equal(source.consistency, 'idle');
+        assert.equal((await snapshots('csrc')).length, 2, 'its temporary snapshot is there while it is read');
+        const device = await backend.attach('c2');
+        const stop = new AbortController();
+        stop.abort(new Error('stopped for the test'));
+        try {
+          await assert.rejects(copyOnto(source, device, { fresh: false, signal: stop.signal }), /stopped for the test/);
+        } finally {
+          await source.release();
+          await backend.release('c2');
+        }
+        assert.deepEqual(await snapshots('csrc'), ['cs1'], 'and gone after');
+        assert.ok((await readVolume('c2')).equals(liveModel), 'nothing was written');
+      },
+    );
+
+    it(
+      'copies onto an image holding other bytes and larger than the source, and the check catches any difference',
+      { timeout: 300_000 },
+      async (t) => {
+        // A repeat after a kill: NEW holds part of a copy and bytes where the source has zeros; and it is 8 MiB larger.
+        await backend.create('c3', SIZE + 8 * MiB);
+        const junk = Buffer.alloc(SIZE + 8 * MiB);
+        await writeData('c3', 44 * MiB, snapModel.subarray(44 * MiB, 45 * MiB), junk);
+        await writeData('c3', 30 * MiB + 5, randomBytes(3 * MiB), junk);
+        await writeData('c3', SIZE + MiB, randomBytes(4096), junk);
+        const signal = new AbortController().signal;
+        const device = await backend.attach('c3');
+        try {
+          assert.equal(await backend.isUnwritten('c3'), false);
+          const source = await openCloneSource(ctx, 'csrc', 'cs1');
+          let copied;
+          const started = performance.now();
+          try {
+            copied = await copyOnto(source, device, { fresh: false, allocated: backend.allocatedExtents('c3'), signal });
+          } finally {
+            await source.release();
+          }
+          const copiedAt = performance.now();
+          assert.equal(copied.deviceBytes, SIZE + 8 * MiB);
+          await verifyCopy(device, copied, signal);
+          t.diagnostic(
+            `onto an image already written: the copy (holes zeroed) ${((copiedAt - started) / 1000).toFixed(2)} s, the check ` +
+              `${((performance.now() - copiedAt) / 1000).toFixed(2)} s; rbd du then ${await usedBytes('c3')} bytes`,
+          );
+
+          // One byte off where the source has zeros, then past its size: each refused.
+          const fd = openSync(device, 'r+');
+          try {
+            writeSync(fd, Buffer.from([1]), 0, 1, 31 * MiB);
+            fsyncSync(fd);
+            await assert.rejects(verifyCopy(device, copied, signal), /does not read back as what was written/);
+            writeSync(fd, Buffer.from([0]), 0, 1, 31 * MiB);
+            writeSync(fd, Buffer.from([1]), 0, 1, SIZE + 2 * MiB);
+            fsyncSync(fd);
+            await assert.rejects(
+              verifyCopy(device, copied, signal),
+              new RegExp(`holds data at byte ${SIZE + 2 * MiB}, past the source's ${SIZE}`),
+            );
+            writeSync(fd, Buffer.from([0]), 0, 1, SIZE + 2 * MiB);
+            fsyncSync(fd);
+          } finally {
+            closeSync(fd);
+          }
+          await verifyCopy(device, copied, signal);
+
+          // Sources that make no sense are refused before anything is written past them.
+          const fake = (pieces: ({ offset: number; data: Buffer } | { offset: number; zeros: number })[], sizeBytes = SIZE) => ({
+            sizeBytes,
+            consistency: 'snapshot' as const,
+            reading: 'a test',
+            pieces: (async function* () {
+              yield* pieces;
+            })(),
+            release: async () => undefined,
+          });
+          await assert.rejects(copyOnto(fake([], SIZE + 16 * MiB), device, { fresh: false, signal }), /less than the source's/);
+          await assert.rejects(
+            copyOnto(fake([{ offset: MiB, data: Buffer.alloc(MiB, 1) }]), device, { fresh: false, signal }),
+            /the clone's source gave 1048576 bytes at 1048576, where 0 of/,
+          );
+          await assert.rejects(
+            copyOnto(fake([{ offset: 0, data: Buffer.alloc(1000, 1) }]), device, { fresh: false, signal }),
+            /gave 1000 bytes at 0/,
+          );
+          await assert.rejects(copyOnto(fake([{ offset: 0, zeros: SIZE - MiB }]), device, { fresh: false, signal }), /ended at byte/);
+        } finally {
+          await backend.release('c3');
+        }
+        const bytes = await readVolume('c3');
+        assert.ok(bytes.subarray(0, SIZE).equals(snapModel), 'the snapshot, byte for byte');
+        assert.ok(
+          bytes.subarray(SIZE).every((x) => x === 0),
+          'zeros past it',
+        );
+        // Only what was there was zeroed: the objects of the data and of the earlier bytes, not all of the image.
+        const objects = new Set<number>();
+        for (const model of [snapModel, junk]) {
+          for (let o = 0; o < model.length / (4 * MiB); o++)
+            if (model.subarray(o * 4 * MiB, (o + 1) * 4 * MiB).some((x) => x !== 0)) objects.add(o);
+        }
+        const used = await usedBytes('c3');
+        assert.ok(used <= objects.size * 4 * MiB, `the image uses ${used} bytes, at most its ${objects.size} objects written`);
+      },
+    );
+  });
 
   it('deletes the base snapshots with the volume, and refuses while another snapshot is there', { timeout: 120_000 }, async () => {
     await backend.createSnapshot('vol', 'mine');

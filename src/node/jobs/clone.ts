@@ -2,10 +2,11 @@
 // controller: one clone ticket on each volume, same node, same key (the new volume's name).
 //
 // Role target (on NEW, read-write, never preempted) does the work: it waits until the source's ticket holds SOURCE
-// here, reads a consistent image of it (snapshot S; else node/snapshot.ts's openBackupSource: a snapshot cut with the
-// filesystem frozen when SOURCE is mounted here, the idle image checked unchanged afterwards, ...), copies it onto
+// here, reads a consistent image of it (snapshot S; else a snapshot cut with the filesystem frozen when SOURCE is
+// mounted here, removed afterwards, or the loop backend's idle image checked unchanged afterwards, ...), copies it onto
 // NEW's device sparsely (zero blocks become holes, never written), reads the device back to check every byte, and
-// records the filesystem it holds so that kubelet never formats NEW.
+// records the filesystem it holds so that kubelet never formats NEW. How the source is read (rbd: its allocated
+// extents streamed from the cluster, nothing on the node's disk), written and checked: clone-copy.ts.
 //
 // Role source (on SOURCE, read-only) only holds SOURCE: its run() waits, reading the ledger, until the target's job is
 // over (succeeded: it succeeds; failed: it fails with the target's message; NEW or its ticket gone: it ends), and
@@ -18,26 +19,18 @@
 // node mount could do better: the target's job starts it, waits for `ceph fs clone status` to say complete (or failed)
 // within CLONE_DEADLINE_MS, and sets NEW's quota. The tickets are the same, so that the ledger keeps the new volume
 // from every pod until the copy is whole, and SOURCE is held (shared, read-only) meanwhile.
-import { createHash } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { isAllZero } from '../../backup/chunks.js';
-import { readExactly } from '../../backup/files.js';
-import { openImage } from '../../backup/source.js';
 import { LatchError } from '../../errors.js';
 import { finishedJob, isPreempted, isSatisfied } from '../../ledger/arbitrate.js';
 import { jobTicketId } from '../../ledger/ids.js';
-import { blockDeviceSize, flushBuffers } from '../../sys/blockdev.js';
-import { zeroRange } from '../../sys/zero.js';
-import { openBackupSource } from '../snapshot.js';
-import { halfMade } from './restore.js';
+import { copyOnto, openCloneSource, verifyCopy, type CopyReport } from './clone-copy.js';
+import { flushDevice, halfMade } from './restore.js';
 import type { JobHandler, JobOf, JobRun } from './types.js';
 
 /** How often a clone's two sides look at each other's ticket in the ledger. */
 const POLL_MS = 500;
 /** How long a shared volume's clone may take before it is canceled and the job fails (the manager copies file by file). */
 const CLONE_DEADLINE_MS = 6 * 3600 * 1000;
-/** The unit of the copy: a block of zeros this size becomes a hole. */
-const BLOCK = 1024 * 1024;
 
 export const cloneJob: JobHandler<'clone'> = {
   kind: 'clone',
@@ -79,12 +72,16 @@ async function cloneInto(job: CloneJob, run: JobRun) {
   if (run.doc.spec.shared) return cloneShared(job, run);
   if (job.fromSnapshot === undefined) await waitForSource(job, run);
   else if (!(await ctx.ledger.get(job.source))) throw new LatchError(`volume ${job.source} does not exist`);
-  const source = await openBackupSource(ctx, job.source, job.fromSnapshot);
+  const source = await openCloneSource(ctx, job.source, job.fromSnapshot);
   let copied: CopyReport;
   try {
-    copied = await copySparse(source.image.path, device, signal);
+    // A volume nothing was ever written to reads zeros: its holes need no zeroing (the storage stays thin). Its
+    // device's dirty pages (an attempt killed on this node) are flushed first, so that the storage says all that was.
+    await flushDevice(device);
+    const fresh = (await ctx.backend.isUnwritten?.(volume)) === true;
+    copied = await copyOnto(source, device, { fresh, allocated: ctx.backend.allocatedExtents?.(volume), signal });
     // An idle image read directly: refused if SOURCE was asked for or written meanwhile (the job fails; run it again).
-    await source.beforePublish?.();
+    await source.beforeUse?.();
   } finally {
     await source.release();
   }
@@ -99,9 +96,10 @@ async function cloneInto(job: CloneJob, run: JobRun) {
       source: job.source,
       ...(job.fromSnapshot !== undefined && { fromSnapshot: job.fromSnapshot }),
       consistency: source.consistency,
+      read: source.reading,
       sizeBytes: copied.sizeBytes,
       dataBytes: copied.dataBytes,
-      imageSha256: copied.sha256,
+      contentSha256: copied.contentSha256,
       ...(filesystem !== undefined && { filesystem }),
     },
     ...(filesystem !== undefined && { filesystem }),
@@ -164,7 +162,7 @@ async function cloneShared(job: CloneJob, run: JobRun) {
 
 /**
  * Waits until the source's clone ticket holds SOURCE on this node with its device set up (by this agent's run of the
- * source ticket, or a pod's): openBackupSource then reads a snapshot of it here, and nothing that sets the device up
+ * source ticket, or a pod's): openCloneSource then reads a snapshot of it here, and nothing that sets the device up
  * meanwhile can make the read inconsistent. A missing source ticket is waited for too (the command adds it right after
  * the target's, and a repeat of the command adds it if it was interrupted in between).
  */
@@ -184,65 +182,5 @@ async function waitForSource(job: CloneJob, run: JobRun): Promise<void> {
     if (waiting !== said) await ctx.ledger.recordJob(volume, ticket.id, { state: 'running', message: waiting });
     said = waiting;
     await sleep(POLL_MS, undefined, { signal });
-  }
-}
-
-interface CopyReport {
-  sizeBytes: number;
-  dataBytes: number;
-  sha256: string;
-}
-
-/** Copies the image onto the device block by block: data is written, zero blocks are zeroed as holes. */
-async function copySparse(path: string, device: string, signal: AbortSignal): Promise<CopyReport> {
-  const { handle: input, sizeBytes } = await openImage(path);
-  const { handle: output } = await openImage(device, 'r+');
-  try {
-    const deviceBytes = await blockDeviceSize(device);
-    if (deviceBytes < sizeBytes) throw new LatchError(`${device} holds ${deviceBytes} bytes, less than the ${sizeBytes} of ${path}`);
-    const whole = createHash('sha256');
-    let dataBytes = 0;
-    let holeStart: number | undefined;
-    for (let offset = 0; offset < sizeBytes; offset += BLOCK) {
-      signal.throwIfAborted();
-      const length = Math.min(BLOCK, sizeBytes - offset);
-      const data = await readExactly(input, length, offset, path);
-      whole.update(data);
-      if (isAllZero(data)) {
-        holeStart ??= offset;
-        continue;
-      }
-      // A repeat after a kill may find data from the earlier run in a range that is zero now: zero it, never skip it.
-      if (holeStart !== undefined) await zeroRange(output, device, holeStart, offset - holeStart);
-      holeStart = undefined;
-      for (let written = 0; written < length;) {
-        written += (await output.write(data, written, length - written, offset + written)).bytesWritten;
-      }
-      dataBytes += length;
-    }
-    if (holeStart !== undefined) await zeroRange(output, device, holeStart, sizeBytes - holeStart);
-    await output.sync();
-    return { sizeBytes, dataBytes, sha256: whole.digest('hex') };
-  } finally {
-    await input.close();
-    await output.close();
-  }
-}
-
-/** Reads the copy back from the device itself (its cached blocks dropped first) and compares the checksum. */
-async function verifyCopy(device: string, copied: CopyReport, signal: AbortSignal): Promise<void> {
-  await flushBuffers(device);
-  const { handle } = await openImage(device);
-  try {
-    const whole = createHash('sha256');
-    for (let offset = 0; offset < copied.sizeBytes; offset += BLOCK) {
-      signal.throwIfAborted();
-      whole.update(await readExactly(handle, Math.min(BLOCK, copied.sizeBytes - offset), offset, device));
-    }
-    if (whole.digest('hex') !== copied.sha256) {
-      throw new LatchError(`the copy on ${device} does not read back as what was written; this clone must not be used`);
-    }
-  } finally {
-    await handle.close();
   }
 }

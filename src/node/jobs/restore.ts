@@ -82,7 +82,8 @@ async function restore(job: JobOf<'restore'>, run: JobRun): Promise<JobOutcome> 
   };
 }
 
-async function flushDevice(device: string): Promise<void> {
+/** Writes the device's dirty pages to the storage (a restore or clone killed on this node may have left some). */
+export async function flushDevice(device: string): Promise<void> {
   const handle = await open(device, 'r');
   try {
     await handle.sync();

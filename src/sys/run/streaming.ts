@@ -47,9 +47,11 @@ export function runStreaming(command: string, args: string[], options: { timeout
     stderr = (stderr + text).slice(-4096);
   });
   let timedOut = false;
+  let settled = false;
   // A reader that stopped reading leaves the pipe full: its end is dropped too, or the child's 'close' never comes.
+  // Once the child is gone its group ID may be another's: a stop after that signals nothing.
   const stop = () => {
-    if (pgid !== undefined) signalGroup(pgid, 'SIGKILL');
+    if (pgid !== undefined && !settled) signalGroup(pgid, 'SIGKILL');
     child.stdout?.destroy();
   };
   const deadline = setTimeout(() => {
@@ -58,6 +60,7 @@ export function runStreaming(command: string, args: string[], options: { timeout
   }, timeoutMs);
   const done = new Promise<RunResult>((resolve, reject) => {
     const settle = (code: number | null, signal: NodeJS.Signals | null, error?: NodeJS.ErrnoException) => {
+      settled = true;
       clearTimeout(deadline);
       if (pgid !== undefined) running.delete(pgid);
       const durationMs = elapsedMs(started);
