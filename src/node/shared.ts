@@ -251,7 +251,9 @@ export async function setUpSharedForJob(ctx: Context, name: string): Promise<{ d
     throw new LatchError(`volume ${name} was withdrawn from node ${node} before its job started`);
   }
   const device = sharedDeviceId(name);
-  const after = await ctx.ledger.recordDevice(name, node, device);
+  // The node's entity, so that a fence of another node spares the sessions of a job's own mount (a backup's).
+  const client = await (await sharedVolumesOf(ctx)).clientOf(name);
+  const after = await ctx.ledger.recordDevice(name, node, device, client);
   if (after?.status.nodes[node]?.phase !== 'attached') {
     await releaseSharedForJob(ctx, name);
     throw new LatchError(`volume ${name} was detached from node ${node} while its job was being set up`);
