@@ -10,10 +10,12 @@
 // Needs root, Debian's ceph, ceph-mds and ceph-fuse packages and bin/latch; skips with a message otherwise.
 import assert from 'node:assert/strict';
 import { execFile, spawn } from 'node:child_process';
-import { existsSync, mkdirSync, readdirSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { promisify } from 'node:util';
+import { parseConfig } from '../../src/config.js';
+import { createContext } from '../../src/context.js';
 import { readMountInfo } from '../../src/sys/mounts.js';
 import { cephfsFencerCaps, cephfsNodeCaps } from '../../src/sys/cephfs.js';
 import { fencerCaps } from '../../src/sys/rbd.js';
@@ -363,6 +365,76 @@ describe('shared volumes on CephFS through the driver', { skip }, () => {
       const back = await call('node-a', 'mount', podDir('node-a'), options('node-a'));
       assert.equal(back.status, 'Success', back.message);
       assert.ok(readdirSync(podDir('node-a')).length > 60);
+    },
+  );
+
+  it(
+    'fencing node-a when the ledger lost its client record: its session is found on the MDS, cut off, and the others keep writing',
+    { timeout: 180_000 },
+    async () => {
+      // node-a's ceph-fuse, as its admin socket names it; then its record goes from the ledger (a crash between its
+      // mount and the record, or a hostile edit). node-b and node-c keep theirs (entity:ID@IP:PORT/NONCE).
+      const asok = join(ceph.dir, 'mnt', 'node-a', 'cephfs', `${PV}.asok`);
+      const status = JSON.parse((await run('ceph', ['--admin-daemon', asok, 'status'], { timeoutMs: 10_000 })).stdout) as {
+        addr_str: string;
+      };
+      const real = status.addr_str;
+      const ctx = createContext(parseConfig(JSON.parse(readFileSync(configs.admin ?? '', 'utf8')), 'test'));
+      const before = await ctx.ledger.get(PV);
+      for (const n of ['node-b', 'node-c'])
+        assert.match(before?.status.nodes[n]?.client ?? '', new RegExp(`^entity:latch-${n}@[0-9.]+:[0-9]+/[0-9]+$`));
+      assert.equal(before?.status.nodes['node-a']?.client, `entity:latch-node-a@${real}`);
+      await ctx.ledger.update(PV, (d) => {
+        const next = structuredClone(d);
+        if (next?.status.nodes['node-a']) delete next.status.nodes['node-a'].client;
+        return next;
+      });
+      assert.equal((await ctx.ledger.get(PV))?.status.nodes['node-a']?.client, undefined);
+      const marker = join(podDir('node-a'), 'late-2');
+      await sh(`echo "a 0" > "${marker}"; sync "${marker}"`);
+      for (let i = 0; i < 40 && !existsSync(join(podDir('node-b'), 'late-2')); i++) await new Promise((r) => setTimeout(r, 250));
+      const writerA = spawn(
+        'sh',
+        [
+          '-c',
+          `i=0; while [ $i -lt 400 ]; do i=$((i+1)); echo "a $i" >> "${marker}" && sync "${marker}" || echo "fail $i" >&2; sleep 0.05; done`,
+        ],
+        { stdio: ['ignore', 'ignore', 'pipe'] },
+      );
+      let errors = '';
+      writerA.stderr.on('data', (chunk: Buffer) => (errors += chunk.toString()));
+      const others = Promise.all(
+        ['node-b', 'node-c'].map((n) =>
+          sh(`for i in $(seq 1 30); do echo "${n} $i" > "${podDir(n)}/x-${n}-$i"; sync "${podDir(n)}/x-${n}-$i"; sleep 0.05; done`),
+        ),
+      );
+      await new Promise((r) => setTimeout(r, 1_000));
+      const fenced = await admin('admin', 'node', 'fence', 'node-a', '--volume', PV);
+      assert.equal(fenced.code, 0, fenced.out);
+      const after = await ctx.ledger.get(PV);
+      assert.ok(after?.status.fences?.['node-a']?.clients.includes(real), `the fence names node-a's ceph-fuse ${real}`);
+      assert.deepEqual(after?.status.currentNodes, ['node-b', 'node-c'], 'node-a lost its hold, the others kept theirs');
+      await new Promise((r) => setTimeout(r, 1_500));
+      const atFence = (await sh(`wc -l < "${join(podDir('node-b'), 'late-2')}"`)).stdout.trim();
+      await new Promise<void>((r) => writerA.once('exit', () => r()));
+      await others;
+      assert.match(errors, /fail/, "node-a's writes fail once it is fenced");
+      const atEnd = (await sh(`wc -l < "${join(podDir('node-b'), 'late-2')}"`)).stdout.trim();
+      assert.equal(atEnd, atFence, "none of node-a's writes after the fence landed");
+      assert.ok(Number(atEnd) < 400, `node-a's writer was cut off (${atEnd} lines of 401 landed)`);
+      assert.equal(readdirSync(podDir('node-b')).filter((n) => n.startsWith('x-')).length, 60, 'node-b and node-c kept writing');
+      // Their sessions are untouched: the blocklist names none of their instances.
+      const listed = await ceph.ceph(['osd', 'blocklist', 'ls']);
+      const blocklist = listed.stdout + listed.stderr;
+      for (const n of ['node-b', 'node-c']) {
+        const address = /@(.+)$/.exec(after?.status.nodes[n]?.client ?? '')?.[1] ?? 'none';
+        assert.ok(!blocklist.includes(address), `${n}'s ${address} is not blocklisted`);
+      }
+      // node-a comes back as before: its unmount clears the fence, and it mounts again.
+      const unmounted = await call('node-a', 'unmount', podDir('node-a'));
+      assert.equal(unmounted.status, 'Success', unmounted.message);
+      const back = await call('node-a', 'mount', podDir('node-a'), options('node-a'));
+      assert.equal(back.status, 'Success', back.message);
     },
   );
 
