@@ -56,7 +56,7 @@ export function parseSharedClient(volume: string, text: string): SharedClientRec
 }
 
 /** Whether an MDS session mounts the volume's directory, `/volumes/GROUP/VOLUME` (its subvolume, of any incarnation) or below. */
-export function isOnVolume(session: Pick<MdsSession, 'root'>, group: string, volume: string): boolean {
+function isOnVolume(session: Pick<MdsSession, 'root'>, group: string, volume: string): boolean {
   const dir = `/volumes/${group}/${volume}`;
   return session.root === dir || session.root.startsWith(`${dir}/`);
 }

@@ -323,7 +323,10 @@ describe('shared volumes on CephFS through the driver', { skip }, () => {
         for (let i = 0; i < 600 && !existsSync(pidFile); i++) await new Promise((r) => setTimeout(r, 100));
         if (!existsSync(pidFile)) {
           const log = existsSync(join(ceph.dir, node, 'latch.log')) ? readFileSync(join(ceph.dir, node, 'latch.log'), 'utf8') : '';
-          const ps = (await run('ps', ['-eo', 'pid,ppid,stat,wchan:24,args', '--forest'])).stdout;
+          const ps = (await run('ps', ['-eo', 'pid,ppid,stat,wchan:24,args'])).stdout
+            .split('\n')
+            .filter((l) => /bin\/latch|ceph-fuse|\/ceph /.test(l))
+            .join('\n');
           assert.fail(`the mount did not reach its ceph-fuse (${mode}): ${log.split('\n').slice(-2).join('\n')}\n${ps}`);
         }
         child.kill('SIGKILL');
