@@ -38,7 +38,7 @@ export function sharedClientRecord(entity: string, address: string | undefined):
 export function parseSharedClient(volume: string, text: string): SharedClientRecord {
   const refuse = () =>
     new LatchError(
-      `volume ${volume}: the ledger records the client ${JSON.stringify(text.slice(0, 120))}, which is neither entity:ID, ` +
+      `volume ${volume}: the ledger records the client ${JSON.stringify(String(text).slice(0, 120))}, which is neither entity:ID, ` +
         'entity:ID@IP:PORT/NONCE nor a single Ceph client instance (IP:PORT/NONCE): a client that cannot be named cannot be ' +
         'told apart or cut off, so the hold stays',
     );

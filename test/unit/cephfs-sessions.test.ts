@@ -114,6 +114,9 @@ describe('the sessions a fence of a shared volume cuts off', () => {
       '10.0.0.1:0/0',
       '10.0.0.1:0/1001\n',
       'ENTITY:latch-node-a',
+      // Not a string at all: the ledger's documents are JSON another node wrote.
+      42 as unknown as string,
+      { entity: 'latch-node-a' } as unknown as string,
     ];
     for (const value of hostile) {
       assert.throws(() => select(ALL, [value], []), refused(/cannot be named/), `known ${JSON.stringify(value)}`);
