@@ -1,15 +1,19 @@
-// Fencing a node off a shared volume (docs/ledger.md, "Fences"): its CephFS client instance is blocklisted in the OSD
-// map (its writes to the data pool fail at once) and its MDS session evicted (it can change no metadata, and the MDS
-// revokes its caps), and both are confirmed before the node's hold goes. Only the node's recorded client instances
-// are fenced: the other nodes that hold the shared volume legitimately have sessions on the same subvolume.
+// Fencing a node off a shared volume (docs/ledger.md, "Fences"): its CephFS client instances are blocklisted in the
+// OSD map (their writes to the data pool fail at once) and their MDS sessions evicted (they can change no metadata, and
+// the MDS revokes their caps), and both are confirmed before the node's hold goes. Which instances: the node's recorded
+// ones, and every MDS session on the volume's directory that is not another holder's (cephfs-sessions.ts): the other
+// nodes that hold the shared volume legitimately have sessions on the same subvolume, and are told apart by the cephx
+// entity (or instance) each recorded.
 //
 // Measured here: a blocklisted ceph-fuse does not hang (unlike rbd-fuse): its writes fail at once ("Cannot send after
 // transport endpoint shutdown"), and the MDS drops its session within about a second.
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Config } from '../config.js';
 import { LatchError } from '../errors.js';
+import { checkVolumeName } from '../names.js';
 import { mdsEvict, mdsSessions } from '../sys/cephfs.js';
 import { cephBlocklist, cephBlocklistAdd, cephBlocklistRemove, isClientInstance, type CephIdentity } from '../sys/rbd.js';
+import { selectFenceTargets } from './cephfs-sessions.js';
 import type { Fencer } from './types.js';
 
 // As for rbd: a fence must outlast any outage; it is lifted explicitly.
@@ -22,21 +26,17 @@ class CephFsFencer implements Fencer {
   constructor(
     private readonly identity: CephIdentity,
     private readonly fsName: string,
+    private readonly group: string,
   ) {}
 
-  find(volume: string, known: string[]): Promise<string[]> {
-    const unreadable = known.filter((c) => !isClientInstance(c));
-    if (unreadable.length > 0) {
-      throw new LatchError(
-        `volume ${volume}: cannot fence client address(es) ${unreadable.map((c) => JSON.stringify(c)).join(', ')}: ` +
-          'not a single Ceph client instance (IP:PORT/NONCE), so the hold stays',
-      );
-    }
-    return Promise.resolve([...new Set(known)].sort());
+  /** The node's clients (cephfs-sessions.ts), from the MDS's session lists; throws when an MDS cannot say. */
+  async find(volume: string, known: string[], spare: string[]): Promise<string[]> {
+    checkVolumeName(volume);
+    return selectFenceTargets(volume, this.group, await mdsSessions(this.identity, this.fsName), known, spare);
   }
 
-  async fence(volume: string, known: string[]): Promise<string[]> {
-    const targets = await this.find(volume, known);
+  async fence(volume: string, known: string[], spare: string[]): Promise<string[]> {
+    const targets = await this.find(volume, known, spare);
     if (targets.length === 0) return targets;
     for (const client of targets) await cephBlocklistAdd(this.identity, client, FENCE_SECONDS);
     const listed = new Set(await cephBlocklist(this.identity));
@@ -66,5 +66,5 @@ class CephFsFencer implements Fencer {
 export function cephFsFencerFor(config: Pick<Config, 'backend'>): CephFsFencer | undefined {
   const rbd = config.backend;
   if (rbd.type !== 'rbd' || rbd.fencer === undefined || rbd.cephfs === undefined) return undefined;
-  return new CephFsFencer({ cephConf: rbd.cephConf, ...rbd.fencer }, rbd.cephfs.fsName);
+  return new CephFsFencer({ cephConf: rbd.cephConf, ...rbd.fencer }, rbd.cephfs.fsName, rbd.cephfs.group);
 }

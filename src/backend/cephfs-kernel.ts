@@ -7,9 +7,10 @@
 // root-only file holding the bare key, taken from the identity's keyring (never argv, never a message). A mount is
 // found in mountinfo: fsType ceph, its source ends with ":" and the subvolume's path, and its superblock options name
 // the identity (name=ID), which is how simulated nodes on one host, each with its own identity, tell theirs apart.
-// The kernel client has no admin socket: its client instance is not recorded at mount; the fencer then has nothing
-// recorded to fence and fails closed, as designed (docs/ledger.md, "Fences"), until the node's session address is
-// read from debugfs (/sys/kernel/debug/ceph/FSID.clientID/), which is left for a machine that has the module.
+// The kernel client has no admin socket, so no client instance is noted at mount: the node records its cephx entity
+// alone (`entity:ID`, SharedVolumes.clientOf), and a fence finds its sessions on the MDS by the subvolume they mount
+// and that entity (cephfs-sessions.ts: the kernel client sends both in its session metadata, as ceph-fuse does).
+// That needs one identity per node, latch's default; a node sharing its identity with another holder is not fenced.
 import { chmod, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { LatchError } from '../errors.js';

@@ -36,6 +36,7 @@ import {
 } from '../sys/cephfs.js';
 import type { SharedClient, SharedMount } from './cephfs-client.js';
 import { KernelCephClient } from './cephfs-kernel.js';
+import { sharedClientRecord } from './cephfs-sessions.js';
 import { abortFuseConnection, fuseMountsAt, guardFuse, killAndWait, waitForExit } from '../sys/fuse.js';
 import { readMountInfo, type MountInfo } from '../sys/mounts.js';
 import type { CephIdentity } from '../sys/rbd.js';
@@ -166,8 +167,8 @@ export class SharedVolumes {
 
   /**
    * Mounts the volume's subvolume at `target` for a job of this node (read-only for a backup) and returns its client
-   * instance, for the ledger (a fence must be able to cut a restore's writes off). A mount of it left at `target` by
-   * an interrupted job is taken down first.
+   * as the ledger records it (recordOf), so that a fence can cut a restore's writes off. A mount of it left at `target`
+   * by an interrupted job is taken down first.
    */
   async mountForJob(volume: string, target: string, options: { readOnly: boolean }): Promise<string | undefined> {
     const info = await subvolumeInfo(this.options.identity, this.ref(volume));
@@ -177,8 +178,17 @@ export class SharedVolumes {
     await mkdir(target, { recursive: true, mode: 0o700 });
     const adminSocket = join(this.options.cephfs.mountDir, `${volume}.job.asok`);
     await this.options.client.mount(info.path, target, { readOnly: options.readOnly, adminSocket });
-    if (this.options.client.kind !== 'ceph-fuse') return undefined;
-    return cephFuseClientAddress(adminSocket, Math.min(this.options.timeoutMs, 10_000));
+    if (this.options.client.kind !== 'ceph-fuse') return this.recordOf(undefined);
+    return this.recordOf(await cephFuseClientAddress(adminSocket, Math.min(this.options.timeoutMs, 10_000)));
+  }
+
+  /**
+   * A client of this node as the ledger records it for a fence (status.nodes.<node>.client): the node's cephx entity,
+   * which names every session of its on the MDS (the kernel client's too), with the client instance where the client
+   * names it (`entity:ID@IP:PORT/NONCE`, cephfs-sessions.ts).
+   */
+  private recordOf(address: string | undefined): string | undefined {
+    return sharedClientRecord(this.options.identity.clientId, address);
   }
 
   /** Takes a job's mount down (a hung or fenced one too: its FUSE connection is aborted). */
@@ -201,8 +211,9 @@ export class SharedVolumes {
   }
 
   /**
-   * Mounts the volume's subvolume at `target` (or finds it mounted there) and returns the client instance that serves
-   * it, when the client names one (ceph-fuse: from its admin socket), so that the ledger can record it for a fence.
+   * Mounts the volume's subvolume at `target` (or finds it mounted there) and returns its client as the ledger records
+   * it for a fence (recordOf: the node's entity, and the client instance where the client names one, ceph-fuse from
+   * its admin socket).
    * Refuses a target where something else is mounted. A dead client's mount there is taken down first.
    */
   async mountAt(volume: string, target: string, options: { readOnly: boolean }): Promise<string | undefined> {
@@ -219,9 +230,9 @@ export class SharedVolumes {
     await mkdir(target, { recursive: true, mode: 0o700 });
     await rm(this.clientFile(volume), { force: true });
     await this.options.client.mount(info.path, target, { readOnly: options.readOnly, adminSocket: this.adminSocket(volume) });
-    const client = await this.clientAddressNow(volume);
-    if (client !== undefined) await writeFile(this.clientFile(volume), `${client}\n`, { mode: 0o600 });
-    return client;
+    const address = await this.clientAddressNow(volume);
+    if (address !== undefined) await writeFile(this.clientFile(volume), `${address}\n`, { mode: 0o600 });
+    return this.recordOf(address);
   }
 
   private async clientAddressNow(volume: string): Promise<string | undefined> {
@@ -229,9 +240,9 @@ export class SharedVolumes {
     return cephFuseClientAddress(this.adminSocket(volume), Math.min(this.options.timeoutMs, 10_000));
   }
 
-  /** The client instance recorded when the volume was mounted here. */
+  /** This node's client of the volume as the ledger records it, with the instance noted when it was mounted here. */
   async clientOf(volume: string): Promise<string | undefined> {
-    return readClientRecord(this.clientFile(volume));
+    return this.recordOf(await readClientRecord(this.clientFile(volume)));
   }
 
   /** The shared volume mounted at `target` on this node (mountinfo and /proc only), or undefined. */

@@ -61,10 +61,14 @@ export async function fenceNodeOffVolume(
   const found = await fencer.find(name, defined(recorded(start)), spare(start));
   const phase = start.status.nodes[node]?.phase;
   if (found.length === 0 && phase !== undefined && MAY_WRITE.has(phase) && !options.poweredOff) {
+    const none = start.spec.shared
+      ? 'no client instance of it is recorded in the ledger, and no MDS lists a session of it on the volume (a client cut off ' +
+        'from the cluster may still have the volume mounted). '
+      : 'no client of it is recorded in the ledger, and none has the image open or locked (a client cut off from the ' +
+        'cluster loses its watch, yet writes again once it is back). ';
     throw new LatchError(
-      `volume ${name}: node ${node} holds it (${phase}), but ${fencer.kind} has nothing of it to refuse: no client of it is ` +
-        'recorded in the ledger, and none has the image open or locked (a client cut off from the cluster loses its watch, ' +
-        'yet writes again once it is back). Its hold stays. Either let the node come back and release the volume itself ' +
+      `volume ${name}: node ${node} holds it (${phase}), but ${fencer.kind} has nothing of it to refuse: ${none}Its hold stays. ` +
+        'Either let the node come back and release the volume itself ' +
         `(or fence it then, when its client shows), or make sure the node is powered off and repeat with ` +
         `latch volume release ${name} --node ${node} --node-is-down --powered-off`,
     );

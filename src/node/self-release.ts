@@ -11,6 +11,9 @@
 // Where it runs: in the failing call itself (setUpDevice), in the next node call (a marker file per volume that a
 // waitforattach or mount writes before it claims the grant and removes once the device is recorded: a call that dies
 // in between leaves it behind), and in `latch agent` for every hold of this node.
+//
+// A shared volume (node/shared.ts) has no device: the proof is that no CephFS mount of the node (its identity's, a
+// job's included) serves the volume. Its calls set the same marker around their claim and the mount's record.
 import { closeSync, mkdirSync, openSync, readdirSync, unlinkSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Config } from '../config.js';
@@ -54,9 +57,12 @@ export async function releaseIfProvenFree(ctx: Context, name: string): Promise<S
   if (phase !== 'attaching' && phase !== 'detaching') {
     return { released: false, reason: 'no-hold', detail: `node ${node} has no attaching or detaching hold on volume ${name}` };
   }
-  // A shared volume has no device: its proof is that none of this node's CephFS mounts serves it.
-  if (doc?.spec.shared && (await (await import('../backend/cephfs.js')).sharedVolumesFor(ctx.config)?.mountedHere(name)) !== false) {
-    return { released: false, reason: 'mounted', detail: `shared volume ${name} is still mounted on ${node}` };
+  if (doc?.spec.shared) {
+    // A shared volume has no device: its proof is that none of this node's CephFS mounts serves it (a job's included).
+    if ((await (await import('../backend/cephfs.js')).sharedVolumesFor(ctx.config)?.mountedHere(name)) !== false) {
+      return { released: false, reason: 'mounted', detail: `shared volume ${name} is still mounted on ${node}` };
+    }
+    return releaseNow(ctx, name);
   }
   const device = await backend.findDevice(name);
   if (device !== undefined) return { released: false, reason: 'device', detail: `${device} of volume ${name} is set up on ${node}` };
@@ -69,7 +75,13 @@ export async function releaseIfProvenFree(ctx: Context, name: string): Promise<S
   await backend.release(name);
   const after = await backend.findDevice(name);
   if (after !== undefined) return { released: false, reason: 'device', detail: `${after} of volume ${name} appeared on ${node}` };
-  const action = await ledger.releaseHoldWithoutDevice(name, node);
+  return releaseNow(ctx, name);
+}
+
+/** The proof is made: the ledger releases the hold if it is still attaching or detaching. */
+async function releaseNow(ctx: Context, name: string): Promise<SelfReleaseResult> {
+  const node = ctx.config.nodeName;
+  const action = await ctx.ledger.releaseHoldWithoutDevice(name, node);
   if (!action) return { released: false, reason: 'no-hold', detail: `node ${node} no longer holds volume ${name}` };
   return { released: true, action };
 }

@@ -25,6 +25,7 @@ import type { VolumeDoc } from '../ledger/types.js';
 import { guardFuse } from '../sys/fuse.js';
 import { run } from '../sys/run.js';
 import { withVolumeLock } from './lock.js';
+import { clearHoldToCheck, markHoldToCheck } from './self-release.js';
 import { ensureDirectory } from './mount.js';
 import { stagingPath } from './staging.js';
 import type { WorkloadRequest } from './tickets.js';
@@ -251,7 +252,9 @@ export async function setUpSharedForJob(ctx: Context, name: string): Promise<{ d
     throw new LatchError(`volume ${name} was withdrawn from node ${node} before its job started`);
   }
   const device = sharedDeviceId(name);
-  const after = await ctx.ledger.recordDevice(name, node, device);
+  // The node's entity, so that a fence of another node spares the sessions of a job's own mount (a backup's).
+  const client = await (await sharedVolumesOf(ctx)).clientOf(name);
+  const after = await ctx.ledger.recordDevice(name, node, device, client);
   if (after?.status.nodes[node]?.phase !== 'attached') {
     await releaseSharedForJob(ctx, name);
     throw new LatchError(`volume ${name} was detached from node ${node} while its job was being set up`);
@@ -300,9 +303,13 @@ export async function expandShared(ctx: Context, doc: VolumeDoc, newBytes: numbe
 async function setUpShared(ctx: Context, shared: SharedVolumes, name: string, target: string, readOnlyAsked = false): Promise<VolumeDoc> {
   const { ledger, config } = ctx;
   const node = config.nodeName;
+  // A call that dies between its claim and the mount's record leaves the marker: the next call here, or the agent,
+  // releases the hold once no mount of the volume is left on this node (self-release.ts).
+  await markHoldToCheck(config, name);
   const claimed = await ledger.claimGrant(name, node);
   const entry = claimed?.status.nodes[node];
   if (!claimed || !entry || !isInUse(entry.phase)) {
+    await clearHoldToCheck(config, name);
     throw new LatchError(`volume ${name} was withdrawn from node ${node} while it was being mounted; try again`);
   }
   await shared.create(name, claimed.spec.sizeBytes);
@@ -312,8 +319,10 @@ async function setUpShared(ctx: Context, shared: SharedVolumes, name: string, ta
   if (after?.status.nodes[node]?.phase !== 'attached') {
     await shared.unmountAt(name, target);
     await ledger.confirmRelease(name, node);
+    await clearHoldToCheck(config, name);
     throw new LatchError(`volume ${name} was detached from node ${node} while it was being mounted`);
   }
+  await clearHoldToCheck(config, name);
   return after;
 }
 

@@ -9,6 +9,7 @@ import { claimAndSetUpDevice, claimGrant } from '../node/device.js';
 import { clearOwnFence } from '../node/fence.js';
 import { awayFromHome } from '../node/home.js';
 import { withVolumeLock } from '../node/lock.js';
+import { clearHoldToCheck, markHoldToCheck } from '../node/self-release.js';
 import { attachShared } from '../node/shared.js';
 import { checkCaller, nodeWorkloadTicketId } from '../node/tickets.js';
 import { defineOp } from './op.js';
@@ -53,9 +54,13 @@ export const op = defineOp({
     return withVolumeLock(config, name, async () => {
       const withdrawn = () => failure(`volume ${name} was withdrawn from node ${node} while it was waiting for it; kubelet tries again`);
       if (doc.spec.shared) {
-        // Nothing is mounted before mountdevice, so there is no hold to check after a crash: no marker.
+        // Nothing is mounted before mountdevice: a call that dies between the claim and the record leaves an
+        // attaching hold with no mount, which the marker has the next call (or the agent) release.
+        await markHoldToCheck(config, name);
         const claimed = await claimGrant(ctx, name);
-        return claimed ? attachShared(ctx, name, claimed) : withdrawn();
+        const reply = claimed ? await attachShared(ctx, name, claimed) : withdrawn();
+        await clearHoldToCheck(config, name);
+        return reply;
       }
       const setUp = await claimAndSetUpDevice(ctx, name);
       if (!setUp) return withdrawn();

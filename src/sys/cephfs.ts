@@ -294,7 +294,7 @@ export async function mdsActive(identity: CephIdentity, fsName: string, timeoutM
 export interface MdsSession {
   mds: string;
   id: number;
-  /** The client instance, IP:PORT/NONCE. */
+  /** The client instance, IP:PORT/NONCE; '' when `inst` shows none (an IPv6 one). */
   address: string;
   /** The cephx id it authenticated as (client_metadata.entity_id). */
   entity: string;
@@ -312,7 +312,10 @@ async function activeMds(identity: CephIdentity, fsName: string): Promise<string
     .filter((m) => m.state === 'up:active' && typeof m.name === 'string')
     .map((m) => String(m.name));
   if (names.length === 0) throw new LatchError(`file system ${fsName} has no active MDS: its client sessions cannot be listed`);
-  return names.filter((n) => /^[A-Za-z0-9_.-]+$/.test(n));
+  const odd = names.filter((n) => !/^[A-Za-z0-9_.-]+$/.test(n));
+  if (odd.length > 0)
+    throw new LatchError(`file system ${fsName} has an active MDS named ${JSON.stringify(odd[0])}, which latch cannot ask`);
+  return names;
 }
 
 /**
@@ -337,11 +340,12 @@ export async function mdsSessions(identity: CephIdentity, fsName: string): Promi
     for (const s of list) {
       // inst: "client.4170 v1:127.0.0.1:0/2613773025"
       const address = typeof s.inst === 'string' ? /\s(?:v[12]:)?([0-9.]+:[0-9]+\/[0-9]+)$/.exec(s.inst)?.[1] : undefined;
-      if (typeof s.id !== 'number' || address === undefined) continue;
+      if (typeof s.id !== 'number') continue;
       sessions.push({
         mds,
         id: s.id,
-        address,
+        // Listed all the same: a fence must not overlook a session it cannot name (it refuses then).
+        address: address ?? '',
         entity: typeof s.client_metadata?.entity_id === 'string' ? s.client_metadata.entity_id : '',
         root: typeof s.client_metadata?.root === 'string' ? s.client_metadata.root : '',
       });

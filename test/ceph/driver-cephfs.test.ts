@@ -10,10 +10,12 @@
 // Needs root, Debian's ceph, ceph-mds and ceph-fuse packages and bin/latch; skips with a message otherwise.
 import assert from 'node:assert/strict';
 import { execFile, spawn } from 'node:child_process';
-import { existsSync, mkdirSync, readdirSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { promisify } from 'node:util';
+import { parseConfig } from '../../src/config.js';
+import { createContext } from '../../src/context.js';
 import { readMountInfo } from '../../src/sys/mounts.js';
 import { cephfsFencerCaps, cephfsNodeCaps } from '../../src/sys/cephfs.js';
 import { fencerCaps } from '../../src/sys/rbd.js';
@@ -289,6 +291,90 @@ describe('shared volumes on CephFS through the driver', { skip }, () => {
     assert.equal((await call(node, 'mount', podDir(node), options(node))).status, 'Success');
   });
 
+  it(
+    'a mount SIGKILLed between its grant and its mount leaves a marker, and the agent releases that hold; one killed after its mount keeps it',
+    { timeout: 180_000 },
+    async () => {
+      const node = 'node-c';
+      const pv = 'pv-killed';
+      const pod = podDir(node, pv);
+      const opts = JSON.stringify({ ...(JSON.parse(options(node)) as object), 'kubernetes.io/pvOrVolumeName': pv });
+      const staging = join(stateDir, 'staging', node, pv);
+      const marker = join(stateDir, 'holds-to-check', node, pv);
+      const ctx = createContext(parseConfig(JSON.parse(readFileSync(configs.admin ?? '', 'utf8')), 'test'));
+      const phase = async () => (await ctx.ledger.get(pv))?.status.nodes[node]?.phase;
+      const mountedHere = async () => (await readMountInfo()).some((m) => m.mountPoint === staging && m.fsType === 'fuse.ceph-fuse');
+      // A ceph-fuse first on the call's PATH that says where it is (its pid in a file) and then waits: "never" before
+      // mounting anything, "after" once the real ceph-fuse has mounted (the call then waits for it to exit).
+      const realFuse = (await run('sh', ['-c', 'command -v ceph-fuse'])).stdout.trim();
+      const wrapper = (mode: 'never' | 'after') => {
+        const dir = join(ceph.dir, `fuse-${mode}`);
+        mkdirSync(dir, { recursive: true });
+        const pidFile = join(dir, 'pid');
+        rmSync(pidFile, { force: true });
+        const mountFirst = mode === 'after' ? `${realFuse} "$@" || exit 1\n` : '';
+        writeFileSync(join(dir, 'ceph-fuse'), `#!/bin/sh\n${mountFirst}echo $$ > ${pidFile}\nexec sleep 120\n`, { mode: 0o755 });
+        return { env: { PATH: `${dir}:${process.env.PATH ?? ''}` }, pidFile };
+      };
+      const killMountAt = async (mode: 'never' | 'after') => {
+        const { env, pidFile } = wrapper(mode);
+        const child = spawn(LATCH, ['mount', pod, opts], { env: { ...process.env, ...env, LATCH_CONFIG: configs[node] }, stdio: 'ignore' });
+        const exited = new Promise((r) => child.once('exit', r));
+        for (let i = 0; i < 600 && !existsSync(pidFile); i++) await new Promise((r) => setTimeout(r, 100));
+        if (!existsSync(pidFile)) {
+          const log = existsSync(join(ceph.dir, node, 'latch.log')) ? readFileSync(join(ceph.dir, node, 'latch.log'), 'utf8') : '';
+          const ps = (await run('ps', ['-eo', 'pid,ppid,stat,wchan:24,args'])).stdout
+            .split('\n')
+            .filter((l) => /bin\/latch|ceph-fuse|\/ceph /.test(l))
+            .join('\n');
+          assert.fail(`the mount did not reach its ceph-fuse (${mode}): ${log.split('\n').slice(-2).join('\n')}\n${ps}`);
+        }
+        child.kill('SIGKILL');
+        await exited;
+        process.kill(Number(readFileSync(pidFile, 'utf8').trim()), 'SIGKILL');
+      };
+
+      // The subvolume first (the manager may take its time on a busy machine): the kills below are about the mount.
+      const created = await admin('admin', 'volume', 'create', pv, '--size', '64Mi', '--shared');
+      assert.equal(created.code, 0, created.out);
+      // 1. Killed between the grant and the mount: attaching, the marker left, nothing mounted.
+      await killMountAt('never');
+      assert.equal(await phase(), 'attaching');
+      assert.ok(existsSync(marker), 'the killed call left its hold-to-check marker');
+      assert.equal(await mountedHere(), false);
+      const agent = await admin(node, 'agent', '--once');
+      assert.equal(agent.code, 0, agent.out);
+      assert.equal(await phase(), 'granted', "the agent released the hold on the node's own evidence (the pod's ticket keeps the grant)");
+      assert.match(JSON.stringify((await ctx.ledger.get(pv))?.status.automatic), /its hold was released/);
+
+      // 2. The same, released by the node's next call (for any volume) through the marker.
+      await killMountAt('never');
+      assert.equal(await phase(), 'attaching');
+      assert.ok(existsSync(marker));
+      const other = await call(node, 'unmount', join(ceph.dir, 'kubelet', node, 'pods', 'uid-none', 'volumes', 'latch~latch', 'pv-none'));
+      assert.equal(other.status, 'Success', other.message);
+      assert.equal(await phase(), 'granted', 'the next call released the marked hold');
+      assert.ok(!existsSync(marker), 'and removed the marker');
+
+      // 3. Killed after the mount, before its record: the agent keeps the hold with its live mount.
+      await killMountAt('after');
+      assert.equal(await phase(), 'attaching');
+      assert.equal(await mountedHere(), true, 'the killed call left its mount');
+      const kept = await admin(node, 'agent', '--once');
+      assert.equal(kept.code, 0, kept.out);
+      assert.equal(await phase(), 'attaching', 'the agent keeps a hold whose mount is live');
+      // kubelet's retry finds the mount and records it; the unmount takes everything down.
+      const again = await call(node, 'mount', pod, opts);
+      assert.equal(again.status, 'Success', again.message);
+      assert.equal(await phase(), 'attached');
+      assert.equal((await call(node, 'unmount', pod)).status, 'Success');
+      assert.equal(await phase(), undefined);
+      assert.equal(await mountedHere(), false);
+      const removed = await admin('admin', 'volume', 'delete', pv);
+      assert.equal(removed.code, 0, removed.out);
+    },
+  );
+
   it('a SIGSTOPped ceph-fuse never holds an unmount past its deadline', { timeout: 120_000 }, async () => {
     const node = 'node-c';
     const staging = join(stateDir, 'staging', node, PV);
@@ -363,6 +449,76 @@ describe('shared volumes on CephFS through the driver', { skip }, () => {
       const back = await call('node-a', 'mount', podDir('node-a'), options('node-a'));
       assert.equal(back.status, 'Success', back.message);
       assert.ok(readdirSync(podDir('node-a')).length > 60);
+    },
+  );
+
+  it(
+    'fencing node-a when the ledger lost its client record: its session is found on the MDS, cut off, and the others keep writing',
+    { timeout: 180_000 },
+    async () => {
+      // node-a's ceph-fuse, as its admin socket names it; then its record goes from the ledger (a crash between its
+      // mount and the record, or a hostile edit). node-b and node-c keep theirs (entity:ID@IP:PORT/NONCE).
+      const asok = join(ceph.dir, 'mnt', 'node-a', 'cephfs', `${PV}.asok`);
+      const status = JSON.parse((await run('ceph', ['--admin-daemon', asok, 'status'], { timeoutMs: 10_000 })).stdout) as {
+        addr_str: string;
+      };
+      const real = status.addr_str;
+      const ctx = createContext(parseConfig(JSON.parse(readFileSync(configs.admin ?? '', 'utf8')), 'test'));
+      const before = await ctx.ledger.get(PV);
+      for (const n of ['node-b', 'node-c'])
+        assert.match(before?.status.nodes[n]?.client ?? '', new RegExp(`^entity:latch-${n}@[0-9.]+:[0-9]+/[0-9]+$`));
+      assert.equal(before?.status.nodes['node-a']?.client, `entity:latch-node-a@${real}`);
+      await ctx.ledger.update(PV, (d) => {
+        const next = structuredClone(d);
+        if (next?.status.nodes['node-a']) delete next.status.nodes['node-a'].client;
+        return next;
+      });
+      assert.equal((await ctx.ledger.get(PV))?.status.nodes['node-a']?.client, undefined);
+      const marker = join(podDir('node-a'), 'late-2');
+      await sh(`echo "a 0" > "${marker}"; sync "${marker}"`);
+      for (let i = 0; i < 40 && !existsSync(join(podDir('node-b'), 'late-2')); i++) await new Promise((r) => setTimeout(r, 250));
+      const writerA = spawn(
+        'sh',
+        [
+          '-c',
+          `i=0; while [ $i -lt 400 ]; do i=$((i+1)); echo "a $i" >> "${marker}" && sync "${marker}" || echo "fail $i" >&2; sleep 0.05; done`,
+        ],
+        { stdio: ['ignore', 'ignore', 'pipe'] },
+      );
+      let errors = '';
+      writerA.stderr.on('data', (chunk: Buffer) => (errors += chunk.toString()));
+      const others = Promise.all(
+        ['node-b', 'node-c'].map((n) =>
+          sh(`for i in $(seq 1 30); do echo "${n} $i" > "${podDir(n)}/x-${n}-$i"; sync "${podDir(n)}/x-${n}-$i"; sleep 0.05; done`),
+        ),
+      );
+      await new Promise((r) => setTimeout(r, 1_000));
+      const fenced = await admin('admin', 'node', 'fence', 'node-a', '--volume', PV);
+      assert.equal(fenced.code, 0, fenced.out);
+      const after = await ctx.ledger.get(PV);
+      assert.ok(after?.status.fences?.['node-a']?.clients.includes(real), `the fence names node-a's ceph-fuse ${real}`);
+      assert.deepEqual(after?.status.currentNodes, ['node-b', 'node-c'], 'node-a lost its hold, the others kept theirs');
+      await new Promise((r) => setTimeout(r, 1_500));
+      const atFence = (await sh(`wc -l < "${join(podDir('node-b'), 'late-2')}"`)).stdout.trim();
+      await new Promise<void>((r) => writerA.once('exit', () => r()));
+      await others;
+      assert.match(errors, /fail/, "node-a's writes fail once it is fenced");
+      const atEnd = (await sh(`wc -l < "${join(podDir('node-b'), 'late-2')}"`)).stdout.trim();
+      assert.equal(atEnd, atFence, "none of node-a's writes after the fence landed");
+      assert.ok(Number(atEnd) < 400, `node-a's writer was cut off (${atEnd} lines of 401 landed)`);
+      assert.equal(readdirSync(podDir('node-b')).filter((n) => n.startsWith('x-')).length, 60, 'node-b and node-c kept writing');
+      // Their sessions are untouched: the blocklist names none of their instances.
+      const listed = await ceph.ceph(['osd', 'blocklist', 'ls']);
+      const blocklist = listed.stdout + listed.stderr;
+      for (const n of ['node-b', 'node-c']) {
+        const address = /@(.+)$/.exec(after?.status.nodes[n]?.client ?? '')?.[1] ?? 'none';
+        assert.ok(!blocklist.includes(address), `${n}'s ${address} is not blocklisted`);
+      }
+      // node-a comes back as before: its unmount clears the fence, and it mounts again.
+      const unmounted = await call('node-a', 'unmount', podDir('node-a'));
+      assert.equal(unmounted.status, 'Success', unmounted.message);
+      const back = await call('node-a', 'mount', podDir('node-a'), options('node-a'));
+      assert.equal(back.status, 'Success', back.message);
     },
   );
 
