@@ -63,8 +63,10 @@ class CephFsFencer implements Fencer {
 }
 
 /** The fencer of shared volumes: the configuration's fencer identity on its CephFS; undefined without either. */
-export function cephFsFencerFor(config: Pick<Config, 'backend'>): CephFsFencer | undefined {
+export function cephFsFencerFor(config: Pick<Config, 'backend' | 'commandTimeout'>): CephFsFencer | undefined {
   const rbd = config.backend;
   if (rbd.type !== 'rbd' || rbd.fencer === undefined || rbd.cephfs === undefined) return undefined;
-  return new CephFsFencer({ cephConf: rbd.cephConf, ...rbd.fencer }, rbd.cephfs.fsName, rbd.cephfs.group);
+  // Its ceph calls get the configured deadline, as the rbd fencer's do (configuredFencer), not run()'s 120 s default.
+  const identity = { cephConf: rbd.cephConf, ...rbd.fencer, commandTimeoutMs: config.commandTimeout * 1000 };
+  return new CephFsFencer(identity, rbd.cephfs.fsName, rbd.cephfs.group);
 }
