@@ -12,6 +12,9 @@ import { findTool, toolSearchPath } from '../sys/run.js';
 import { formatSize } from '../size.js';
 import { sh, type AddFinding } from './findings.js';
 
+/** The longest a CephFS check's ceph call may take. */
+const CEPHFS_CHECK_MS = 15_000;
+
 /** A volume this full (quota use) is reported as a warning. */
 const FULL = 0.9;
 
@@ -52,10 +55,11 @@ export async function checkSharedVolumes(ctx: Context, env: NodeJS.ProcessEnv, a
           },
     );
   }
-  // The MDS, as the node's identity.
-  const identity = { cephConf: rbd.cephConf, clientId: rbd.clientId, keyring: rbd.keyring };
+  // The MDS, as the node's identity; every call bounded as doctor's rbd checks are (a quota look-up per mount
+  // included), never run()'s 120 s default.
+  const identity = { cephConf: rbd.cephConf, clientId: rbd.clientId, keyring: rbd.keyring, commandTimeoutMs: CEPHFS_CHECK_MS };
   try {
-    const active = await mdsActive(identity, cephfs.fsName, 15_000);
+    const active = await mdsActive(identity, cephfs.fsName, CEPHFS_CHECK_MS);
     add(
       active
         ? { check: 'cephfs', severity: 'ok', message: `file system ${cephfs.fsName} has an active MDS (as client.${rbd.clientId})` }
