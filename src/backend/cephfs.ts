@@ -240,6 +240,11 @@ export class SharedVolumes {
     return cephFuseClientAddress(this.adminSocket(volume), Math.min(this.options.timeoutMs, 10_000));
   }
 
+  /** This node's client as the ledger records it before any mount: its cephx entity alone (`entity:ID`). */
+  entityRecord(): string | undefined {
+    return this.recordOf(undefined);
+  }
+
   /** This node's client of the volume as the ledger records it, with the instance noted when it was mounted here. */
   async clientOf(volume: string): Promise<string | undefined> {
     return this.recordOf(await readClientRecord(this.clientFile(volume)));

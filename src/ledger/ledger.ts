@@ -289,9 +289,12 @@ export class Ledger {
 
   // ---- a node's hold on the volume --------------------------------------------------------------------------------
 
-  /** The node claims the ledger's grant (granted -> attaching); a node without a grant changes nothing. */
-  claimGrant(name: string, node: string): Promise<VolumeDoc | undefined> {
-    return this.update(name, (d) => (d && markAttaching(d, node, this.now())) ?? d);
+  /**
+   * The node claims the ledger's grant (granted -> attaching), naming the storage client it will use where it knows it
+   * before it has the device (recorded where none is); a node without a grant changes nothing.
+   */
+  claimGrant(name: string, node: string, client?: string): Promise<VolumeDoc | undefined> {
+    return this.update(name, (d) => (d && markAttaching(d, node, this.now(), client)) ?? d);
   }
 
   /**

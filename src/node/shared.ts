@@ -306,7 +306,8 @@ async function setUpShared(ctx: Context, shared: SharedVolumes, name: string, ta
   // A call that dies between its claim and the mount's record leaves the marker: the next call here, or the agent,
   // releases the hold once no mount of the volume is left on this node (self-release.ts).
   await markHoldToCheck(config, name);
-  const claimed = await ledger.claimGrant(name, node);
+  // Claimed with the node's entity, so that a fence of another node in the meantime spares the session this mount opens.
+  const claimed = await ledger.claimGrant(name, node, shared.entityRecord());
   const entry = claimed?.status.nodes[node];
   if (!claimed || !entry || !isInUse(entry.phase)) {
     await clearHoldToCheck(config, name);

@@ -38,6 +38,25 @@ const settle = (doc: VolumeDoc, node: string): VolumeDoc => {
 };
 
 describe('shared volumes: arbitration', () => {
+  it("records the node's entity at its claim, where no client is yet, and the instance after its mount", () => {
+    let doc = addTicket(shared(), req('w-a', 'node-a'), T);
+    const claimed = markAttaching(doc, 'node-a', T, 'entity:latch-node-a');
+    assert.ok(claimed);
+    assert.equal(claimed.status.nodes['node-a']?.phase, 'attaching');
+    assert.equal(claimed.status.nodes['node-a']?.client, 'entity:latch-node-a');
+    // A repeat of the claim (a call killed and repeated) changes nothing; one with another name keeps the first.
+    assert.equal(markAttaching(claimed, 'node-a', T, 'entity:latch-node-a'), claimed);
+    assert.equal(markAttaching(claimed, 'node-a', T, 'entity:other'), claimed);
+    doc = markAttached(claimed, 'node-a', '/latch/shared/s1', T, 'entity:latch-node-a@10.0.0.1:0/42') as VolumeDoc;
+    assert.equal(doc.status.nodes['node-a']?.client, 'entity:latch-node-a@10.0.0.1:0/42');
+    // A later claim (mountdevice after waitforattach) never overwrites the instance with the bare entity.
+    assert.equal(markAttaching(doc, 'node-a', T, 'entity:latch-node-a'), doc);
+    // An attaching entry without a client (a call of an older latch, killed) gets the entity.
+    const bare = markAttaching(addTicket(shared(), req('w-b', 'node-b'), T), 'node-b', T) as VolumeDoc;
+    assert.equal(bare.status.nodes['node-b']?.client, undefined);
+    assert.equal(markAttaching(bare, 'node-b', T, 'entity:latch-node-b')?.status.nodes['node-b']?.client, 'entity:latch-node-b');
+  });
+
   it('grants three nodes read-write at once, one entry per node whatever its number of pods', () => {
     let doc = shared();
     for (const [id, node] of [

@@ -4,14 +4,22 @@ import { compareTickets, isFencedOff, ticketsOfNode } from './queries.js';
 import { reconcile } from './reconcile.js';
 
 /** The node starts setting up the device. Refused (undefined) unless the ledger granted it the volume. */
-export function markAttaching(doc: VolumeDoc, node: string, now: string): VolumeDoc | undefined {
+export function markAttaching(doc: VolumeDoc, node: string, now: string, client?: string): VolumeDoc | undefined {
   const entry = doc.status.nodes[node];
   if (!entry || entry.phase === 'detaching') return undefined;
-  if (entry.phase !== 'granted') return doc;
+  // A client named before the device exists (a shared volume's cephx entity) is recorded where none is yet, so that a
+  // fence of another node spares the sessions this node is about to open; a later record (markAttached) refines it.
+  const named = client !== undefined && entry.client === undefined ? { client } : {};
+  if (entry.phase !== 'granted') {
+    if (!('client' in named)) return doc;
+    const next = structuredClone(doc);
+    next.status.nodes[node] = { ...entry, ...named };
+    return next;
+  }
   // Being fenced: a grant it had not taken up yet is not taken up now (the fencer may have listed its clients already).
   if (isFencedOff(doc, node)) return undefined;
   const next = structuredClone(doc);
-  next.status.nodes[node] = { ...entry, phase: 'attaching', since: now };
+  next.status.nodes[node] = { ...entry, phase: 'attaching', since: now, ...named };
   return reconcile(next, now);
 }
 
