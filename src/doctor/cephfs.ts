@@ -7,7 +7,7 @@ import type { Context } from '../context.js';
 import { errorMessage } from '../errors.js';
 import { nodeHoldsDevice } from '../ledger/arbitrate.js';
 import { fuseMountsAt } from '../sys/fuse.js';
-import { mdsActive, subvolumeInfo } from '../sys/cephfs.js';
+import { mdsStatus, subvolumeInfo } from '../sys/cephfs.js';
 import { findTool, toolSearchPath } from '../sys/run.js';
 import { formatSize } from '../size.js';
 import { sh, type AddFinding } from './findings.js';
@@ -59,12 +59,24 @@ export async function checkSharedVolumes(ctx: Context, env: NodeJS.ProcessEnv, a
   // included), never run()'s 120 s default.
   const identity = { cephConf: rbd.cephConf, clientId: rbd.clientId, keyring: rbd.keyring, commandTimeoutMs: CEPHFS_CHECK_MS };
   try {
-    const active = await mdsActive(identity, cephfs.fsName, CEPHFS_CHECK_MS);
+    const { active, sessionTimeoutSeconds } = await mdsStatus(identity, cephfs.fsName, CEPHFS_CHECK_MS);
     add(
       active
         ? { check: 'cephfs', severity: 'ok', message: `file system ${cephfs.fsName} has an active MDS (as client.${rbd.clientId})` }
         : { check: 'cephfs', severity: 'error', message: `file system ${cephfs.fsName} has no active MDS: shared volumes hang or fail` },
     );
+    // A dead client's caps stall the manager's subvolume calls until its session times out (docs/operations.md,
+    // "Shared volumes on CephFS", Limits): a commandTimeout at or below that fails those calls meanwhile.
+    if (sessionTimeoutSeconds !== undefined && ctx.config.commandTimeout <= sessionTimeoutSeconds) {
+      add({
+        check: 'cephfs',
+        severity: 'warning',
+        message:
+          `commandTimeout (${ctx.config.commandTimeout} s) is not above ${cephfs.fsName}'s session_timeout (${sessionTimeoutSeconds} s): ` +
+          "while a dead client's session lasts, shared volumes' mounts, creations and deletions fail instead of waiting for it",
+        fix: `set "commandTimeout" above ${sessionTimeoutSeconds} in ${ctx.config.source}`,
+      });
+    }
   } catch (err) {
     add({
       check: 'cephfs',

@@ -280,14 +280,24 @@ export async function cephFuseClientAddress(adminSocket: string, timeoutMs: numb
 
 /**
  * Whether the file system has an active MDS, as `identity` sees the MDS map (`ceph mds stat`, which a node's caps
- * allow): the MDS reachable as the node's identity. Throws with the tool's message when the monitors cannot say.
+ * allow): the MDS reachable as the node's identity; and its session_timeout, the seconds a dead client's session
+ * (and its caps) last. Throws with the tool's message when the monitors cannot say.
  */
-export async function mdsActive(identity: CephIdentity, fsName: string, timeoutMs: number): Promise<boolean> {
+export async function mdsStatus(
+  identity: CephIdentity,
+  fsName: string,
+  timeoutMs: number,
+): Promise<{ active: boolean; sessionTimeoutSeconds: number | undefined }> {
   const { stdout } = await ceph(identity, ['mds', 'stat', '--format', 'json'], [], timeoutMs);
   type MdsInfo = { state?: unknown };
-  const stat = JSON.parse(stdout) as { fsmap?: { filesystems?: { mdsmap?: { fs_name?: unknown; info?: Record<string, MdsInfo> } }[] } };
-  const fs = (stat.fsmap?.filesystems ?? []).find((f) => f.mdsmap?.fs_name === fsName);
-  return Object.values(fs?.mdsmap?.info ?? {}).some((m) => m.state === 'up:active');
+  type MdsMap = { fs_name?: unknown; info?: Record<string, MdsInfo>; session_timeout?: unknown };
+  const stat = JSON.parse(stdout) as { fsmap?: { filesystems?: { mdsmap?: MdsMap }[] } };
+  const mdsmap = (stat.fsmap?.filesystems ?? []).find((f) => f.mdsmap?.fs_name === fsName)?.mdsmap;
+  const timeout = mdsmap?.session_timeout;
+  return {
+    active: Object.values(mdsmap?.info ?? {}).some((m) => m.state === 'up:active'),
+    sessionTimeoutSeconds: typeof timeout === 'number' && Number.isFinite(timeout) && timeout > 0 ? timeout : undefined,
+  };
 }
 
 /** One MDS session of a client, from `client ls`. */

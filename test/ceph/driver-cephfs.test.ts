@@ -172,6 +172,8 @@ describe('shared volumes on CephFS through the driver', { skip }, () => {
     const doctor = await admin('node-a', 'doctor');
     assert.match(doctor.out, /node client: ceph-fuse/);
     assert.match(doctor.out, /file system cephfs has an active MDS \(as client\.latch-node-a\)/);
+    // This file's 8 s commandTimeout is below the file system's session_timeout (60 s): doctor says what that costs.
+    assert.match(doctor.out, /commandTimeout \(8 s\) is not above cephfs's session_timeout \(60 s\)/);
     assert.match(doctor.out, /shared volume pv-shared: [0-9.]+\w* of 64Mi used/);
     assert.doesNotMatch(doctor.out, /stale ticket: volume pv-shared/);
     assert.doesNotMatch(doctor.out, /stale CephFS mount/);
