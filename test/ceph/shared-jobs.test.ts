@@ -42,7 +42,7 @@ import { cephfsNodeCaps } from '../../src/sys/cephfs.js';
 import { readMountInfo } from '../../src/sys/mounts.js';
 import { withJobRunner } from '../fixtures/job-runner.js';
 import { MemoryStore } from '../fixtures/memory-store.js';
-import { cephSkipReason, startCephCluster, type CephCluster } from '../ceph/cluster.js';
+import { cephSkipReason, procStat, startCephCluster, type CephCluster } from '../ceph/cluster.js';
 
 const MiB = 1024 * 1024;
 const which = (tool: string) => ['/usr/bin', '/usr/sbin', '/bin', '/sbin'].some((d) => existsSync(join(d, tool)));
@@ -222,28 +222,36 @@ describe('jobs on shared volumes through tickets', { skip }, () => {
         for (let i = 0; i < 24; i++) writeFileSync(join(dir, `part-${i}`), Buffer.alloc(4 * MiB, i + 1));
       });
       const jobMount = join(ceph.dir, 'mnt', 'node-a', 'cephfs', 'jobs', 'big');
-      // Stops the job's own ceph-fuse as soon as its mount shows (its argv names the job's mount point).
+      // Stops the job's own ceph-fuse (its argv names the job's mount point) once its start is over: mounted, and the
+      // process that daemonized it gone (startDaemon returns then). Stopped while it starts (its mount shows in
+      // mountinfo before that), it is the start's deadline, also commandTimeout, that would end the job instead.
+      const argvOf = (pid: string): string[] => {
+        try {
+          return readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
+        } catch {
+          return [];
+        }
+      };
+      const isJobFuse = (pid: string) => {
+        const argv = argvOf(pid);
+        return (argv[0] ?? '').endsWith('ceph-fuse') && argv.includes(jobMount);
+      };
+      /** The job's ceph-fuse daemon, once it is the only one and its parent is not ceph-fuse; else undefined. */
+      const startedDaemon = async (): Promise<number | undefined> => {
+        if (!(await readMountInfo()).some((m) => m.mountPoint === jobMount && m.fsType === 'fuse.ceph-fuse')) return undefined;
+        const fuses = readdirSync('/proc').filter((e) => /^[0-9]+$/.test(e) && isJobFuse(e));
+        if (fuses.length !== 1) return undefined;
+        const parent = procStat(Number(fuses[0]))?.[1];
+        return parent === undefined || isJobFuse(parent) ? undefined : Number(fuses[0]);
+      };
       let stopped: number | undefined;
       const watcher = (async () => {
         for (let i = 0; i < 3000 && stopped === undefined; i++) {
-          // Once it has mounted (stopped while it starts, it is its start's deadline that ends the job instead).
-          if (!(await readMountInfo()).some((m) => m.mountPoint === jobMount && m.fsType === 'fuse.ceph-fuse')) {
-            await sleep(10);
-            continue;
-          }
-          for (const entry of readdirSync('/proc').filter((e) => /^[0-9]+$/.test(e))) {
-            const argv = (() => {
-              try {
-                return readFileSync(`/proc/${entry}/cmdline`, 'utf8').split('\0');
-              } catch {
-                return [];
-              }
-            })();
-            if ((argv[0] ?? '').endsWith('ceph-fuse') && argv.includes(jobMount)) {
-              process.kill(Number(entry), 'SIGSTOP');
-              stopped = Number(entry);
-              break;
-            }
+          const daemon = await startedDaemon();
+          if (daemon !== undefined) {
+            process.kill(daemon, 'SIGSTOP');
+            stopped = daemon;
+            break;
           }
           await sleep(10);
         }
