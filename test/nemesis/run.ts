@@ -604,8 +604,9 @@ async function runRound(
       log(`  ${kind} (${node}) failed: ${String(err)}`);
     } finally {
       if (fault) {
+        const healing = history.now();
         await fault.heal().catch((err: unknown) => log(`  heal of ${kind} failed: ${String(err)}`));
-        history.append({ kind: 'fault', id, fault: kind, phase: 'end', at: history.now() });
+        history.append({ kind: 'fault', id, fault: kind, phase: 'end', at: healing });
         if (faults.length > 1) log(`  ${kind} (${node}) healed`);
       }
       ended++;
