@@ -29,7 +29,8 @@ const NODE_DEADLINE_MS = 6_000;
 /** How long a fault lasts when the controller has nothing to do about it (unless told otherwise). */
 const FAULT_MS = 10_000;
 const KUBELET_PORT = 10250;
-const SPARE = 'nm-spare';
+/** Volumes only ever asked for on a node cut off from etcd's majority: one for each fault of a round. */
+const SPARES = ['nm-spare', 'nm-spare2'] as const;
 /** doctor's checks that report on the machine rather than on latch's state: the rig has no kubelet and no KCM. */
 const ENVIRONMENT_CHECKS = ['plugin-dir', 'kcm'];
 
@@ -77,8 +78,8 @@ class Cluster {
   private readonly agents = new Map<Node, ChildProcess>();
   private readonly kubelets = new Map<Node, ChildProcess>();
   private writers = 0;
-  /** Nodes the spare volume was asked for: the controller withdraws each (detach) once the fault heals. */
-  readonly pendingDetach: Node[] = [];
+  /** Spare volumes and the nodes they were asked for: the controller withdraws each (detach) once the faults heal. */
+  readonly pendingDetach: { volume: string; node: Node }[] = [];
   /** Old nodes of volumes that moved: cleaned up once their fault heals. */
   readonly orphans: { volume: string; node: Node; writer: Writer; path: string }[] = [];
   /** Nodes the controller is fencing now: a fault on one heals only after its fence (as the controller's tick ends). */
@@ -360,24 +361,30 @@ class Cluster {
 /** How often a round of the random schedule starts a second fault while the first is active. */
 const OVERLAP_CHANCE = 0.5;
 
-/** A second fault for a round of the random schedule, on any node, started while the first lasts; or none. */
+/**
+ * A second fault for a round of the random schedule, on any node, started while the first lasts; or none. Up to three
+ * draws: a pair that may not overlap (overlapExclusion) is noted and drawn again.
+ */
 function randomSecond(
   first: PlannedFault,
   holders: Node[],
   faultMs: number,
   rand: () => number,
   pick: <T>(items: readonly T[]) => T,
-  log: (line: string) => void,
+  notes: string[],
 ): PlannedFault | undefined {
   if (rand() >= OVERLAP_CHANCE) return undefined;
-  const kind = pick(FAULT_KINDS);
-  // kill-call moves a pod off its node: one that holds a pod.
-  const node = kind === 'kill-call' && holders.length > 0 ? pick(holders) : pick(NODES);
-  const why = overlapExclusion(first, { kind, node });
-  if (why) {
-    log(`  (no ${kind} (${node}) beside ${first.kind} (${first.node}): ${why})`);
-    return undefined;
+  let kind: FaultKind | undefined;
+  let node: Node = first.node;
+  for (let draw = 0; draw < 3 && kind === undefined; draw++) {
+    const k = pick(FAULT_KINDS);
+    // kill-call moves a pod off its node: one that holds a pod.
+    node = k === 'kill-call' && holders.length > 0 ? pick(holders) : pick(NODES);
+    const why = overlapExclusion(first, { kind: k, node });
+    if (why) notes.push(`(not ${k} (${node}) beside it: ${why})`);
+    else kind = k;
   }
+  if (kind === undefined) return undefined;
   const startMs = Math.round(faultMs * (0.1 + 0.6 * rand()));
   // It heals before the first (within the first's time) or after it, as chosen.
   const durationMs =
@@ -455,9 +462,9 @@ export async function runNemesis(options: NemesisOptions): Promise<NemesisResult
     for (const [i, volume] of pods.entries()) {
       if (!(await cluster.startPod(volume, NODES[i % NODES.length] ?? 'node-a'))) throw new Error(`the pod of ${volume} did not start`);
     }
-    // The spare volume is only ever asked for on a node cut off from etcd's majority: it must stay nowhere.
-    history.append({ kind: 'intent', volume: SPARE, node: null, at: history.now() });
-    const volumes = [...pods, SPARE];
+    // The spare volumes are only ever asked for on a node cut off from etcd's majority: they must stay nowhere.
+    for (const spare of SPARES) history.append({ kind: 'intent', volume: spare, node: null, at: history.now() });
+    const volumes = [...pods, ...SPARES];
     await sleep(3_000); // records to lose before the first fault
     log(`pods: ${[...cluster.pods.values()].map((p) => `${p.volume} on ${p.node}`).join(', ')}`);
     // The fixed schedule: each kind alone, then the overlapping pairs (unless only some kinds were asked for).
@@ -472,12 +479,13 @@ export async function runNemesis(options: NemesisOptions): Promise<NemesisResult
       const holders = [...cluster.pods.values()].map((p) => p.node);
       const node = holders.length > 0 ? pick(holders) : pick(NODES);
       const first: PlannedFault = { kind, node, startMs: 0, durationMs: faultMs };
+      const notes: string[] = [];
       const second = options.fixed
         ? fixedSecond(first, schedule[round - 1]?.with, holders, faultMs)
-        : randomSecond(first, holders, faultMs, rand, pick, log);
+        : randomSecond(first, holders, faultMs, rand, pick, notes);
       const faults = second ? [first, second] : [first];
       if (second) result.overlaps++;
-      await runRound(cluster, { round, faults }, volumes, rand, log, () => ++faultIds);
+      await runRound(cluster, { round, faults, notes }, volumes, rand, log, () => ++faultIds);
       // The verdict of this round: a property fails here if the history so far shows a violation it did not before.
       const verdicts = check(parseHistory(readHistoryFile(historyFile)));
       for (const [i, v] of verdicts.entries()) {
@@ -522,7 +530,7 @@ const describeFault = (f: PlannedFault) => `${f.kind} (${f.node})`;
 
 async function runRound(
   cluster: Cluster,
-  { round, faults }: { round: number; faults: PlannedFault[] },
+  { round, faults, notes }: { round: number; faults: PlannedFault[]; notes: string[] },
   volumes: string[],
   rand: () => number,
   log: (line: string) => void,
@@ -536,6 +544,7 @@ async function runRound(
       )
       .join(' + ')}`,
   );
+  for (const note of notes) log(`  ${note}`);
   const begin = history.now();
   const silentSince = new Map<Node, number>();
   const hooks = { killAgent: (n: Node) => cluster.killAgent(n), startAgent: (n: Node) => cluster.startAgent(n) };
@@ -578,18 +587,20 @@ async function runRound(
       }
       if (fault.etcdCutNodes.includes(node) && kind !== 'isolate-node' && kind !== 'one-way') {
         // Property 4: a node cut off from etcd's majority is asked to take a volume; its waitforattach must not succeed.
-        const attach = await latchCall(history, cluster.admin, ['attach', cluster.volumeOptions(SPARE), node], {
-          volume: SPARE,
+        // A spare of its own: the other fault's probe may hold the first (attached, until the detach after the round).
+        const spare = SPARES[faults.indexOf(planned)] ?? SPARES[0];
+        const attach = await latchCall(history, cluster.admin, ['attach', cluster.volumeOptions(spare), node], {
+          volume: spare,
           deadlineMs: DRIVER_DEADLINE_MS,
         });
         if (attach.reply?.status === 'Success') {
-          const wait = await latchCall(history, cluster.caller(node), ['waitforattach', '', cluster.volumeOptions(SPARE)], {
-            volume: SPARE,
+          const wait = await latchCall(history, cluster.caller(node), ['waitforattach', '', cluster.volumeOptions(spare)], {
+            volume: spare,
             deadlineMs: DRIVER_DEADLINE_MS,
           });
-          log(`  waitforattach of ${SPARE} on ${node}, cut off from etcd's majority: ${wait.reply?.status ?? 'no reply'}`);
+          log(`  waitforattach of ${spare} on ${node}, cut off from etcd's majority: ${wait.reply?.status ?? 'no reply'}`);
         }
-        cluster.pendingDetach.push(node);
+        cluster.pendingDetach.push({ volume: spare, node });
       }
       // It heals once its time is up and the controller is not moving a volume off its node (the fence comes first).
       const healAt = begin + planned.startMs + planned.durationMs;
@@ -623,8 +634,8 @@ async function runRound(
   await Promise.all(lives);
   await cluster.cleanOrphans();
   await cluster.startPending();
-  // The controller withdraws its request for the spare volume (retried after the heal, as KCM retries a detach).
-  for (const spareNode of cluster.pendingDetach.splice(0)) await cluster.retry(cluster.admin, ['detach', SPARE, spareNode], SPARE, 10);
+  // The controller withdraws its requests for the spare volumes (retried after the heal, as KCM retries a detach).
+  for (const { volume, node } of cluster.pendingDetach.splice(0)) await cluster.retry(cluster.admin, ['detach', volume, node], volume, 10);
   // Settle: every pod's writer acknowledges again (a writer stalled by a storage fault resumes by itself).
   const settleFrom = history.now();
   for (const pod of cluster.pods.values()) {
