@@ -121,22 +121,47 @@ function noLateWrites(finals: FinalEvent[], writers: Map<string, WriterEvent>, f
 }
 
 /**
+ * When each node could not reach a majority of etcd's members: the windows of every fault that cut it off, merged.
+ * Faults overlap, and any one of them suffices: a node cut off by one fault and then by another that started before
+ * the first healed was cut off throughout. (No two of the nemesis's faults cut a node off together that neither
+ * cuts off alone: test/nemesis/nemesis.ts.) A fault with no end in the history lasts to the end.
+ */
+function cutOffWindows(faults: FaultEvent[]): Map<string, { from: number; to: number; faults: string[] }[]> {
+  const byNode = new Map<string, { from: number; to: number; faults: string[] }[]>();
+  for (const start of faults) {
+    if (start.phase !== 'start') continue;
+    const to = faults.find((e) => e.phase === 'end' && e.id === start.id)?.at ?? Infinity;
+    for (const node of start.etcdCutNodes ?? []) {
+      byNode.set(node, [...(byNode.get(node) ?? []), { from: start.at, to, faults: [`${start.fault} #${start.id}`] }]);
+    }
+  }
+  for (const [node, windows] of byNode) {
+    const merged: { from: number; to: number; faults: string[] }[] = [];
+    for (const w of windows.sort((a, b) => a.from - b.from)) {
+      const last = merged.at(-1);
+      if (last && w.from <= last.to)
+        merged[merged.length - 1] = { from: last.from, to: Math.max(last.to, w.to), faults: [...last.faults, ...w.faults] };
+      else merged.push(w);
+    }
+    byNode.set(node, merged);
+  }
+  return byNode;
+}
+
+/**
  * 4. No node claimed a grant (waitforattach succeeded: the node's side of an attach, where it takes its hold) while,
- * for the whole call, it could not reach a majority of etcd's members.
+ * for the whole call, it could not reach a majority of etcd's members (because of any of the faults active then).
  */
 function noGrantWithoutQuorum(calls: CallEvent[], faults: FaultEvent[]): string[] {
   const violations: string[] = [];
-  const windows = faults
-    .filter((f) => f.phase === 'start' && (f.etcdCutNodes?.length ?? 0) > 0)
-    .map((f) => ({ fault: f, end: faults.find((e) => e.phase === 'end' && e.id === f.id)?.at ?? Infinity }));
+  const windows = cutOffWindows(faults);
   for (const call of calls) {
     if (call.op !== 'waitforattach' || !succeeded(call)) continue;
-    for (const { fault, end } of windows) {
-      if (fault.etcdCutNodes!.includes(call.node) && fault.at <= call.start && call.end <= end) {
-        violations.push(
-          `attach of ${call.volume} on ${call.node} succeeded at ${call.end} ms while it was cut off from etcd's majority (${fault.fault})`,
-        );
-      }
+    const window = windows.get(call.node)?.find((w) => w.from <= call.start && call.end <= w.to);
+    if (window) {
+      violations.push(
+        `attach of ${call.volume} on ${call.node} succeeded at ${call.end} ms while it was cut off from etcd's majority (${window.faults.join(', ')})`,
+      );
     }
   }
   return violations;

@@ -21,7 +21,11 @@ export interface CallEvent {
   driverCall: boolean;
 }
 
-/** A fault the nemesis started (`end` undefined in the start event) or ended. */
+/**
+ * A fault the nemesis started or ended. Faults may overlap: each has its own id, and its start and end events share
+ * it. `at` is when the fault was in place (start: after it was set up) and when its heal began (end), so that the
+ * window between them is one where the fault certainly held.
+ */
 export interface FaultEvent {
   kind: 'fault';
   id: number;

@@ -130,3 +130,61 @@ export async function startFault(rig: Rig, kind: FaultKind, node: Node, hooks: F
     }
   }
 }
+
+/** What a fault changes in the rig: links, blackhole routes (`from>to`), nftables tables, daemons, the controller. */
+function footprint(kind: FaultKind, node: Node): string[] {
+  const routes = (from: string, to: readonly string[]) => to.map((t) => `route ${from}>${t}`);
+  const others = ETCD_MEMBERS.slice(1);
+  switch (kind) {
+    case 'isolate-node':
+      return [`link ${node}`];
+    case 'node-storage-cut':
+      return [...routes(node, ['storage']), ...routes('storage', [node])];
+    case 'node-etcd-cut':
+      return routes(node, ETCD_MEMBERS);
+    case 'one-way':
+      return routes(node, ['switch', 'storage', ...ETCD_MEMBERS, ...NODES.filter((n) => n !== node)]);
+    case 'etcd-minority':
+      return [...routes('etcd-0', others), ...others.flatMap((m) => routes(m, ['etcd-0', node])), ...routes(node, others)];
+    case 'etcd-majority':
+      return others.map((m) => `link ${m}`);
+    case 'kill-osd':
+      return ['daemon osd'];
+    case 'kill-mon':
+      return ['daemon mon'];
+    case 'kill-agent':
+      return [`agent ${node}`];
+    case 'kill-call':
+      return ['the controller moves a pod'];
+    case 'packet-loss':
+      return [`nftables ${node}`];
+  }
+}
+
+/** Faults that stop every node's new work: no quorum anywhere, or no Ceph for a new client. */
+const WHOLE_CLUSTER: readonly FaultKind[] = ['etcd-majority', 'kill-osd', 'kill-mon'];
+
+/**
+ * Why two faults may not be active at once (the second starts while the first lasts), or undefined if they may.
+ * Any other pair may overlap, on the same node or on two, and heal in either order.
+ */
+export function overlapExclusion(a: { kind: FaultKind; node: Node }, b: { kind: FaultKind; node: Node }): string | undefined {
+  const shared = footprint(a.kind, a.node).filter((x) => footprint(b.kind, b.node).includes(x));
+  // Two faults that change the same thing: the second cannot be set up (a route that exists, a daemon already dead),
+  // and healing either would heal both.
+  if (shared.length > 0) return `both change ${shared[0]}`;
+  const kinds = [a.kind, b.kind];
+  // The OSD's restart waits until it serves again, which needs the monitor: healed first, it would never finish.
+  if (kinds.includes('kill-osd') && kinds.includes('kill-mon')) return "the OSD's restart needs the monitor";
+  if (kinds.includes('kill-call')) {
+    const [call, other] = a.kind === 'kill-call' ? [a, b] : [b, a];
+    // kill-call checks that kubelet's retry of a killed call succeeds: with no quorum or no Ceph for a new client no
+    // retry can, and the pod stop before it (unmountdevice, detach) is the controller's, with bounded retries.
+    if (WHOLE_CLUSTER.includes(other.kind)) return `a pod cannot move during ${other.kind}: kill-call's retry could not succeed`;
+    // The pod stops gracefully on its node and starts on a third: a fault on the node it leaves would leave its mount
+    // while the controller detaches without a fence (the controller's mistake, not latch's); the pod's new node is
+    // chosen away from the other fault (test/nemesis/run.ts).
+    if (other.node === call.node && other.kind !== 'kill-agent') return `kill-call's pod leaves ${call.node}, which ${other.kind} cuts off`;
+  }
+  return undefined;
+}

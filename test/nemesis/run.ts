@@ -4,7 +4,8 @@
 //
 //   npm run nemesis                              # a random schedule for 10 minutes; the seed is printed
 //   npm run nemesis -- --seconds 120 --seed 7    # repeat a run
-//   npm run nemesis -- --fixed                   # each fault kind once (what npm test runs)
+//   npm run nemesis -- --fixed                   # each fault kind once, then three overlapping pairs (npm test)
+//   npm run nemesis -- --pairs                   # the fixed schedule's overlapping pairs only
 //
 // The closing line is "N passed, M failed": the checker's properties across the rounds. Exit 1 if any failed.
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -15,7 +16,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { run } from '../../src/sys/run.js';
 import { check, lostAfterFence, PROPERTIES, type Verdict } from './checker.js';
 import { parseHistory } from './history.js';
-import { FAULT_KINDS, startFault, type ActiveFault, type FaultKind } from './nemesis.js';
+import { FAULT_KINDS, overlapExclusion, startFault, type ActiveFault, type FaultKind } from './nemesis.js';
 import { addressOf, LATCH, netnsOf, NODES, Rig, rigSkipReason, type Node } from './rig.js';
 import { History, latchCall, lookAtKernel, readHistoryFile, readRecords, Writer, type Caller } from './workload.js';
 import { seeded } from '../fixtures/seeded.js';
@@ -28,17 +29,20 @@ const NODE_DEADLINE_MS = 6_000;
 /** How long a fault lasts when the controller has nothing to do about it (unless told otherwise). */
 const FAULT_MS = 10_000;
 const KUBELET_PORT = 10250;
-const SPARE = 'nm-spare';
+/** Volumes only ever asked for on a node cut off from etcd's majority: one for each fault of a round. */
+const SPARES = ['nm-spare', 'nm-spare2'] as const;
 /** doctor's checks that report on the machine rather than on latch's state: the rig has no kubelet and no KCM. */
 const ENVIRONMENT_CHECKS = ['plugin-dir', 'kcm'];
 
 export interface NemesisOptions {
   seconds: number;
   seed: number;
-  /** Each fault kind once, in order, instead of a random schedule. */
+  /** Each fault kind once, in order, then the overlapping pairs, instead of a random schedule. */
   fixed?: boolean;
-  /** The fixed schedule's kinds (default: all). */
+  /** The fixed schedule's kinds (default: all, and the pairs); each alone. */
   only?: FaultKind[];
+  /** The fixed schedule's overlapping pairs only. */
+  pairs?: boolean;
   /** How long each fault lasts when the controller has nothing to do about it; default 10 s. */
   faultMs?: number;
   volumes?: number;
@@ -49,6 +53,8 @@ export interface NemesisOptions {
 export interface NemesisResult {
   seed: number;
   rounds: number;
+  /** Rounds in which a second fault started while the first was active. */
+  overlaps: number;
   passed: number;
   failed: number;
   failures: { round: number; fault: string; property: string; violations: string[] }[];
@@ -72,10 +78,17 @@ class Cluster {
   private readonly agents = new Map<Node, ChildProcess>();
   private readonly kubelets = new Map<Node, ChildProcess>();
   private writers = 0;
-  /** Nodes the spare volume was asked for: the controller withdraws each (detach) once the fault heals. */
-  readonly pendingDetach: Node[] = [];
+  /** Spare volumes and the nodes they were asked for: the controller withdraws each (detach) once the faults heal. */
+  readonly pendingDetach: { volume: string; node: Node }[] = [];
   /** Old nodes of volumes that moved: cleaned up once their fault heals. */
   readonly orphans: { volume: string; node: Node; writer: Writer; path: string }[] = [];
+  /** Nodes the controller is fencing now: a fault on one heals only after its fence (as the controller's tick ends). */
+  readonly fencing = new Set<Node>();
+  /**
+   * Pods whose start failed (their new node was cut off by another fault): started again once every fault healed,
+   * as kubelet and the controller retry without end.
+   */
+  readonly pendingStarts: { volume: string; node: Node }[] = [];
 
   constructor(
     readonly rig: Rig,
@@ -232,16 +245,35 @@ class Cluster {
     const { volume, node } = pod;
     this.log(`  ${node} does not answer: force-detach ${volume}, fence ${node}, start the pod on ${to}`);
     this.pods.delete(volume);
-    await this.retry(this.admin, ['detach', volume, node], volume, 3);
-    const fence = await this.retry(this.admin, ['node', 'fence', node, '--volume', volume], volume, 5);
-    if (fence.event.exitCode !== 0) {
-      this.log(`  the fence of ${node} failed: ${fence.event.stdout.trim()}`);
-      this.pods.set(volume, pod); // it stays where it is; the controller tries again next tick
-      return;
+    this.fencing.add(node);
+    try {
+      await this.retry(this.admin, ['detach', volume, node], volume, 3);
+      const fence = await this.retry(this.admin, ['node', 'fence', node, '--volume', volume], volume, 5);
+      if (fence.event.exitCode !== 0) {
+        this.log(`  the fence of ${node} failed: ${fence.event.stdout.trim()}`);
+        this.pods.set(volume, pod); // it stays where it is; the controller tries again next tick
+        return;
+      }
+      this.history.append({ kind: 'fence', node, volume, at: fence.event.end });
+      this.orphans.push({ volume, node, writer: pod.writer, path: pod.path });
+    } finally {
+      this.fencing.delete(node);
     }
-    this.history.append({ kind: 'fence', node, volume, at: fence.event.end });
-    this.orphans.push({ volume, node, writer: pod.writer, path: pod.path });
-    await this.startPod(volume, to);
+    if (!(await this.startPod(volume, to))) this.pendingStarts.push({ volume, node: to });
+  }
+
+  /** Once every fault healed: the pods whose start failed start where they were asked for. */
+  async startPending(): Promise<void> {
+    for (const { volume, node } of this.pendingStarts.splice(0)) {
+      this.log(`  ${volume} starts again on ${node}`);
+      if (!(await this.startPod(volume, node))) this.log(`  the pod of ${volume} did not start on ${node} after the heal`);
+    }
+  }
+
+  /** Whether a fault on `node` waits before it heals: the controller is moving a volume off it. */
+  busyWith(node: Node | undefined, silentSince: Map<Node, number>): boolean {
+    if (node === undefined) return false;
+    return this.fencing.has(node) || (silentSince.has(node) && [...this.pods.values()].some((p) => p.node === node));
   }
 
   /** After a heal: the old node of a moved volume lets go (kubelet unmounts the orphaned pod's device), then unfence. */
@@ -326,6 +358,78 @@ class Cluster {
   }
 }
 
+/** How often a round of the random schedule starts a second fault while the first is active. */
+const OVERLAP_CHANCE = 0.5;
+
+/**
+ * A second fault for a round of the random schedule, on any node, started while the first lasts; or none. Up to three
+ * draws: a pair that may not overlap (overlapExclusion) is noted and drawn again.
+ */
+function randomSecond(
+  first: PlannedFault,
+  holders: Node[],
+  faultMs: number,
+  rand: () => number,
+  pick: <T>(items: readonly T[]) => T,
+  notes: string[],
+): PlannedFault | undefined {
+  if (rand() >= OVERLAP_CHANCE) return undefined;
+  let kind: FaultKind | undefined;
+  let node: Node = first.node;
+  for (let draw = 0; draw < 3 && kind === undefined; draw++) {
+    const k = pick(FAULT_KINDS);
+    // kill-call moves a pod off its node: one that holds a pod.
+    node = k === 'kill-call' && holders.length > 0 ? pick(holders) : pick(NODES);
+    const why = overlapExclusion(first, { kind: k, node });
+    if (why) notes.push(`(not ${k} (${node}) beside it: ${why})`);
+    else kind = k;
+  }
+  if (kind === undefined) return undefined;
+  const startMs = Math.round(faultMs * (0.1 + 0.6 * rand()));
+  // It heals before the first (within the first's time) or after it, as chosen.
+  const durationMs =
+    rand() < 0.5 ? Math.round((faultMs - startMs) * (0.3 + 0.5 * rand())) : Math.round(faultMs - startMs + faultMs * (0.2 + 0.6 * rand()));
+  return { kind, node, startMs, durationMs };
+}
+
+/** The second fault of a fixed round: on the first's node, or on a node without a pod (where a moved pod goes). */
+interface FixedSecond {
+  kind: FaultKind;
+  on: 'same' | 'idle';
+  /** When it starts and how long it lasts, in units of the first fault's time. */
+  at: number;
+  lasts: number;
+}
+
+interface FixedRound {
+  kind: FaultKind;
+  with?: FixedSecond;
+}
+
+/**
+ * The fixed schedule's overlapping pairs, the ones that tell most (docs/reliability.md, "Overlapping faults"):
+ * - a node isolated, and the monitor killed before the controller's deadline: the fence cannot reach the monitor,
+ *   so it cannot show it cut the node off, and the volume must stay until the monitor is back (healed first);
+ * - a node isolated, and the node its pod moves to cut off from etcd: the moved pod's waitforattach there must
+ *   fail until that cut heals (after the isolation), and then succeed;
+ * - a node on etcd's minority side, and its agent killed and restarted there (healed first): the restarted agent
+ *   cannot reach quorum, and nothing may be granted to that node.
+ */
+const FIXED_PAIRS: FixedRound[] = [
+  { kind: 'isolate-node', with: { kind: 'kill-mon', on: 'same', at: 0.33, lasts: 1.5 } },
+  { kind: 'isolate-node', with: { kind: 'node-etcd-cut', on: 'idle', at: 0.17, lasts: 1.5 } },
+  { kind: 'etcd-minority', with: { kind: 'kill-agent', on: 'same', at: 0.17, lasts: 0.5 } },
+];
+
+function fixedSecond(first: PlannedFault, second: FixedSecond | undefined, holders: Node[], faultMs: number): PlannedFault | undefined {
+  if (!second) return undefined;
+  const node = second.on === 'same' ? first.node : (NODES.find((n) => !holders.includes(n)) ?? first.node);
+  const planned = { kind: second.kind, node, startMs: Math.round(faultMs * second.at), durationMs: Math.round(faultMs * second.lasts) };
+  const why = overlapExclusion(first, planned);
+  if (why) throw new Error(`the fixed pair ${first.kind} + ${second.kind} is excluded: ${why}`);
+  return planned;
+}
+
 /** Runs the suite. Always tears the rig down, also on failure. */
 export async function runNemesis(options: NemesisOptions): Promise<NemesisResult> {
   const log = options.log ?? ((line: string) => process.stdout.write(`${line}\n`));
@@ -341,6 +445,7 @@ export async function runNemesis(options: NemesisOptions): Promise<NemesisResult
   const result: NemesisResult = {
     seed: options.seed,
     rounds: 0,
+    overlaps: 0,
     passed: 0,
     failed: 0,
     failures: [],
@@ -357,19 +462,30 @@ export async function runNemesis(options: NemesisOptions): Promise<NemesisResult
     for (const [i, volume] of pods.entries()) {
       if (!(await cluster.startPod(volume, NODES[i % NODES.length] ?? 'node-a'))) throw new Error(`the pod of ${volume} did not start`);
     }
-    // The spare volume is only ever asked for on a node cut off from etcd's majority: it must stay nowhere.
-    history.append({ kind: 'intent', volume: SPARE, node: null, at: history.now() });
-    const volumes = [...pods, SPARE];
+    // The spare volumes are only ever asked for on a node cut off from etcd's majority: they must stay nowhere.
+    for (const spare of SPARES) history.append({ kind: 'intent', volume: spare, node: null, at: history.now() });
+    const volumes = [...pods, ...SPARES];
     await sleep(3_000); // records to lose before the first fault
     log(`pods: ${[...cluster.pods.values()].map((p) => `${p.volume} on ${p.node}`).join(', ')}`);
-    const schedule: FaultKind[] = options.fixed ? (options.only ?? [...FAULT_KINDS]) : [];
+    // The fixed schedule: each kind alone, then the overlapping pairs (unless only some kinds were asked for).
+    const singles = options.pairs ? [] : (options.only ?? FAULT_KINDS).map((kind) => ({ kind }));
+    const schedule: FixedRound[] = options.fixed ? [...singles, ...(options.only ? [] : FIXED_PAIRS)] : [];
+    const faultMs = options.faultMs ?? FAULT_MS;
     const deadline = Date.now() + options.seconds * 1000;
+    let faultIds = 0;
     let previous: Verdict[] = PROPERTIES.map((property) => ({ property, passed: true, violations: [] }));
     for (let round = 1; options.fixed ? round <= schedule.length : Date.now() < deadline; round++) {
-      const kind = options.fixed ? (schedule[round - 1] ?? 'isolate-node') : pick(FAULT_KINDS);
+      const kind = options.fixed ? (schedule[round - 1]?.kind ?? 'isolate-node') : pick(FAULT_KINDS);
       const holders = [...cluster.pods.values()].map((p) => p.node);
       const node = holders.length > 0 ? pick(holders) : pick(NODES);
-      await runRound(cluster, { kind, node, round, faultMs: options.faultMs ?? FAULT_MS }, volumes, rand, log);
+      const first: PlannedFault = { kind, node, startMs: 0, durationMs: faultMs };
+      const notes: string[] = [];
+      const second = options.fixed
+        ? fixedSecond(first, schedule[round - 1]?.with, holders, faultMs)
+        : randomSecond(first, holders, faultMs, rand, pick, notes);
+      const faults = second ? [first, second] : [first];
+      if (second) result.overlaps++;
+      await runRound(cluster, { round, faults, notes }, volumes, rand, log, () => ++faultIds);
       // The verdict of this round: a property fails here if the history so far shows a violation it did not before.
       const verdicts = check(parseHistory(readHistoryFile(historyFile)));
       for (const [i, v] of verdicts.entries()) {
@@ -377,8 +493,9 @@ export async function runNemesis(options: NemesisOptions): Promise<NemesisResult
         if (fresh.length === 0) result.passed++;
         else {
           result.failed++;
-          result.failures.push({ round, fault: kind, property: v.property, violations: fresh });
-          log(`  round ${round} (${kind}): ${v.property} FAILED:\n    ${fresh.slice(0, 5).join('\n    ')}`);
+          const label = faults.map((f) => f.kind).join(' + ');
+          result.failures.push({ round, fault: label, property: v.property, violations: fresh });
+          log(`  round ${round} (${label}): ${v.property} FAILED:\n    ${fresh.slice(0, 5).join('\n    ')}`);
         }
       }
       previous = verdicts;
@@ -393,7 +510,7 @@ export async function runNemesis(options: NemesisOptions): Promise<NemesisResult
   result.lostAfterFence = lostAfterFence(parseHistory(readHistoryFile(historyFile)));
   for (const lost of result.lostAfterFence) log(`acknowledged on a fenced node after its fence, not on the volume: ${lost}`);
   log(
-    `nemesis: seed ${result.seed}, ${result.rounds} rounds, ${history.counts.faults} faults, ${history.counts.calls} calls, ` +
+    `nemesis: seed ${result.seed}, ${result.rounds} rounds (${result.overlaps} with two faults), ${history.counts.faults} faults, ${history.counts.calls} calls, ` +
       `${history.counts.records} records acknowledged, ${result.failures.reduce((n, f) => n + f.violations.length, 0)} violations, ` +
       `${result.lostAfterFence.length} records acknowledged on a fenced node after its fence and lost`,
   );
@@ -401,75 +518,124 @@ export async function runNemesis(options: NemesisOptions): Promise<NemesisResult
   return result;
 }
 
+/** One fault of a round: when it starts (ms after the round began) and how long it lasts before it heals. */
+interface PlannedFault {
+  kind: FaultKind;
+  node: Node;
+  startMs: number;
+  durationMs: number;
+}
+
+const describeFault = (f: PlannedFault) => `${f.kind} (${f.node})`;
+
 async function runRound(
   cluster: Cluster,
-  { kind, node, round, faultMs }: { kind: FaultKind; node: Node; round: number; faultMs: number },
+  { round, faults, notes }: { round: number; faults: PlannedFault[]; notes: string[] },
   volumes: string[],
   rand: () => number,
   log: (line: string) => void,
+  nextId: () => number,
 ): Promise<void> {
   const { history, rig } = cluster;
-  log(`round ${round}: ${kind} (${node})`);
-  const id = round;
-  let fault: ActiveFault | undefined;
-  try {
-    fault = await startFault(rig, kind, node, { killAgent: (n) => cluster.killAgent(n), startAgent: (n) => cluster.startAgent(n) });
-    history.append({
-      kind: 'fault',
-      id,
-      fault: kind,
-      phase: 'start',
-      at: history.now(),
-      etcdCutNodes: fault.etcdCutNodes,
-      detail: fault.detail,
-    });
-    const until = history.now() + faultMs;
-    const silentSince = new Map<Node, number>();
-    if (kind === 'kill-call') {
-      // A pod moves, and the node's waitforattach or mountdevice is SIGKILLed mid-operation; kubelet's retry must succeed.
-      const pod = [...cluster.pods.values()].find((p) => p.node === node);
-      const to = NODES.find((n) => n !== node) ?? node;
-      if (pod) {
-        await cluster.stopPod(pod.volume, to);
-        // Each takes 150-600 ms here when nothing is wrong: killed somewhere inside it.
-        const op = rand() < 0.5 ? 'waitforattach' : 'mountdevice';
-        const afterMs = 30 + Math.floor(rand() * (op === 'waitforattach' ? 250 : 120));
-        log(`  ${op} of ${pod.volume} on ${to} to be SIGKILLed ${afterMs} ms in`);
-        await cluster.startPod(pod.volume, to, { kill: { op, afterMs } });
-      }
-    }
-    if (fault.etcdCutNodes.includes(node) && kind !== 'isolate-node' && kind !== 'one-way') {
-      // Property 4: a node cut off from etcd's majority is asked to take a volume; its waitforattach must not succeed.
-      const spare = SPARE;
-      const attach = await latchCall(history, cluster.admin, ['attach', cluster.volumeOptions(spare), node], {
-        volume: spare,
-        deadlineMs: DRIVER_DEADLINE_MS,
+  log(
+    `round ${round}: ${faults
+      .map((f, i) =>
+        i === 0 ? describeFault(f) : `${describeFault(f)} from ${f.startMs / 1000} s to ${(f.startMs + f.durationMs) / 1000} s`,
+      )
+      .join(' + ')}`,
+  );
+  for (const note of notes) log(`  ${note}`);
+  const begin = history.now();
+  const silentSince = new Map<Node, number>();
+  const hooks = { killAgent: (n: Node) => cluster.killAgent(n), startAgent: (n: Node) => cluster.startAgent(n) };
+  let ended = 0;
+
+  /** One fault from its start to its heal; the faults of a round run side by side, beside the controller. */
+  const lifecycle = async (planned: PlannedFault): Promise<void> => {
+    const { kind, node } = planned;
+    // Drawn now, in the order of the round's faults, so that a seed repeats the round whatever the timing.
+    const killOp = rand() < 0.5 ? 'waitforattach' : 'mountdevice';
+    const killAfterMs = 30 + Math.floor(rand() * (killOp === 'waitforattach' ? 250 : 120));
+    const id = nextId();
+    let fault: ActiveFault | undefined;
+    try {
+      await sleep(Math.max(0, begin + planned.startMs - history.now()));
+      fault = await startFault(rig, kind, node, hooks);
+      history.append({
+        kind: 'fault',
+        id,
+        fault: kind,
+        phase: 'start',
+        at: history.now(),
+        etcdCutNodes: fault.etcdCutNodes,
+        detail: fault.detail,
       });
-      if (attach.reply?.status === 'Success') {
-        const wait = await latchCall(history, cluster.caller(node), ['waitforattach', '', cluster.volumeOptions(spare)], {
+      if (planned.startMs > 0) log(`  ${kind} (${node}) starts`);
+      if (kind === 'kill-call') {
+        // A pod moves, and the node's waitforattach or mountdevice is SIGKILLed mid-operation; kubelet's retry must
+        // succeed. Its new node is away from the round's other faults.
+        const pod = [...cluster.pods.values()].find((p) => p.node === node);
+        const others = faults.filter((f) => f !== planned).map((f) => f.node);
+        const to = NODES.find((n) => n !== node && !others.includes(n));
+        if (pod && to) {
+          await cluster.stopPod(pod.volume, to);
+          // Each takes 150-600 ms here when nothing is wrong: killed somewhere inside it.
+          log(`  ${killOp} of ${pod.volume} on ${to} to be SIGKILLed ${killAfterMs} ms in`);
+          const started = await cluster.startPod(pod.volume, to, { kill: { op: killOp, afterMs: killAfterMs } });
+          if (!started) cluster.pendingStarts.push({ volume: pod.volume, node: to });
+        }
+      }
+      if (fault.etcdCutNodes.includes(node) && kind !== 'isolate-node' && kind !== 'one-way') {
+        // Property 4: a node cut off from etcd's majority is asked to take a volume; its waitforattach must not succeed.
+        // A spare of its own: the other fault's probe may hold the first (attached, until the detach after the round).
+        const spare = SPARES[faults.indexOf(planned)] ?? SPARES[0];
+        const attach = await latchCall(history, cluster.admin, ['attach', cluster.volumeOptions(spare), node], {
           volume: spare,
           deadlineMs: DRIVER_DEADLINE_MS,
         });
-        log(`  waitforattach of ${spare} on ${node}, cut off from etcd's majority: ${wait.reply?.status ?? 'no reply'}`);
+        if (attach.reply?.status === 'Success') {
+          const wait = await latchCall(history, cluster.caller(node), ['waitforattach', '', cluster.volumeOptions(spare)], {
+            volume: spare,
+            deadlineMs: DRIVER_DEADLINE_MS,
+          });
+          log(`  waitforattach of ${spare} on ${node}, cut off from etcd's majority: ${wait.reply?.status ?? 'no reply'}`);
+        }
+        cluster.pendingDetach.push({ volume: spare, node });
       }
-      cluster.pendingDetach.push(node);
-    }
-    while (history.now() < until || [...cluster.pods.values()].some((p) => silentSince.has(p.node))) {
-      await cluster.tick(silentSince);
-      await lookAtKernel(history, rig.nodes);
-      if (history.now() > until + 90_000) {
-        log('  the controller did not finish within 90 s of the fault window');
-        break;
+      // It heals once its time is up and the controller is not moving a volume off its node (the fence comes first).
+      const healAt = begin + planned.startMs + planned.durationMs;
+      while (history.now() < healAt || cluster.busyWith(fault.node, silentSince)) {
+        if (history.now() > healAt + 90_000) {
+          log(`  the controller did not finish within 90 s of the end of ${kind}`);
+          break;
+        }
+        await sleep(250);
       }
-      await sleep(1_000);
+    } catch (err) {
+      log(`  ${kind} (${node}) failed: ${String(err)}`);
+    } finally {
+      if (fault) {
+        const healing = history.now();
+        await fault.heal().catch((err: unknown) => log(`  heal of ${kind} failed: ${String(err)}`));
+        history.append({ kind: 'fault', id, fault: kind, phase: 'end', at: healing });
+        if (faults.length > 1) log(`  ${kind} (${node}) healed`);
+      }
+      ended++;
     }
-  } finally {
-    await fault?.heal().catch((err: unknown) => log(`  heal of ${kind} failed: ${String(err)}`));
-    history.append({ kind: 'fault', id, fault: kind, phase: 'end', at: history.now() });
+  };
+
+  const lives = faults.map(lifecycle);
+  // The controller, meanwhile: every second it asks each node's heartbeat, and moves the pods of silent nodes.
+  while (ended < faults.length) {
+    await cluster.tick(silentSince);
+    await lookAtKernel(history, rig.nodes);
+    if (ended < faults.length) await sleep(1_000);
   }
+  await Promise.all(lives);
   await cluster.cleanOrphans();
-  // The controller withdraws its request for the spare volume (retried after the heal, as KCM retries a detach).
-  for (const spareNode of cluster.pendingDetach.splice(0)) await cluster.retry(cluster.admin, ['detach', SPARE, spareNode], SPARE, 10);
+  await cluster.startPending();
+  // The controller withdraws its requests for the spare volumes (retried after the heal, as KCM retries a detach).
+  for (const { volume, node } of cluster.pendingDetach.splice(0)) await cluster.retry(cluster.admin, ['detach', volume, node], volume, 10);
   // Settle: every pod's writer acknowledges again (a writer stalled by a storage fault resumes by itself).
   const settleFrom = history.now();
   for (const pod of cluster.pods.values()) {
@@ -497,7 +663,14 @@ if (require.main === module) {
   const seed = Number(arg('seed') ?? Math.floor(Math.random() * 2 ** 31));
   const seconds = Number(arg('seconds') ?? 600);
   const only = arg('only')?.split(',') as FaultKind[] | undefined;
-  runNemesis({ seed, seconds, fixed: process.argv.includes('--fixed') || only !== undefined, ...(only ? { only } : {}) }).then(
+  const pairs = process.argv.includes('--pairs');
+  runNemesis({
+    seed,
+    seconds,
+    fixed: process.argv.includes('--fixed') || only !== undefined || pairs,
+    pairs,
+    ...(only ? { only } : {}),
+  }).then(
     (r) => process.exit(r.failed === 0 ? 0 : 1),
     (err: unknown) => {
       process.stderr.write(`nemesis: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);

@@ -127,6 +127,48 @@ describe('the nemesis checker', () => {
     assert.deepEqual(failed(history), ['no grant without quorum']);
   });
 
+  // Overlapping faults (test/nemesis/run.ts starts a second fault while the first is active): each has its own id,
+  // start and end, and they may end in either order.
+  const cut = (id: number, fault: string, node: string, from: number, to: number): HistoryEvent[] => [
+    { kind: 'fault', id, fault, phase: 'start', at: from, etcdCutNodes: [node] },
+    { kind: 'fault', id, fault, phase: 'end', at: to },
+  ];
+  const grant = (node: string, start: number, end: number) => call(node, 'waitforattach', start, end);
+
+  it('4: a call cut off by one fault and then by another that overlapped it was cut off throughout', () => {
+    // Neither fault alone spans the call [2100, 3000]; together they do.
+    const history = [...goodRun(), ...cut(2, 'node-etcd-cut', 'node-a', 2500, 4000), grant('node-a', 2100, 3000)];
+    // goodRun's isolate-node (#1) of node-a lasts from 2000 to 7000: move its end before the call's.
+    const early = history.map((e) => (e.kind === 'fault' && e.id === 1 && e.phase === 'end' ? { ...e, at: 2600 } : e));
+    assert.deepEqual(failed(early), ['no grant without quorum']);
+    assert.match(
+      violations(early, 'no grant without quorum').join('\n'),
+      /node-a succeeded at 3000 ms .*\(isolate-node #1, node-etcd-cut #2\)/,
+    );
+  });
+
+  it('4: a gap between two faults lets a call through; a fault of another node does not count', () => {
+    const gap = goodRun().map((e) => (e.kind === 'fault' && e.id === 1 && e.phase === 'end' ? { ...e, at: 2500 } : e));
+    assert.deepEqual(failed([...gap, ...cut(2, 'node-etcd-cut', 'node-a', 2600, 4000), grant('node-a', 2100, 3000)]), []);
+    assert.deepEqual(failed([...gap, ...cut(2, 'node-etcd-cut', 'node-b', 2400, 4000), grant('node-a', 2100, 3000)]), []);
+  });
+
+  it('4: faults that end in the other order than they started: each window ends at its own end', () => {
+    // #2 starts after #1 and ends first; a grant after #2 ended but while #1 still lasts is a violation, and one
+    // after both ended is not.
+    const nested = [...goodRun(), ...cut(2, 'etcd-minority', 'node-a', 2500, 3000)];
+    assert.deepEqual(failed([...nested, grant('node-a', 3500, 4000)]), ['no grant without quorum']);
+    assert.deepEqual(failed([...nested, grant('node-a', 7100, 7500)]), []);
+  });
+
+  it('4: a fault that never ended lasts to the end of the history', () => {
+    const open = [
+      ...goodRun(),
+      { kind: 'fault', id: 2, fault: 'etcd-majority', phase: 'start', at: 8000, etcdCutNodes: ['node-a', 'node-b'] },
+    ];
+    assert.deepEqual(failed([...(open as HistoryEvent[]), grant('node-b', 8100, 8500)]), ['no grant without quorum']);
+  });
+
   it('5: catches a volume held elsewhere than asked, a stale ticket, a stray mapping and a doctor complaint', () => {
     const history = goodRun().map((e) =>
       e.kind === 'converged'
