@@ -62,8 +62,9 @@ function isOnVolume(session: Pick<MdsSession, 'root'>, group: string, volume: st
 }
 
 /**
- * The client instances to cut off (blocklist, and evict their sessions): `known` (its recorded clients and those fenced off it before) and every session on the
- * volume's directory that no other holder recorded (`spare`, by entity or by instance). Throws (fails closed) on a
+ * The client instances to cut off (blocklist, and evict their sessions): `known` (the node's recorded clients and
+ * those fenced off it before) and every session on the volume's directory that no other holder recorded (`spare`,
+ * by entity or by instance). Throws (fails closed) on a
  * recorded form that does not parse, a client recorded both for the node and for another holder, a node that shares
  * its entity with another holder, and a session to cut off whose instance cannot be named.
  */
