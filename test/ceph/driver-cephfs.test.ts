@@ -446,6 +446,56 @@ describe('shared volumes on CephFS through the driver', { skip }, () => {
     }
   });
 
+  /**
+   * node-a appends to a file node-b has seen, node-b and node-c write files of their own (`prefix`-NODE-N), and node-a
+   * is fenced 1 s in. Returns the fence's output and `landed()`: once every writer is done, it checks that node-a's
+   * writes failed and that none written after the fence landed (what node-b reads 1.5 s after it is all there is),
+   * and returns the lines node-b reads.
+   */
+  async function fenceNodeAWhileAllWrite(
+    file: string,
+    prefix: string,
+  ): Promise<{ fenced: { out: string }; landed: () => Promise<string[]> }> {
+    const marker = join(podDir('node-a'), file);
+    const seen = join(podDir('node-b'), file);
+    await sh(`echo "a 0" > "${marker}"; sync "${marker}"`);
+    for (let i = 0; i < 40 && !existsSync(seen); i++) await new Promise((r) => setTimeout(r, 250));
+    assert.ok(existsSync(seen), "node-b sees node-a's file before the fence");
+    const writerA = spawn(
+      'sh',
+      [
+        '-c',
+        `i=0; while [ $i -lt 400 ]; do i=$((i+1)); echo "a $i" >> "${marker}" && sync "${marker}" || echo "fail $i" >&2; sleep 0.05; done`,
+      ],
+      { stdio: ['ignore', 'ignore', 'pipe'] },
+    );
+    let errors = '';
+    writerA.stderr.on('data', (chunk: Buffer) => (errors += chunk.toString()));
+    const exited = new Promise<void>((r) => writerA.once('exit', () => r()));
+    const others = Promise.all(
+      ['node-b', 'node-c'].map((n) =>
+        sh(
+          `for i in $(seq 1 30); do echo "${n} $i" > "${podDir(n)}/${prefix}-${n}-$i"; sync "${podDir(n)}/${prefix}-${n}-$i"; sleep 0.05; done`,
+        ),
+      ),
+    );
+    await new Promise((r) => setTimeout(r, 1_000));
+    const fenced = await admin('admin', 'node', 'fence', 'node-a', '--volume', PV);
+    assert.equal(fenced.code, 0, fenced.out);
+    const landed = async () => {
+      await new Promise((r) => setTimeout(r, 1_500));
+      const atFence = (await sh(`wc -l < "${seen}"`)).stdout.trim();
+      await exited;
+      await others;
+      assert.match(errors, /fail/, "node-a's writes fail once it is fenced");
+      const atEnd = (await sh(`wc -l < "${seen}"`)).stdout.trim();
+      assert.equal(atEnd, atFence, "none of node-a's writes after the fence landed");
+      assert.ok(Number(atEnd) < 400, `node-a's writer was cut off (${atEnd} lines of 401 landed)`);
+      return (await sh(`cat "${seen}"`)).stdout.trim().split('\n');
+    };
+    return { fenced, landed };
+  }
+
   it(
     'fencing node-a while all write: its hold goes only once confirmed, and none of its late writes land',
     { timeout: 180_000 },
@@ -454,41 +504,10 @@ describe('shared volumes on CephFS through the driver', { skip }, () => {
       const mounted = await mountUntilDone(node);
       assert.equal(mounted.status, 'Success', mounted.message);
       // All three write; node-a's writer keeps writing through the fence, to a file node-b has seen before it.
-      const marker = join(podDir('node-a'), 'late');
-      await sh(`echo "a 0" > "${marker}"; sync "${marker}"`);
-      for (let i = 0; i < 40 && !existsSync(join(podDir('node-b'), 'late')); i++) await new Promise((r) => setTimeout(r, 250));
-      assert.ok(existsSync(join(podDir('node-b'), 'late')), "node-b sees node-a's file before the fence");
-      const writerA = spawn(
-        'sh',
-        [
-          '-c',
-          `i=0; while [ $i -lt 400 ]; do i=$((i+1)); echo "a $i" >> "${marker}" && sync "${marker}" || echo "fail $i" >&2; sleep 0.05; done`,
-        ],
-        { stdio: ['ignore', 'ignore', 'pipe'] },
-      );
-      let errors = '';
-      writerA.stderr.on('data', (chunk: Buffer) => (errors += chunk.toString()));
-      const others = Promise.all(
-        ['node-b', 'node-c'].map((n) =>
-          sh(`for i in $(seq 1 30); do echo "${n} $i" > "${podDir(n)}/w-${n}-$i"; sync "${podDir(n)}/w-${n}-$i"; sleep 0.05; done`),
-        ),
-      );
-      await new Promise((r) => setTimeout(r, 1_000));
-      const fenced = await admin('admin', 'node', 'fence', 'node-a', '--volume', PV);
-      assert.equal(fenced.code, 0, fenced.out);
+      const { fenced, landed } = await fenceNodeAWhileAllWrite('late', 'w');
       assert.match(fenced.out, /fenced off/);
-      // What node-b reads right after the fence is what landed; nothing node-a writes afterwards may add to it.
-      await new Promise((r) => setTimeout(r, 1_500));
-      const atFence = (await sh(`wc -l < "${join(podDir('node-b'), 'late')}"`)).stdout.trim();
-      await new Promise<void>((r) => writerA.once('exit', () => r()));
-      await others;
-      assert.match(errors, /fail/, "node-a's writes fail once it is fenced");
-      const atEnd = (await sh(`wc -l < "${join(podDir('node-b'), 'late')}"`)).stdout.trim();
-      assert.equal(atEnd, atFence, "none of node-a's writes after the fence landed");
-      assert.ok(Number(atEnd) < 400, `node-a's writer was cut off (${atEnd} lines of 401 landed)`);
       // What landed is a prefix of what node-a wrote, in order.
-      const lines = (await sh(`cat "${join(podDir('node-b'), 'late')}"`)).stdout.trim().split('\n');
-      lines.forEach((line, i) => assert.equal(line, `a ${i}`));
+      (await landed()).forEach((line, i) => assert.equal(line, `a ${i}`));
       assert.equal(readdirSync(podDir('node-c')).filter((n) => n.startsWith('w-')).length, 60, 'node-b and node-c kept writing');
       // node-a is not granted the volume again until it has cleared its old mount: its unmount does that.
       const unmounted = await call('node-a', 'unmount', podDir('node-a'));
@@ -521,38 +540,11 @@ describe('shared volumes on CephFS through the driver', { skip }, () => {
         return next;
       });
       assert.equal((await ctx.ledger.get(PV))?.status.nodes['node-a']?.client, undefined);
-      const marker = join(podDir('node-a'), 'late-2');
-      await sh(`echo "a 0" > "${marker}"; sync "${marker}"`);
-      for (let i = 0; i < 40 && !existsSync(join(podDir('node-b'), 'late-2')); i++) await new Promise((r) => setTimeout(r, 250));
-      const writerA = spawn(
-        'sh',
-        [
-          '-c',
-          `i=0; while [ $i -lt 400 ]; do i=$((i+1)); echo "a $i" >> "${marker}" && sync "${marker}" || echo "fail $i" >&2; sleep 0.05; done`,
-        ],
-        { stdio: ['ignore', 'ignore', 'pipe'] },
-      );
-      let errors = '';
-      writerA.stderr.on('data', (chunk: Buffer) => (errors += chunk.toString()));
-      const others = Promise.all(
-        ['node-b', 'node-c'].map((n) =>
-          sh(`for i in $(seq 1 30); do echo "${n} $i" > "${podDir(n)}/x-${n}-$i"; sync "${podDir(n)}/x-${n}-$i"; sleep 0.05; done`),
-        ),
-      );
-      await new Promise((r) => setTimeout(r, 1_000));
-      const fenced = await admin('admin', 'node', 'fence', 'node-a', '--volume', PV);
-      assert.equal(fenced.code, 0, fenced.out);
+      const { landed } = await fenceNodeAWhileAllWrite('late-2', 'x');
       const after = await ctx.ledger.get(PV);
       assert.ok(after?.status.fences?.['node-a']?.clients.includes(real), `the fence names node-a's ceph-fuse ${real}`);
       assert.deepEqual(after?.status.currentNodes, ['node-b', 'node-c'], 'node-a lost its hold, the others kept theirs');
-      await new Promise((r) => setTimeout(r, 1_500));
-      const atFence = (await sh(`wc -l < "${join(podDir('node-b'), 'late-2')}"`)).stdout.trim();
-      await new Promise<void>((r) => writerA.once('exit', () => r()));
-      await others;
-      assert.match(errors, /fail/, "node-a's writes fail once it is fenced");
-      const atEnd = (await sh(`wc -l < "${join(podDir('node-b'), 'late-2')}"`)).stdout.trim();
-      assert.equal(atEnd, atFence, "none of node-a's writes after the fence landed");
-      assert.ok(Number(atEnd) < 400, `node-a's writer was cut off (${atEnd} lines of 401 landed)`);
+      await landed();
       assert.equal(readdirSync(podDir('node-b')).filter((n) => n.startsWith('x-')).length, 60, 'node-b and node-c kept writing');
       // Their sessions are untouched: the blocklist names none of their instances.
       const listed = await ceph.ceph(['osd', 'blocklist', 'ls']);
