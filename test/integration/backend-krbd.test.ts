@@ -5,12 +5,12 @@
 // runs and with which options, what it refuses; not the kernel's.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, afterEach, before, beforeEach, describe, it } from 'node:test';
 import { KernelRbdClient } from '../../src/backend/krbd.js';
 import { RbdBackend } from '../../src/backend/rbd.js';
+import { fakeToolsOnPath, type FakeTools } from '../fixtures/fake-tools.js';
 
 const KEYRING = '/etc/ceph/ceph.client.node-a.keyring';
 const identity = { cephConf: '/etc/ceph/ceph.conf', clientId: 'node-a', keyring: KEYRING };
@@ -72,22 +72,14 @@ describe('KernelRbdClient on a fake /sys/bus/rbd', () => {
   let work: string;
   let sys: string;
   let state: string;
-  let path: string | undefined;
+  let tools: FakeTools;
   let client: KernelRbdClient;
 
   before(() => {
-    work = mkdtempSync(join(tmpdir(), 'latch-krbd-'));
-    const bin = join(work, 'bin');
-    mkdirSync(bin);
-    writeFileSync(join(bin, 'rbd'), FAKE_RBD);
-    chmodSync(join(bin, 'rbd'), 0o755);
-    path = process.env.PATH;
-    process.env.PATH = `${bin}:${path ?? '/usr/bin:/bin'}`;
+    tools = fakeToolsOnPath('latch-krbd-', { rbd: FAKE_RBD });
+    work = tools.work;
   });
-  after(() => {
-    process.env.PATH = path;
-    rmSync(work, { recursive: true, force: true });
-  });
+  after(() => tools.restore());
   beforeEach(() => {
     sys = join(work, 'sys');
     state = join(work, 'state');

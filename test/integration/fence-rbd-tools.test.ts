@@ -3,11 +3,11 @@
 // address that does not parse or a failing listing fails the fence. The fence rules and flows are in
 // test/unit/fence.test.ts.
 import assert from 'node:assert/strict';
-import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, afterEach, before, beforeEach, describe, it } from 'node:test';
 import { RbdFencer } from '../../src/backend/rbd-fencer.js';
+import { fakeToolsOnPath, type FakeTools } from '../fixtures/fake-tools.js';
 
 // A fake `rbd` and `ceph` on PATH for the rbd fencer: `rbd status` and `rbd lock ls` answer from files (or fail when
 // told to), `ceph osd blocklist add|ls` keep the blocklist in a file. Every call is recorded.
@@ -45,25 +45,15 @@ if (tool === 'rbd' && args[0] === 'status') {
 describe('the rbd fencer fails closed (fake rbd and ceph tools)', () => {
   let work: string;
   let state: string;
-  let path: string | undefined;
+  let tools: FakeTools;
   const fencer = new RbdFencer({ pool: 'latch', identity: { cephConf: '/etc/ceph/ceph.conf', clientId: 'fencer', keyring: '/k' } });
   const blocklisted = () => (existsSync(join(state, 'blocklist')) ? readFileSync(join(state, 'blocklist'), 'utf8').trim().split('\n') : []);
 
   before(() => {
-    work = mkdtempSync(join(tmpdir(), 'latch-fencer-'));
-    const bin = join(work, 'bin');
-    mkdirSync(bin);
-    for (const tool of ['rbd', 'ceph']) {
-      writeFileSync(join(bin, tool), FAKE_CEPH_TOOLS);
-      chmodSync(join(bin, tool), 0o755);
-    }
-    path = process.env.PATH;
-    process.env.PATH = `${bin}:${path ?? '/usr/bin:/bin'}`;
+    tools = fakeToolsOnPath('latch-fencer-', { rbd: FAKE_CEPH_TOOLS, ceph: FAKE_CEPH_TOOLS });
+    work = tools.work;
   });
-  after(() => {
-    process.env.PATH = path;
-    rmSync(work, { recursive: true, force: true });
-  });
+  after(() => tools.restore());
   beforeEach(() => {
     state = join(work, 'state');
     rmSync(state, { recursive: true, force: true });

@@ -3,11 +3,11 @@
 // whose size or start is not the snapshot's is refused, and so is an allocation listing out of order, past the
 // image's size, or with a line that is no extent. The real tools' output is read in test/ceph/rbd-incremental.test.ts.
 import assert from 'node:assert/strict';
-import { chmodSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, beforeEach, describe, it } from 'node:test';
 import { RbdBackend } from '../../src/backend/rbd.js';
+import { fakeToolsOnPath, type FakeTools } from '../fixtures/fake-tools.js';
 
 // `rbd snap ls` and `rbd info` answer a 64 MiB image with snapshot s1; `export-diff` and `diff` print the files
 // `export-diff` and `diff` of the state directory.
@@ -59,17 +59,12 @@ function diffStream(sizeBytes: number, options: { from?: string; data?: { offset
 describe('a clone checks what the rbd tools report (fake rbd)', () => {
   let work: string;
   let state: string;
-  let path: string | undefined;
+  let tools: FakeTools;
   let backend: RbdBackend;
 
   before(() => {
-    work = mkdtempSync(join(tmpdir(), 'latch-rbd-clone-tools-'));
-    const bin = join(work, 'bin');
-    mkdirSync(bin);
-    writeFileSync(join(bin, 'rbd'), FAKE_RBD);
-    chmodSync(join(bin, 'rbd'), 0o755);
-    path = process.env.PATH;
-    process.env.PATH = `${bin}:${path ?? '/usr/bin:/bin'}`;
+    tools = fakeToolsOnPath('latch-rbd-clone-tools-', { rbd: FAKE_RBD });
+    work = tools.work;
     state = join(work, 'state');
     mkdirSync(state);
     process.env.FAKE_RBD_STATE = state;
@@ -84,9 +79,8 @@ describe('a clone checks what the rbd tools report (fake rbd)', () => {
     });
   });
   after(() => {
-    process.env.PATH = path;
     delete process.env.FAKE_RBD_STATE;
-    rmSync(work, { recursive: true, force: true });
+    tools.restore();
   });
   beforeEach(() => {
     writeFileSync(join(state, 'diff'), '');
