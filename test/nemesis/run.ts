@@ -339,18 +339,25 @@ class Cluster {
     for (const entry of entries) staleBlocklist.push(`OSD blocklist: ${entry.addr}`);
     const doctor: Record<string, string[]> = {};
     for (const node of NODES) {
-      const result = await latchCall(this.history, this.caller(node), ['doctor', '-o', 'json'], {
-        deadlineMs: ADMIN_DEADLINE_MS,
-        driverCall: false,
-      });
-      try {
-        const report = JSON.parse(result.event.stdout) as { findings: { severity: string; check: string; message: string }[] };
-        // The rig has no kubelet, so no plugin dir: doctor's plugin-dir check is about the machine, not latch's state.
-        doctor[node] = report.findings
-          .filter((f) => f.severity === 'error' && !ENVIRONMENT_CHECKS.includes(f.check))
-          .map((f) => `${f.check}: ${f.message}`);
-      } catch {
-        doctor[node] = [`doctor printed no JSON: ${result.event.stdout.slice(0, 200)}`];
+      // Converged means it settles: a monitor restarted moments ago can fail a client's first authentication
+      // ("monclient: get_auth_request but no auth handler is set up"), so a node whose doctor reports errors is asked
+      // again, up to three times 2 s apart; what it says the last time is recorded, and an error that stays fails.
+      for (let attempt = 1; attempt <= 3; attempt++) {
+        if (attempt > 1) await sleep(2_000);
+        const result = await latchCall(this.history, this.caller(node), ['doctor', '-o', 'json'], {
+          deadlineMs: ADMIN_DEADLINE_MS,
+          driverCall: false,
+        });
+        try {
+          const report = JSON.parse(result.event.stdout) as { findings: { severity: string; check: string; message: string }[] };
+          // The rig has no kubelet, so no plugin dir: doctor's plugin-dir check is about the machine, not latch's state.
+          doctor[node] = report.findings
+            .filter((f) => f.severity === 'error' && !ENVIRONMENT_CHECKS.includes(f.check))
+            .map((f) => `${f.check}: ${f.message}`);
+        } catch {
+          doctor[node] = [`doctor printed no JSON: ${result.event.stdout.slice(0, 200)}`];
+        }
+        if (doctor[node]?.length === 0) break;
       }
     }
     this.history.append({ kind: 'converged', at, holders, staleTickets, staleBlocklist, doctor });
