@@ -16,7 +16,8 @@ import type { CommandIO } from '../../src/cli/io.js';
 import { printManifests } from '../../src/cli/manifests.js';
 import { clusterDomain, makeEtcdCerts } from '../../src/cli/etcd-certs.js';
 import { ETCD, ensureEtcdSecrets, inClusterSecretApi, type SecretApi } from '../../src/host/etcd-secrets.js';
-import { etcdBinary, etcdSkipReason, freePort, makeTestCertificates } from '../etcd/etcd.js';
+import { freeFixedPort } from '../ceph/cluster.js';
+import { etcdBinary, etcdSkipReason, makeTestCertificates } from '../etcd/etcd.js';
 import { defined } from '../fixtures/defined.js';
 import { trackChild } from '../fixtures/tracked-children.js';
 
@@ -74,7 +75,15 @@ describe("latch's own etcd as the manifests run it", { skip }, () => {
     const sts = defined(docs.find((d) => d.kind === 'StatefulSet'));
     etcdContainer = sts.spec.template.spec.containers[0];
     secrets = new MemorySecrets();
-    for (const m of members) ports.set(m, { client: await freePort(), peer: await freePort(), metrics: await freePort() });
+    // Ports below the kernel's ephemeral range: they are taken long before the members bind them, and a port of that
+    // range may meanwhile become another connection's local port (CI once saw "bind: address already in use").
+    const taken: number[] = [];
+    const pick = async () => {
+      const port = await freeFixedPort(taken);
+      taken.push(port);
+      return port;
+    };
+    for (const m of members) ports.set(m, { client: await pick(), peer: await pick(), metrics: await pick() });
   });
 
   after(async () => {
