@@ -4,7 +4,7 @@ import { readFile, realpath } from 'node:fs/promises';
 import { basename, isAbsolute } from 'node:path';
 import { FILESYSTEMS, FS_TYPES, growSpecOf, isFsType } from '../filesystems.js';
 import { LatchError } from '../errors.js';
-import { run, type ChildDeadline } from './run.js';
+import { CommandError, run, type ChildDeadline } from './run.js';
 
 /**
  * The filesystem type blkid finds on `device` (low-level probe, no cache), or undefined when it finds no signature
@@ -43,7 +43,21 @@ export async function makeFs(device: string, fsType: string, timeout: ChildDeadl
     throw new LatchError(`cannot create a ${JSON.stringify(fsType)} filesystem: supported types are ${FS_TYPES.join(', ')}`);
   }
   const [command, ...args] = FILESYSTEMS[fsType].mkfs;
-  await run(command, [...args, dev], timeout);
+  try {
+    await run(command, [...args, dev], timeout);
+  } catch (err) {
+    if (fsType === 'btrfs' && err instanceof CommandError && (err.timedOut || err.stderrTail.includes('cannot check mount status'))) {
+      // mkfs.btrfs resolves the backing file of every mounted loop device to see whether `device` is one of them: a
+      // single one over a FUSE mount whose daemon died (ENOTCONN) or is fenced (the stat hangs) fails every format.
+      throw new LatchError(
+        `${err.message}. mkfs.btrfs looks at the backing file of every mounted loop device on this node, and fails or ` +
+          'hangs on one over a FUSE mount that is dead or fenced: latch doctor names such an rbd mapping and how to take ' +
+          'it down',
+        { cause: err },
+      );
+    }
+    throw err;
+  }
 }
 
 /** Grows the filesystem on `device`, mounted at `mountPoint`, to fill the device (online). */
