@@ -51,7 +51,7 @@ function lazyRbdBackend(rbd: RbdBackendConfig, maxSize: number, timeoutMs: numbe
     deleteSnapshot: async (volume, name) => (await backend()).deleteSnapshot(volume, name),
     openSnapshot: async (volume, name) => (await backend()).openSnapshot(volume, name),
     snapshotDiff: async (volume, name, from) => (await backend()).snapshotDiff(volume, name, from),
-    snapshotNames: async (volume) => (await backend()).snapshotNames(volume),
+    snapshotIds: async (volume) => (await backend()).snapshotIds(volume),
   };
 }
 

@@ -302,22 +302,27 @@ export class RbdBackend implements Backend {
   async createSnapshot(volume: string, name: string): Promise<SnapshotInfo> {
     const image = checkVolumeName(volume);
     checkVolumeName(name, 'snapshot name', 200);
-    if ((await rbdInfo(this.identity, this.pool, image)) === undefined)
-      throw new LatchError(`volume ${volume} has no image ${this.spec(image)}`);
+    const info = await rbdInfo(this.identity, this.pool, image);
+    if (info === undefined) throw new LatchError(`volume ${volume} has no image ${this.spec(image)}`);
     if (!(await rbdSnapCreate(this.identity, this.pool, image, name)))
       throw new LatchError(`volume ${volume} already has a snapshot named ${name}`);
-    const made = (await this.listSnapshots(volume)).find((s) => s.name === name);
+    const made = (await this.snapshotsWithCephIds(volume)).find((s) => s.info.name === name);
     if (!made) throw new LatchError(`rbd snap create ${this.spec(image)}@${name} succeeded, but rbd snap ls does not show it`);
-    return made;
+    return { ...made.info, ...(info.id !== undefined && made.snapId >= 0 && { id: `${info.id}@${made.snapId}` }) };
   }
 
   async listSnapshots(volume: string): Promise<SnapshotInfo[]> {
+    return (await this.snapshotsWithCephIds(volume)).map((s) => s.info);
+  }
+
+  /** The snapshots with Ceph's ID of each (-1 when rbd printed none). */
+  private async snapshotsWithCephIds(volume: string): Promise<{ info: SnapshotInfo; snapId: number }[]> {
     const image = checkVolumeName(volume);
     const snaps = await rbdSnapList(this.identity, this.pool, image);
     const used = snaps.length > 0 ? await rbdUsage(this.identity, this.pool, image) : new Map<string, number>();
     return snaps.map((s) => {
       const usedBytes = used.get(s.name);
-      return {
+      const info: SnapshotInfo = {
         volume,
         name: s.name,
         createdAt: s.timestamp ? new Date(s.timestamp).toISOString() : '',
@@ -325,6 +330,7 @@ export class RbdBackend implements Backend {
         sharing: 'native' as const,
         ...(usedBytes !== undefined && { allocatedBytes: usedBytes, exclusiveBytes: usedBytes }),
       };
+      return { info, snapId: s.id };
     });
   }
 
@@ -365,8 +371,17 @@ export class RbdBackend implements Backend {
     }
   }
 
-  async snapshotNames(volume: string): Promise<string[]> {
-    return (await rbdSnapList(this.identity, this.pool, checkVolumeName(volume))).map((s) => s.name);
+  /**
+   * Each snapshot's name with `<image ID>@<snapshot ID>`: Ceph gives a snapshot ID once per pool, and an image ID once,
+   * so no other snapshot, here or after the image was made again, has that pair (a snapshot without an ID is left out).
+   */
+  async snapshotIds(volume: string): Promise<Map<string, string>> {
+    const image = checkVolumeName(volume);
+    const [info, snaps] = await Promise.all([rbdInfo(this.identity, this.pool, image), rbdSnapList(this.identity, this.pool, image)]);
+    const ids = new Map<string, string>();
+    if (info?.id === undefined) return ids;
+    for (const s of snaps) if (s.id >= 0) ids.set(s.name, `${info.id}@${s.id}`);
+    return ids;
   }
 
   async deleteSnapshot(volume: string, name: string): Promise<void> {

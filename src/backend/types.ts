@@ -119,6 +119,8 @@ export interface SnapshotInfo {
   allocatedBytes?: number;
   /** Of those, bytes no other file shares (what deleting it frees), when known. */
   exclusiveBytes?: number;
+  /** The storage's own ID of the snapshot, when createSnapshot knows it (see SnapshotBackend.snapshotIds). */
+  id?: string;
 }
 
 /** A readable file or device with a snapshot's (or an idle volume's) bytes, and how to let go of it. */
@@ -158,8 +160,13 @@ export interface SnapshotBackend {
    * (node/backup.ts). Absent: backups read the whole snapshot (openSnapshot).
    */
   snapshotDiff?(volume: string, name: string, from: string | undefined): Promise<SnapshotDiff>;
-  /** The names of the volume's snapshots, oldest first, without their space (listSnapshots asks for that too). */
-  snapshotNames?(volume: string): Promise<string[]>;
+  /**
+   * The volume's snapshots, oldest first, each name with the storage's own ID of the snapshot: never the ID of
+   * another snapshot, nor of one taken again under the same name (rbd: the image's ID and the snapshot's). Without
+   * their space (listSnapshots asks for that too). An incremental backup is built only on the very snapshot its
+   * previous backup was read from (node/backup.ts).
+   */
+  snapshotIds?(volume: string): Promise<Map<string, string>>;
 }
 
 /**

@@ -51,6 +51,8 @@ export interface CreateBackupOptions {
   sourceDescription?: string | undefined;
   /** The filesystem the volume holds (the ledger's status.filesystem), for the manifest: a restore recreates it. */
   fsType?: string | undefined;
+  /** The snapshot read, kept as the base of the volume's next backup (Manifest.baseSnapshot). */
+  baseSnapshot?: { name: string; id: string } | undefined;
   /** This node's name, for the manifest and the target's lock. */
   node?: string | undefined;
   chunkSize?: number | undefined;
@@ -262,6 +264,7 @@ async function writeBackup(
     node: node ?? hostname(),
     ...(parent !== undefined && { parent }),
     ...(options.fsType !== undefined && { fsType: options.fsType }),
+    ...(options.baseSnapshot !== undefined && { baseSnapshot: options.baseSnapshot }),
     stats,
   };
   await publishManifest(target, manifest, key);

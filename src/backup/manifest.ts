@@ -83,6 +83,11 @@ export interface Manifest {
   node?: string;
   /** The volume's previous complete backup in this target, when there was one. */
   parent?: string;
+  /**
+   * The snapshot it was read from and that the volume keeps as the base of its next backup (node/backup.ts), by name
+   * and by the storage's own ID: the next backup is built on this one only while that very snapshot is there.
+   */
+  baseSnapshot?: { name: string; id: string };
   /** The filesystem the volume held, when the caller knew it: `latch volume restore` creates the new volume with it. */
   fsType?: string;
   stats: BackupStats;
@@ -217,12 +222,27 @@ function parseManifest(key: BackupKey | undefined, text: string, name: string, p
   if (typeof checksumField !== 'string' || !/^[0-9a-f]{64}$/.test(checksumField)) throw corrupt('no image checksum');
   if (m.compression !== 'brotli') throw corrupt(`unknown compression ${JSON.stringify(m.compression)}`);
   if (m.fsType !== undefined && (typeof m.fsType !== 'string' || !/^[a-z0-9]{1,16}$/.test(m.fsType))) throw corrupt('bad fsType');
+  if (m.baseSnapshot !== undefined && !isSnapshotRef(m.baseSnapshot)) throw corrupt('bad baseSnapshot');
   if (m.encryption !== undefined && key === undefined) {
     throw new LatchError(
       `backup ${name} (${path}) is encrypted, and no backup key is configured here (backupTarget.keyFile): it cannot be read without the key it was made with`,
     );
   }
   return { manifest: m, authenticated, codec: codecForReading(key, m.encryption) };
+}
+
+/** A manifest's baseSnapshot as the backups that build on it compare it: two short strings, and nothing else. */
+function isSnapshotRef(value: unknown): value is { name: string; id: string } {
+  if (value === null || typeof value !== 'object' || Array.isArray(value)) return false;
+  const { name, id, ...other } = value as Record<string, unknown>;
+  return (
+    Object.keys(other).length === 0 &&
+    typeof name === 'string' &&
+    name.length > 0 &&
+    name.length <= 250 &&
+    typeof id === 'string' &&
+    /^[0-9a-z@._:-]{1,130}$/.test(id)
+  );
 }
 
 /**

@@ -8,7 +8,10 @@
 // goes); a backup that fails removes its own new snapshot and leaves the previous base in place, and one killed
 // before it could is removed by the next success (it is older). A base is used only when the target holds the
 // backup of its name, complete, checked (authenticated when a key is configured), of the same chunk size, and every
-// chunk it lists: otherwise the backup reads everything allocated, and says why.
+// chunk it lists, and when the base is the very snapshot that backup was read from: the manifest records the
+// storage's own ID of it, and a name alone can lie (a backup of the same name to another target takes the base of
+// that name again, later; carried over, the first target's chunks would miss what changed in between). Otherwise
+// the backup reads everything allocated, and says why.
 import { createHash } from 'node:crypto';
 import { DEFAULT_CHUNK_SIZE, missingChunk } from '../backup/chunks.js';
 import { createBackup } from '../backup/create.js';
@@ -17,7 +20,7 @@ import type { BackupTarget } from '../backup/layout.js';
 import { codecForWriting, type ChunkCodec } from '../backup/codec.js';
 import { backupKey } from '../backup/keys.js';
 import { listBackups, readCheckedManifest, type Manifest } from '../backup/manifest.js';
-import { BACKUP_BASE_PREFIX, hasSnapshots, type SnapshotBackend } from '../backend/types.js';
+import { BACKUP_BASE_PREFIX, hasSnapshots, type SnapshotBackend, type SnapshotInfo } from '../backend/types.js';
 import type { Context } from '../context.js';
 import { LatchError, errorMessage } from '../errors.js';
 import { snapshotVolume, type Consistency } from './snapshot.js';
@@ -62,11 +65,18 @@ export interface IncrementalBackup {
   base: { parent: string } | { none: string };
 }
 
-/** The backend's snapshot operations when it reports snapshot diffs; undefined otherwise (backups read whole images). */
-export function diffingBackend(ctx: Context): (SnapshotBackend & Required<Pick<SnapshotBackend, 'snapshotDiff'>>) | undefined {
+type DiffingBackend = SnapshotBackend & Required<Pick<SnapshotBackend, 'snapshotDiff' | 'snapshotIds'>>;
+
+/**
+ * The backend's snapshot operations when it reports snapshot diffs and its snapshots' IDs; undefined otherwise (backups
+ * read whole images).
+ */
+export function diffingBackend(ctx: Context): DiffingBackend | undefined {
   const backend = ctx.backend;
-  if (!hasSnapshots(backend) || typeof backend.snapshotDiff !== 'function') return undefined;
-  return backend as SnapshotBackend & Required<Pick<SnapshotBackend, 'snapshotDiff'>>;
+  if (!hasSnapshots(backend) || typeof backend.snapshotDiff !== 'function' || typeof backend.snapshotIds !== 'function') {
+    return undefined;
+  }
+  return backend as DiffingBackend;
 }
 
 /** Backs the volume up through a base snapshot (see above). The caller checked that the backend reports diffs. */
@@ -77,32 +87,33 @@ export async function incrementalBackup(ctx: Context, options: IncrementalOption
   if (options.fromSnapshot !== undefined) {
     if ((await ctx.ledger.get(volume)) === undefined)
       throw new LatchError(`volume ${volume} does not exist (latch volume list shows the volumes)`);
-    const backup = await readInto(backend, options, options.fromSnapshot, undefined);
+    const backup = await readInto(backend, options, { name: options.fromSnapshot }, undefined);
     return { ...backup, consistency: 'snapshot', base: { none: `read from snapshot ${options.fromSnapshot}` } };
   }
 
   const base = baseSnapshotName(name);
   // The snapshots before this backup's base is taken: every one of them is older (listed once: each rbd listing is a
   // Ceph client of its own, 0.2-0.4 s).
-  const before = await snapshotNames(backend, volume);
+  const before = await backend.snapshotIds(volume);
   // Left by an earlier attempt at this backup (it published nothing: the caller checked): taken again.
-  if (before.includes(base)) await backend.deleteSnapshot(volume, base);
-  const older = before.filter((n) => n !== base);
+  if (before.has(base)) await backend.deleteSnapshot(volume, base);
+  const older = new Map([...before].filter(([n]) => n !== base));
   let consistency: Consistency;
   let note: string | undefined;
+  let taken: SnapshotInfo;
   if (options.idle) {
-    await backend.createSnapshot(volume, base);
+    taken = await backend.createSnapshot(volume, base);
     consistency = 'idle';
   } else {
-    ({ consistency, note } = await snapshotVolume(ctx, volume, base));
+    ({ info: taken, consistency, note } = await snapshotVolume(ctx, volume, base));
   }
   let backup;
   try {
     const parent = await usableParent(target, volume, older);
-    backup = await readInto(backend, options, base, 'manifest' in parent ? parent : undefined);
+    backup = await readInto(backend, options, { name: base, id: taken.id }, 'manifest' in parent ? parent : undefined);
     const done = { ...backup, consistency, ...(note !== undefined && { note }) };
     // Published: a base that cannot be removed now is removed by the next success (it is older than that one's).
-    await removeBases(backend, volume, older).catch(() => undefined);
+    await removeBases(backend, volume, [...older.keys()]).catch(() => undefined);
     return { ...done, base: 'manifest' in parent ? { parent: parent.manifest.name } : { none: parent.none } };
   } catch (err) {
     // The previous base stays; this one is of no use without its backup.
@@ -111,14 +122,15 @@ export async function incrementalBackup(ctx: Context, options: IncrementalOption
   }
 }
 
+/** Reads `snapshot` into a backup; with its ID, the snapshot is a base, recorded as the manifest's baseSnapshot. */
 async function readInto(
-  backend: SnapshotBackend & Required<Pick<SnapshotBackend, 'snapshotDiff'>>,
+  backend: DiffingBackend,
   options: IncrementalOptions,
-  snapshot: string,
+  snapshot: { name: string; id?: string | undefined },
   parent: { manifest: Manifest; snapshot: string; codec: ChunkCodec } | undefined,
 ): Promise<{ manifest: Manifest; bytesRead: number }> {
   const { target, volume, name, signal } = options;
-  const diff = await backend.snapshotDiff(volume, snapshot, parent?.snapshot);
+  const diff = await backend.snapshotDiff(volume, snapshot.name, parent?.snapshot);
   let source;
   try {
     source = diffChunkSource({
@@ -144,6 +156,7 @@ async function readInto(
     sourceDescription: diff.description,
     node: options.node,
     fsType: options.fsType,
+    baseSnapshot: snapshot.id === undefined ? undefined : { name: snapshot.name, id: snapshot.id },
     // Preempted or stopped: stop between chunks, and never publish.
     onChunk: () => signal?.throwIfAborted(),
     beforePublish: async () => signal?.throwIfAborted(),
@@ -155,18 +168,19 @@ async function readInto(
 }
 
 /**
- * The newest complete backup of the volume in the target, when its base snapshot is still there (taken before this
- * one) and the backup can be built on; else why not.
+ * The newest complete backup of the volume in the target, when the very snapshot it was read from is still there
+ * (taken before this one: `older`, name to ID) and the backup can be built on; else why not.
  */
 async function usableParent(
   target: BackupTarget,
   volume: string,
-  older: string[],
+  older: Map<string, string>,
 ): Promise<{ manifest: Manifest; snapshot: string; codec: ChunkCodec } | { none: string }> {
   const newest = (await listBackups(target, volume)).filter((b) => b.manifest?.volume === volume).at(-1);
   if (!newest) return { none: 'the first backup of the volume in this target' };
   const snapshot = baseSnapshotName(newest.name);
-  if (!older.includes(snapshot)) return { none: `the snapshot of the previous backup ${newest.name} is gone` };
+  const id = older.get(snapshot);
+  if (id === undefined) return { none: `the snapshot of the previous backup ${newest.name} is gone` };
   let manifest: Manifest;
   let codec: ChunkCodec;
   try {
@@ -184,6 +198,16 @@ async function usableParent(
     };
   }
   if (manifest.chunkSize !== DEFAULT_CHUNK_SIZE) return { none: `the previous backup ${newest.name} has chunks of another size` };
+  if (manifest.baseSnapshot === undefined) {
+    return { none: `the previous backup ${newest.name} does not record the ID of the snapshot it was read from (an older latch made it)` };
+  }
+  if (manifest.baseSnapshot.name !== snapshot || manifest.baseSnapshot.id !== id) {
+    return {
+      none:
+        `snapshot ${snapshot} is not the one the previous backup ${newest.name} was read from (ID ${id}, not ` +
+        `${manifest.baseSnapshot.id}): it was taken again since, by a backup of that name to another target`,
+    };
+  }
   const lacking = await missingChunk(
     target,
     manifest.chunks.filter((hash): hash is string => hash !== null),
@@ -197,9 +221,4 @@ async function removeBases(backend: SnapshotBackend, volume: string, older: stri
   for (const old of older) {
     if (old.startsWith(BACKUP_BASE_PREFIX)) await backend.deleteSnapshot(volume, old);
   }
-}
-
-/** The volume's snapshot names, oldest first: without their space where the backend can (rbd du reads every object). */
-async function snapshotNames(backend: SnapshotBackend, volume: string): Promise<string[]> {
-  return backend.snapshotNames ? backend.snapshotNames(volume) : (await backend.listSnapshots(volume)).map((s) => s.name);
 }

@@ -22,6 +22,11 @@ export interface CephIdentity {
 export interface RbdImageInfo {
   size: number;
   features: string[];
+  /**
+   * Ceph's ID of the image, made when the image was (a new image of the same name has another): with a snapshot's ID
+   * it names that snapshot for good (RbdBackend.snapshotIds). Undefined when rbd printed none that looks like one.
+   */
+  id?: string;
 }
 
 // Ceph's errno values as the rbd tool's exit codes.
@@ -83,9 +88,13 @@ function parseJson<T>(what: string, stdout: string): T {
 export async function rbdInfo(identity: CephIdentity, pool: string, image: string): Promise<RbdImageInfo | undefined> {
   const { stdout, exitCode } = await rbd(identity, ['info', '--format', 'json', imageSpec(pool, image)], [ENOENT]);
   if (exitCode === ENOENT) return undefined;
-  const info = parseJson<{ size?: unknown; features?: unknown }>(`rbd info ${imageSpec(pool, image)}`, stdout);
+  const info = parseJson<{ size?: unknown; features?: unknown; id?: unknown }>(`rbd info ${imageSpec(pool, image)}`, stdout);
   if (typeof info.size !== 'number') throw new LatchError(`rbd info ${imageSpec(pool, image)} reported no size`);
-  return { size: info.size, features: Array.isArray(info.features) ? info.features.map(String) : [] };
+  return {
+    size: info.size,
+    features: Array.isArray(info.features) ? info.features.map(String) : [],
+    ...(typeof info.id === 'string' && /^[0-9a-f]{1,64}$/.test(info.id) && { id: info.id }),
+  };
 }
 
 /**
@@ -351,7 +360,7 @@ export function fencerCaps(pool: string): string[] {
 
 export interface RbdSnapshot {
   name: string;
-  /** Ceph's id of the snapshot: ids only grow, so a larger one was taken later. */
+  /** Ceph's id of the snapshot: ids only grow and are never given again, so a larger one was taken later. */
   id: number;
   size: number;
   /** When it was taken, as rbd prints it (a date string), if it does. */

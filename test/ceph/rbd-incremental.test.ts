@@ -540,9 +540,32 @@ describe('incremental rbd backups from Ceph', { skip: cephSkipReason() }, () => 
     );
   });
 
+  it(
+    'builds only on the very snapshot its previous backup was read from, not on one of its name taken again since',
+    { timeout: 300_000 },
+    async () => {
+      const first = await backup('twin');
+      const ids = await backend.snapshotIds('vol');
+      assert.match(first.manifest.baseSnapshot?.id ?? '', /^[0-9a-f]+@\d+$/, 'the image ID and the snapshot ID');
+      assert.deepEqual(first.manifest.baseSnapshot, { name: baseSnapshotName('twin'), id: ids.get(baseSnapshotName('twin')) });
+      // Changed before a backup of the same name goes to another target: it takes the base of that name again.
+      await write('vol', 30 * MiB, 64 * 1024);
+      const other: BackupTarget = { type: 'dir', path: join(work, 'other-target'), keyFile: join(work, 'backup.key') };
+      mkdirSync(other.path);
+      const twin = await incrementalBackup(ctx, { target: other, volume: 'vol', name: 'twin', node: 'node-a' });
+      assert.notEqual(twin.manifest.baseSnapshot?.id, first.manifest.baseSnapshot?.id, 'the base was taken again');
+      await write('vol', 44 * MiB, 64 * 1024);
+      // Built on the first twin through the second's snapshot, it would miss the change at 30 MiB.
+      const next = await backup('after-twin');
+      assert.ok('none' in next.base, JSON.stringify(next.base));
+      assert.match(next.base.none, /snapshot latch-base-twin is not the one the previous backup twin was read from/);
+      assert.ok((await restoredBytes('after-twin')).equals(model), 'it holds both changes');
+    },
+  );
+
   it('deletes the base snapshots with the volume, and refuses while another snapshot is there', { timeout: 120_000 }, async () => {
     await backend.createSnapshot('vol', 'mine');
-    await assert.rejects(backend.delete('vol'), /has snapshot\(s\) latch-base-j1, mine/);
+    await assert.rejects(backend.delete('vol'), /has snapshot\(s\) latch-base-after-twin, mine/);
     await backend.deleteSnapshot('vol', 'mine');
     await backend.delete('vol');
     assert.equal(await backend.size('vol'), undefined, 'the image is gone');

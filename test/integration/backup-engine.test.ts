@@ -765,6 +765,24 @@ describe('chunks from a target others can write: decompression bombs and oversiz
     await assert.rejects(verifyBackup({ target, name: 'b' }), /corrupted: bad size or chunk size/);
     await assert.rejects(createBackup({ target, source: makeImage([1]).path, volume: 'v', name: 'c', chunkSize }), /up to 16777216/);
   });
+
+  it("a manifest's base snapshot is a name and an ID, and nothing else: anything else is corrupt", async () => {
+    const target = freshTarget();
+    const baseSnapshot = { name: 'latch-base-b', id: '10e5b2ae8944@12' };
+    const m = await createBackup({ target, source: makeImage([1]).path, volume: 'v', name: 'b', chunkSize: CHUNK, baseSnapshot });
+    assert.deepEqual((await readManifest(target, 'b')).baseSnapshot, baseSnapshot);
+    for (const bad of [
+      { name: 'latch-base-b' },
+      { name: '', id: '1@2' },
+      { name: 'latch-base-b', id: 'x y' },
+      { name: 'latch-base-b', id: '1@2', other: 1 },
+      'latch-base-b',
+      null,
+    ]) {
+      rewriteManifest(target, { ...m, baseSnapshot: bad as never });
+      await assert.rejects(readManifest(target, 'b'), /corrupted: bad baseSnapshot/, JSON.stringify(bad));
+    }
+  });
 });
 
 describe('modes under the target', () => {
