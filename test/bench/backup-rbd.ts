@@ -66,7 +66,7 @@ const mib = (n: number) => `${(n / MiB).toFixed(1)} MiB`;
 
 export async function rbdBackupBench(): Promise<{ figures: Figure[]; details: Record<string, unknown> }> {
   const skip = cephSkipReason();
-  if (skip) return { figures: [{ section: 'backup', what: 'rbd backups', value: `skipped: ${skip}`, target: '' }], details: {} };
+  if (skip) return { figures: [{ section: 'backup-rbd', what: 'rbd backups', value: `skipped: ${skip}`, target: '' }], details: {} };
   const ceph = await startCephCluster({ osdSizeGiB: 16 });
   const work = mkdtempSync('/var/tmp/latch-rbd-backup-bench-');
   try {
@@ -158,40 +158,40 @@ export async function rbdBackupBench(): Promise<{ figures: Figure[]; details: Re
     const ratio = exportDiffMs / second.value.ms;
     const figures: Figure[] = [
       {
-        section: 'backup',
+        section: 'backup-rbd',
         what: 'rbd first backup (4 GiB volume, 1 GiB written): bytes read from the cluster / allocated',
         value: `${(read1 / WRITTEN).toFixed(3)} (${mib(read1)})`,
         target: '<= 1.00',
         pass: read1 <= WRITTEN * 1.001,
       },
       {
-        section: 'backup',
+        section: 'backup-rbd',
         what: 'rbd second backup after a 1% change: bytes read from the cluster / changed bytes',
         value: `${(read2 / CHANGE).toFixed(2)} (${mib(read2)} for ${mib(CHANGE)})`,
         target: '<= 2.00',
         pass: read2 <= 2 * CHANGE,
       },
       {
-        section: 'backup',
+        section: 'backup-rbd',
         what: "rbd backups: peak local disk in the node's mountDir (first, second)",
         value: `${mib(first.peakBytes)}, ${mib(second.peakBytes)}`,
         target: '0 (no local copy)',
         pass: first.peakBytes === 0 && second.peakBytes === 0,
       },
       {
-        section: 'backup',
+        section: 'backup-rbd',
         what: 'rbd second backup / rbd export-diff of the same change to /dev/null: throughput',
         value: `${ratio.toFixed(2)} (${Math.round(second.value.ms)} ms vs ${Math.round(exportDiffMs)} ms)`,
         target: '',
       },
       {
-        section: 'backup',
+        section: 'backup-rbd',
         what: 'rbd backup with nothing changed (its fixed cost): time, bytes read',
         value: `${Math.round(unchanged.ms)} ms, ${mib(Number(unchanged.bytesRead))}`,
         target: '',
       },
       {
-        section: 'backup',
+        section: 'backup-rbd',
         what: 'rbd backup and restore: peak memory (maxRSS of the process: first backup, second, restore; the same process idle)',
         value: `${mib(first.value.maxRssBytes)}, ${mib(second.value.maxRssBytes)}, ${mib(restore.maxRssBytes)}; ${mib(noop.maxRssBytes)}`,
         target: '',

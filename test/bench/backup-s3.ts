@@ -48,7 +48,7 @@ function restoreOnNodeB(configFile: string, name: string, destination: string): 
 
 export async function s3BackupBench(): Promise<{ figures: Figure[]; details: Record<string, unknown> }> {
   const skip = process.getuid?.() !== 0 ? 'needs root' : (cephSkipReason() ?? rgwSkipReason());
-  if (skip) return { figures: [{ section: 'backup', what: 'S3 backups', value: `skipped: ${skip}`, target: '' }], details: {} };
+  if (skip) return { figures: [{ section: 'backup-s3', what: 'S3 backups', value: `skipped: ${skip}`, target: '' }], details: {} };
   const work = mkdtempSync(join(tmpdir(), 'latch-s3-backup-bench-'));
   let ceph: CephCluster | undefined;
   let s3: S3Client | undefined;
@@ -147,25 +147,25 @@ export async function s3BackupBench(): Promise<{ figures: Figure[]; details: Rec
     const [dirRestoreMs, s3RestoreMs] = [median(dirRestore.map((r) => r.ms)), median(s3Restore.map((r) => r.ms))];
     const figures: Figure[] = [
       {
-        section: 'backup',
+        section: 'backup-s3',
         what: 'S3 target (RADOS Gateway) / directory target: first backup time, the same 1 GiB image 10% full, encrypted',
         value: `${(s3Ms / dirMs).toFixed(2)} (${ms(s3Ms)} vs ${ms(dirMs)}; ${(first.stats.newBytesStored / MiB).toFixed(1)} MiB stored in ${first.stats.newChunks} chunks)`,
         target: '',
       },
       {
-        section: 'backup',
+        section: 'backup-s3',
         what: 'S3 target / directory target: incremental backup time after a 1% change',
         value: `${(s3Incremental.ms / dirIncremental.ms).toFixed(2)} (${ms(s3Incremental.ms)} vs ${ms(dirIncremental.ms)}; ${s3Incremental.value.stats.newChunks} new chunks)`,
         target: '',
       },
       {
-        section: 'backup',
+        section: 'backup-s3',
         what: 'restore on another node (node-b: its own configuration and process): from S3 / from the directory, time',
         value: `${(s3RestoreMs / dirRestoreMs).toFixed(2)} (${ms(s3RestoreMs)} vs ${ms(dirRestoreMs)}; ${rate(s3RestoreMs)} vs ${rate(dirRestoreMs)} of the image)`,
         target: '',
       },
       {
-        section: 'backup',
+        section: 'backup-s3',
         what: 'restore from S3 on another node: sha256 of the restored image equal to the image',
         value: `${checksumsMatched} of ${REPS} restores`,
         target: 'every restore',

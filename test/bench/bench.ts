@@ -3,7 +3,7 @@
 // every call's reply is checked, since a call that fails is not a fast call.
 //
 //   npm run bench                     every section
-//   npm run bench -- --only io,rbd    some sections (calls, ledger, lifecycle, concurrent, execa, io, rbd, backup, cephfs); the results file
+//   npm run bench -- --only io,rbd    some sections (calls, ledger, lifecycle, concurrent, execa, io, rbd, backup, backup-rbd, backup-s3, cephfs); the results file
 //                                     keeps the other sections' figures from their last run, and the docs those
 //                                     they show from a later run (figures.ts)
 import { spawn, spawnSync } from 'node:child_process';
@@ -23,6 +23,8 @@ import { EtcdCluster, etcdSkipReason } from '../etcd/etcd.js';
 import { NATIVE_HELPER } from '../fixtures/native-helper.js';
 import { printFigures, SECTIONS, writeReports, type Figure, type Results, type Section } from './figures.js';
 import { backupThroughput } from './backup.js';
+import { rbdBackupBench } from './backup-rbd.js';
+import { s3BackupBench } from './backup-s3.js';
 import { sharedIo } from './cephfs.js';
 import { cachedBytes, cleanUp, evict, loopIo, rbdIo, syncFile } from './io.js';
 
@@ -928,6 +930,8 @@ async function main(): Promise<void> {
     ['io', async () => loopIo()],
     ['rbd', rbdIo],
     ['backup', backupThroughput],
+    ['backup-rbd', rbdBackupBench],
+    ['backup-s3', s3BackupBench],
     ['cephfs', sharedIo],
   ] as const) {
     if (!only.has(section)) continue;

@@ -11,7 +11,19 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
 /** The bench's sections, in the order they run and are shown (the names `--only` takes). */
-export const SECTIONS = ['calls', 'ledger', 'lifecycle', 'concurrent', 'execa', 'io', 'rbd', 'backup', 'cephfs'] as const;
+export const SECTIONS = [
+  'calls',
+  'ledger',
+  'lifecycle',
+  'concurrent',
+  'execa',
+  'io',
+  'rbd',
+  'backup',
+  'backup-rbd',
+  'backup-s3',
+  'cephfs',
+] as const;
 export type Section = (typeof SECTIONS)[number];
 
 export interface Figure {
