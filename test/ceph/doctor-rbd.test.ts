@@ -79,7 +79,7 @@ describe('doctor: rbd mappings against the ledger (planted kernel states)', () =
     );
     assert.equal(
       f?.fix,
-      'losetup -d /dev/loop3; echo 1 > /sys/fs/fuse/connections/41/abort; kill -KILL 100; umount /var/lib/latch/rbd/vol-a; rmdir /var/lib/latch/rbd/vol-a',
+      'losetup -d /dev/loop3; echo 1 > /sys/fs/fuse/connections/41/abort; kill -KILL 100; umount /var/lib/latch/rbd/vol-a || umount -l /var/lib/latch/rbd/vol-a; rmdir /var/lib/latch/rbd/vol-a',
     );
   });
 
@@ -122,11 +122,17 @@ describe('doctor: rbd mappings against the ledger (planted kernel states)', () =
     );
     assert.equal(byVolume('vol-a')[0]?.fix, 'latch volume release vol-a --node node-a --node-is-down');
     assert.match(byVolume('vol-a')[1]?.message ?? '', /^dead rbd mapping of vol-a .*its FUSE mount has no rbd-fuse process/);
-    assert.equal(byVolume('vol-a')[1]?.fix, `echo 1 > /sys/fs/fuse/connections/41/abort; umount ${DIR}/vol-a; rmdir ${DIR}/vol-a`);
+    assert.equal(
+      byVolume('vol-a')[1]?.fix,
+      `echo 1 > /sys/fs/fuse/connections/41/abort; umount ${DIR}/vol-a || umount -l ${DIR}/vol-a; rmdir ${DIR}/vol-a`,
+    );
 
     const [b] = byVolume('vol-b');
     assert.match(b?.message ?? '', /2 FUSE mounts are stacked/);
-    assert.match(b?.fix ?? '', /abort; echo 1 > \/sys\/fs\/fuse\/connections\/44\/abort; kill -KILL 102; umount \S+; umount \S+; rmdir/);
+    assert.match(
+      b?.fix ?? '',
+      /abort; echo 1 > \/sys\/fs\/fuse\/connections\/44\/abort; kill -KILL 102; umount (\S+) \|\| umount -l \1; umount \1 \|\| umount -l \1; rmdir/,
+    );
 
     const c = byVolume('vol-c').filter((f) => f.check === 'rbd-mappings');
     assert.deepEqual(

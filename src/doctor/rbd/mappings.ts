@@ -264,14 +264,19 @@ export function rbdMappingFindings(state: RbdNodeState | undefined, node: string
   return findings;
 }
 
-/** The shell commands that clear a mapping, from kernel state only: detach, abort, kill, unmount (design c). */
+/**
+ * The shell commands that clear a mapping, from kernel state only: detach, abort, kill, unmount (design c). The loop
+ * device may let go of its file a moment after `losetup -d` (the kernel clears it on its last close), and until then a
+ * plain umount is refused as busy: then the mount is detached lazily, which is safe once its connection is aborted
+ * and its daemon killed (nothing can be served through it any more).
+ */
 function clearCommands(m: Mapping, fusectlMounted: boolean): string {
   const steps: string[] = m.loops.map((l) => `losetup -d ${l.device}`);
   const connections = m.mounts.flatMap((mt) => (mt.connection === undefined ? [] : [mt.connection]));
   if (connections.length > 0 && !fusectlMounted) steps.push(`mount -t fusectl fusectl ${FUSECTL}`);
   for (const c of connections) steps.push(`echo 1 > ${FUSECTL}/${c}/abort`);
   if (m.pids.length > 0) steps.push(`kill -KILL ${m.pids.join(' ')}`);
-  for (let i = 0; i < m.mounts.length; i++) steps.push(`umount ${sh(m.mountPoint)}`);
+  for (let i = 0; i < m.mounts.length; i++) steps.push(`umount ${sh(m.mountPoint)} || umount -l ${sh(m.mountPoint)}`);
   if (m.mounts.length > 0 || m.pids.length > 0) steps.push(`rmdir ${sh(m.mountPoint)}`);
   return steps.join('; ');
 }
