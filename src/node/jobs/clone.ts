@@ -85,7 +85,8 @@ async function cloneInto(job: CloneJob, run: JobRun) {
   } finally {
     await source.release();
   }
-  await verifyCopy(device, copied, signal);
+  // NEW's extents as the storage lists them once the copy is synced: the check reads only those.
+  const verifiedBytes = await verifyCopy(device, copied, signal, ctx.backend.allocatedExtents?.(volume));
   const filesystem = await ctx.system.probeFsType(device);
   const from = job.fromSnapshot === undefined ? `${job.source} (${source.consistency})` : `snapshot ${job.fromSnapshot} of ${job.source}`;
   return {
@@ -100,6 +101,7 @@ async function cloneInto(job: CloneJob, run: JobRun) {
       sizeBytes: copied.sizeBytes,
       dataBytes: copied.dataBytes,
       contentSha256: copied.contentSha256,
+      verifiedBytes,
       ...(filesystem !== undefined && { filesystem }),
     },
     ...(filesystem !== undefined && { filesystem }),
