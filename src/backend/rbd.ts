@@ -33,6 +33,7 @@ import {
   rbdUsage,
   rbdWatchers,
   type CephIdentity,
+  type RbdSnapshot,
 } from '../sys/rbd.js';
 import { KernelRbdClient } from './krbd.js';
 import { RbdFuseLoopClient } from './rbd-fuse-loop.js';
@@ -306,31 +307,19 @@ export class RbdBackend implements Backend {
     if (info === undefined) throw new LatchError(`volume ${volume} has no image ${this.spec(image)}`);
     if (!(await rbdSnapCreate(this.identity, this.pool, image, name)))
       throw new LatchError(`volume ${volume} already has a snapshot named ${name}`);
-    const made = (await this.snapshotsWithCephIds(volume)).find((s) => s.info.name === name);
+    // Without its space (rbd du, a Ceph client of its own): a snapshot just taken shares every object with the image.
+    const made = (await rbdSnapList(this.identity, this.pool, image)).find((s) => s.name === name);
     if (!made) throw new LatchError(`rbd snap create ${this.spec(image)}@${name} succeeded, but rbd snap ls does not show it`);
-    return { ...made.info, ...(info.id !== undefined && made.snapId >= 0 && { id: `${info.id}@${made.snapId}` }) };
+    return { ...snapshotInfo(volume, made), ...(info.id !== undefined && made.id >= 0 && { id: `${info.id}@${made.id}` }) };
   }
 
   async listSnapshots(volume: string): Promise<SnapshotInfo[]> {
-    return (await this.snapshotsWithCephIds(volume)).map((s) => s.info);
-  }
-
-  /** The snapshots with Ceph's ID of each (-1 when rbd printed none). */
-  private async snapshotsWithCephIds(volume: string): Promise<{ info: SnapshotInfo; snapId: number }[]> {
     const image = checkVolumeName(volume);
     const snaps = await rbdSnapList(this.identity, this.pool, image);
     const used = snaps.length > 0 ? await rbdUsage(this.identity, this.pool, image) : new Map<string, number>();
     return snaps.map((s) => {
       const usedBytes = used.get(s.name);
-      const info: SnapshotInfo = {
-        volume,
-        name: s.name,
-        createdAt: s.timestamp ? new Date(s.timestamp).toISOString() : '',
-        sizeBytes: s.size,
-        sharing: 'native' as const,
-        ...(usedBytes !== undefined && { allocatedBytes: usedBytes, exclusiveBytes: usedBytes }),
-      };
-      return { info, snapId: s.id };
+      return { ...snapshotInfo(volume, s), ...(usedBytes !== undefined && { allocatedBytes: usedBytes, exclusiveBytes: usedBytes }) };
     });
   }
 
@@ -472,4 +461,15 @@ export class RbdBackend implements Backend {
       cancel,
     };
   }
+}
+
+/** A snapshot as `rbd snap ls` lists it, without its space. */
+function snapshotInfo(volume: string, s: RbdSnapshot): SnapshotInfo {
+  return {
+    volume,
+    name: s.name,
+    createdAt: s.timestamp ? new Date(s.timestamp).toISOString() : '',
+    sizeBytes: s.size,
+    sharing: 'native',
+  };
 }
