@@ -26,7 +26,7 @@ import {
 } from 'node:fs';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { after, before, describe, it } from 'node:test';
 import { parseConfig } from '../../src/config.js';
@@ -486,6 +486,89 @@ describe('jobs on shared volumes through tickets', { skip }, () => {
         await withMount('shkr', (dir) => assert.deepEqual(digests(dir), killedSource, 'the files, byte for byte'));
         t.diagnostic(`killed with ${written} of 6 large files begun`);
       }),
+  );
+
+  it(
+    'attach mode: waitforattach and mountdevice of a shared volume SIGKILLed midway, then repeated: one grant, one ceph-fuse, one mount',
+    { timeout: 120_000 },
+    async (t) => {
+      const rig = await agentRig();
+      const a = rig.ctx;
+      // The agent rig's node-a in attach mode: the same ledger and identity, the driver calls of kubelet and the KCM.
+      const raw = { ...(JSON.parse(readFileSync(rig.file, 'utf8')) as Record<string, unknown>), attach: true, waitForAttachTimeout: 20 };
+      const file = join(work, 'agent', 'attach.json');
+      writeFileSync(file, JSON.stringify(raw));
+      const env = { ...process.env, LATCH_CONFIG: file };
+      const json = JSON.stringify({ 'kubernetes.io/pvOrVolumeName': 'shd', accessMode: 'ReadWriteMany', size: '64Mi' });
+      const global = join(ceph.dir, 'kubelet', 'node-a', 'plugins', 'latch', 'mounts', 'shd');
+      /** One driver call: one JSON object on stdout, nothing on stderr. */
+      const call = async (...args: string[]): Promise<{ status: string; message?: string; device?: string }> => {
+        const child = spawn(process.execPath, [rig.latchJs, ...args], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+        let out = '';
+        let err = '';
+        child.stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
+        child.stderr.on('data', (chunk: Buffer) => (err += chunk.toString()));
+        await new Promise((resolve) => child.once('close', resolve));
+        assert.equal(err, '', `${args[0]} wrote to stderr`);
+        return JSON.parse(out) as { status: string; message?: string; device?: string };
+      };
+      /** Starts a driver call and SIGKILLs it once `midway` holds (looked at every 5 ms); true if it was still running. */
+      const killedAt = async (what: string, args: string[], midway: () => Promise<boolean> | boolean): Promise<boolean> => {
+        const child = spawn(process.execPath, [rig.latchJs, ...args], { env, stdio: 'ignore' });
+        trackChild(child);
+        const exited = new Promise((resolve) => child.once('exit', resolve));
+        let running = true;
+        void exited.then(() => (running = false));
+        for (let i = 0; i < 4000 && running && !(await midway()); i++) await sleep(5);
+        const wasRunning = running;
+        child.kill('SIGKILL');
+        await exited;
+        t.diagnostic(`${what}: ${wasRunning ? 'killed midway' : 'had finished before the kill'}`);
+        return wasRunning;
+      };
+      const node = async () => (await a.ledger.get('shd'))?.status.nodes;
+      const mountsAt = async () => (await readMountInfo()).filter((m) => m.mountPoint === global);
+
+      assert.equal((await call('attach', json, 'node-a')).status, 'Success');
+      // waitforattach killed once node-a's claim is in the ledger (attaching), before its record (attached).
+      assert.ok(
+        await killedAt('waitforattach', ['waitforattach', '', json], async () => (await node())?.['node-a']?.phase === 'attaching'),
+        'the kill came before waitforattach was done',
+      );
+      const waited = await call('waitforattach', '', json);
+      assert.equal(waited.status, 'Success', waited.message);
+      assert.equal(waited.device, '/latch/shared/shd');
+      assert.deepEqual(Object.keys((await node()) ?? {}), ['node-a'], 'one grant, for node-a');
+      assert.equal((await node())?.['node-a']?.phase, 'attached');
+
+      // mountdevice killed as soon as its ceph-fuse has started, then as soon as its mount shows: each repeat converges.
+      const midways: [string, () => Promise<boolean>][] = [
+        ['its ceph-fuse started', async () => (await leftovers(dirname(global))).cephFuse.length > 0],
+        ['its mount shows', async () => (await mountsAt()).length > 0],
+      ];
+      for (const [when, midway] of midways) {
+        // kubelet's order: waitforattach before every mountdevice (after an unmountdevice, it takes the hold again).
+        const again = await call('waitforattach', '', json);
+        assert.equal(again.status, 'Success', again.message);
+        mkdirSync(global, { recursive: true, mode: 0o750 });
+        await killedAt(`mountdevice killed once ${when}`, ['mountdevice', global, waited.device ?? '', json], midway);
+        const mounted = await call('mountdevice', global, waited.device ?? '', json);
+        assert.equal(mounted.status, 'Success', `mountdevice after a kill once ${when}: ${mounted.message}`);
+        assert.equal((await mountsAt()).length, 1, `one mount at the global path after a kill once ${when}`);
+        assert.equal((await leftovers(dirname(global))).cephFuse.length, 1, `one ceph-fuse after a kill once ${when}`);
+        const entry = (await node())?.['node-a'];
+        assert.deepEqual(Object.keys((await node()) ?? {}), ['node-a'], 'one grant, for node-a');
+        assert.equal(entry?.phase, 'attached');
+        assert.match(entry?.client ?? '', /^entity:latch-node-a@/, "the live ceph-fuse's instance is recorded");
+        writeFileSync(join(global, `after-${midways.findIndex(([w]) => w === when)}`), 'written\n');
+        assert.equal((await call('unmountdevice', global)).status, 'Success');
+        assert.deepEqual(await mountsAt(), [], `nothing mounted at the global path after its unmountdevice`);
+      }
+      assert.equal((await call('detach', 'shd', 'node-a')).status, 'Success');
+      const doc = await a.ledger.get('shd');
+      assert.deepEqual([doc?.status.nodes, Object.keys(doc?.spec.tickets ?? {})], [{}, []], 'no hold and no ticket left');
+      assert.deepEqual(await leftovers(dirname(global)), { mounts: [], cephFuse: [] }, 'no mount and no ceph-fuse left');
+    },
   );
 
   it(
