@@ -569,7 +569,7 @@ describe('jobs on shared volumes through tickets', { skip }, () => {
         if (held.length > 0) {
           for (const pid of held.filter(isRunning)) process.kill(pid, 'SIGCONT');
           // Given the time to mount, as a slow start would (the repeat above took longer than a start here). Measured:
-          // the killed call's ceph-fuse does not outlive being let go (its start reports to the dead call's stderr pipe).
+          // the killed call's ceph-fuse is gone once let go, without mounting (its stderr is the dead call's pipe).
           for (let i = 0; i < 100 && held.some(isRunning) && (await mountsAt()).length < 2; i++) await sleep(50);
           t.diagnostic(`held ceph-fuse ${held.join(', ')}: ${held.filter(isRunning).length} still running after the repeat`);
         }
