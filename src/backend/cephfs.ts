@@ -221,6 +221,12 @@ export class SharedVolumes {
     const found = await this.options.client.mountAt(target);
     if (found?.root !== undefined) {
       if (!isSubvolumePath(found.root, ref)) throw new LatchError(`${target} has ${found.root} mounted, not volume ${volume}`);
+      // A call killed after its mount and before it noted the client left no note: the live client is asked again, so
+      // that the ledger's record names its instance, as after a whole call.
+      if ((await readClientRecord(this.clientFile(volume))) === undefined) {
+        const address = await this.clientAddressNow(volume).catch(() => undefined);
+        if (address !== undefined) await writeFile(this.clientFile(volume), `${address}\n`, { mode: 0o600 });
+      }
       return this.clientOf(volume);
     }
     if (found) await this.options.client.unmount(target); // its client died: nothing serves that mount any more

@@ -2,12 +2,16 @@
 // (test/ceph/mds.ts): `latch snapshot create` asks the node agent's job runner (in process here) for a CephFS
 // subvolume snapshot through a snapshot ticket, `latch volume clone --from-snapshot` has the clone job make the
 // manager copy it into a new shared volume, and `latch backup create` / `latch volume restore` carry a shared volume's
-// files through a tar stream in the chunk engine into a new shared volume; `latch metrics` and the agent's round give
-// the quota and use of the shared volumes node-a holds, as the cluster has them. Every command runs as node-a's own
-// identity, whose caps reach only latch's subvolume group (cephfsNodeCaps): what it may do is what the jobs need.
+// files through a tar stream in the chunk engine into a new shared volume (and a real `latch agent` SIGKILLed in the
+// middle of each leaves nothing that looks whole: the next agent finishes the job and leaves no mount, ceph-fuse or
+// snapshot behind); `latch metrics` and the agent's round give the quota and use of the shared volumes node-a holds, as
+// the cluster has them. Every command runs as node-a's own identity, whose caps reach only latch's subvolume group
+// (cephfsNodeCaps): what it may do is what the jobs need.
 // Every FUSE mount lives under the cluster's dir, whose teardown aborts them through fusectl, also after a failure.
 // Needs root, Debian's ceph, ceph-mds and ceph-fuse packages; skips with a message otherwise.
 import assert from 'node:assert/strict';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
 import {
   existsSync,
   mkdirSync,
@@ -22,7 +26,7 @@ import {
 } from 'node:fs';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { after, before, describe, it } from 'node:test';
 import { parseConfig } from '../../src/config.js';
@@ -40,7 +44,14 @@ import { volumeExpand } from '../../src/cli/volume/expand.js';
 import { createSharedVolume, sharedVolumesOf } from '../../src/node/shared.js';
 import { cephfsNodeCaps } from '../../src/sys/cephfs.js';
 import { readMountInfo } from '../../src/sys/mounts.js';
+import { jobRequest } from '../../src/jobs/request.js';
+import { finishedJob, isSatisfied } from '../../src/ledger/arbitrate.js';
+import { jobTicketId } from '../../src/ledger/ids.js';
+import type { VolumeDoc } from '../../src/ledger/types.js';
+import { bundleForNode } from '../fixtures/bundle.js';
 import { withJobRunner } from '../fixtures/job-runner.js';
+import { checkInvariants } from '../fixtures/ledger-invariants.js';
+import { trackChild } from '../fixtures/tracked-children.js';
 import { MemoryStore } from '../fixtures/memory-store.js';
 import { cephSkipReason, procStat, startCephCluster, type CephCluster } from '../ceph/cluster.js';
 
@@ -212,6 +223,372 @@ describe('jobs on shared volumes through tickets', { skip }, () => {
       assert.equal(statSync(join(dir, 'mode-600')).mode & 0o777, 0o600);
     });
   });
+
+  // ---- a real `latch agent` SIGKILLed in the middle of a shared backup job and of a shared restore job ----
+  // The agents are child processes of the bundled latch (src/bin.ts) with a configuration of their own: the same node
+  // identity, the file-store ledger (shared with this process, which asks for the jobs and looks at the outcome), its
+  // own mount dir under the cluster's dir (aborted through fusectl by its teardown) and its own backup target.
+  const agentRig = (() => {
+    let made: Promise<{ latchJs: string; file: string; ctx: Context; io: CommandIO; mountDir: string; target: string }> | undefined;
+    return () =>
+      (made ??= (async () => {
+        const root = join(work, 'agent');
+        mkdirSync(join(root, 'target'), { recursive: true });
+        const latchJs = await bundleForNode('src/bin.ts', join(root, 'latch.js'));
+        const shared = (JSON.parse(readFileSync(join(work, 'config.json'), 'utf8')) as { backend: Record<string, unknown> }).backend;
+        const mountDir = join(ceph.dir, 'mnt', 'node-a-agent', 'cephfs');
+        const raw = {
+          nodeName: 'node-a',
+          singleNode: 'node-a',
+          stateDir: join(root, 'state'),
+          logFile: join(root, 'latch.log'),
+          maxSize: '1Gi',
+          commandTimeout: 20,
+          backupTarget: { type: 'dir', path: join(root, 'target') },
+          agent: { listen: '127.0.0.1:0', intervalSeconds: 1 },
+          backend: {
+            ...shared,
+            mountDir: join(ceph.dir, 'mnt', 'node-a-agent', 'rbd'),
+            cephfs: { fsName: 'cephfs', group: 'latch', client: 'ceph-fuse', mountDir },
+          },
+        };
+        const file = join(root, 'config.json');
+        writeFileSync(file, JSON.stringify(raw));
+        const agentCtx = createContext(parseConfig(raw, file));
+        const agentIo: CommandIO = { out: () => undefined, env: { LATCH_CONFIG: file }, context: (c) => createContext(c) };
+        return { latchJs, file, ctx: agentCtx, io: agentIo, mountDir, target: join(root, 'target') };
+      })());
+  })();
+  let agentStderr = '';
+  const agents = new Set<ChildProcess>();
+  /** Runs a test's body; the agents it started are SIGKILLed after it, also after a failure (before the cluster stops). */
+  async function withAgents(body: () => Promise<void>): Promise<void> {
+    try {
+      await body();
+    } finally {
+      for (const child of [...agents]) await stopAgent(child, 'SIGKILL');
+    }
+  }
+
+  async function startAgent(): Promise<ChildProcess> {
+    const { latchJs, file } = await agentRig();
+    const child = spawn(process.execPath, [latchJs, 'agent'], {
+      env: { ...process.env, LATCH_CONFIG: file },
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
+    trackChild(child);
+    agents.add(child);
+    child.stderr?.on('data', (chunk: Buffer) => (agentStderr += chunk.toString()));
+    return child;
+  }
+
+  async function stopAgent(child: ChildProcess, signal: NodeJS.Signals): Promise<void> {
+    agents.delete(child);
+    if (child.exitCode !== null || child.signalCode !== null) return;
+    const exited = new Promise((resolve) => child.once('exit', resolve));
+    child.kill(signal);
+    await exited;
+  }
+
+  /** Polls `probe` until it gives a value; fails if `child` exits first or after `patienceMs`. */
+  async function untilSeen<T>(
+    what: string,
+    child: ChildProcess,
+    probe: () => T | undefined | false,
+    intervalMs: number,
+    patienceMs = 60_000,
+  ) {
+    const deadline = Date.now() + patienceMs;
+    for (;;) {
+      const value = probe();
+      if (value !== undefined && value !== false) return value;
+      assert.ok(child.exitCode === null && child.signalCode === null, `the agent exited before ${what}: ${agentStderr}`);
+      assert.ok(Date.now() < deadline, `waited too long for ${what}; agent stderr: ${agentStderr}`);
+      await sleep(intervalMs);
+    }
+  }
+
+  /** The volume's document once `ticket` is gone (finished), while `child` runs. */
+  async function untilFinished(child: ChildProcess, agentCtx: Context, volume: string, ticket: string): Promise<VolumeDoc> {
+    const deadline = Date.now() + 60_000;
+    for (;;) {
+      const doc = await agentCtx.ledger.get(volume);
+      assert.ok(doc, `volume ${volume} exists`);
+      if (doc.spec.tickets[ticket] === undefined) return doc;
+      assert.ok(child.exitCode === null && child.signalCode === null, `the agent exited: ${agentStderr}`);
+      assert.ok(Date.now() < deadline, `waited too long for the job on ${volume}; agent stderr: ${agentStderr}`);
+      await sleep(50);
+    }
+  }
+
+  /** What a killed job of node-a's agent may leave on the host: mounts under its mount dir and their ceph-fuse daemons. */
+  const leftovers = async (mountDir: string) => ({
+    mounts: (await readMountInfo()).filter((m) => m.mountPoint.startsWith(`${mountDir}/`)).map((m) => m.mountPoint),
+    cephFuse: readdirSync('/proc')
+      .filter((e) => /^[0-9]+$/.test(e))
+      .filter((pid) => {
+        try {
+          const argv = readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
+          return (argv[0] ?? '').endsWith('ceph-fuse') && argv.some((a) => a.startsWith(`${mountDir}/`));
+        } catch {
+          return false;
+        }
+      })
+      .map(Number),
+  });
+  /** Whether the process runs (a zombie has exited: only its parent's reaping is left). */
+  const isRunning = (pid: number) => !['Z', 'X', undefined].includes(procStat(pid)?.[0]);
+  /** The volume's CephFS subvolume snapshots as the cluster lists them (`ceph fs subvolume snapshot ls`, as admin). */
+  const cephSnapshots = async (volume: string): Promise<string[]> => {
+    const out = await ceph.ceph(['fs', 'subvolume', 'snapshot', 'ls', 'cephfs', volume, '--group_name', 'latch', '--format', 'json']);
+    return (JSON.parse(out.stdout) as { name: string }[]).map((s) => s.name).sort();
+  };
+  /** Every regular file under `dir` (relative path) with the sha256 of its bytes. */
+  const digests = (dir: string, prefix = ''): Record<string, string> => {
+    const found: Record<string, string> = {};
+    for (const entry of readdirSync(join(dir, prefix), { withFileTypes: true })) {
+      const rel = join(prefix, entry.name);
+      if (entry.isDirectory()) Object.assign(found, digests(dir, rel));
+      else if (entry.isFile())
+        found[rel] = createHash('sha256')
+          .update(readFileSync(join(dir, rel)))
+          .digest('hex');
+    }
+    return found;
+  };
+  let killedSource: Record<string, string> = {};
+
+  it(
+    'a shared backup job whose agent is SIGKILLed once it stored chunks: nothing is listed; the next agent reuses its mount and snapshot and completes it',
+    { timeout: 120_000 },
+    async (t) =>
+      withAgents(async () => {
+        const rig = await agentRig();
+        const a = rig.ctx;
+        await createSharedVolume(a, 'shk', 256 * MiB, 'ext4');
+        // 96 MiB of random bytes (incompressible, no chunk alike: the backup takes a while) and a few small files.
+        await withMount('shk', (dir) => {
+          mkdirSync(join(dir, 'deep', 'er'), { recursive: true });
+          for (let i = 0; i < 6; i++) writeFileSync(join(dir, `part-${i}`), randomBytes(16 * MiB));
+          writeFileSync(join(dir, 'deep', 'er', 'small.txt'), 'small\n');
+          killedSource = digests(dir);
+        });
+        const jobMount = join(rig.mountDir, 'jobs', 'shk');
+        /** The chunk files stored whole (a writer's temp files start with "."). */
+        const chunks = () => {
+          const dir = join(rig.target, 'chunks');
+          return existsSync(dir)
+            ? readdirSync(dir, { recursive: true, withFileTypes: true }).filter((e) => e.isFile() && !e.name.startsWith('.')).length
+            : 0;
+        };
+        const request = jobRequest(a, 'shk', { kind: 'backup', backup: 'kb1' }, 'node-a');
+        await a.ledger.requestJob('shk', request);
+        const started = Date.now();
+        const first = await startAgent();
+        const stored = await untilSeen('the first chunks in the target', first, () => chunks() > 0 && chunks(), 5);
+        await stopAgent(first, 'SIGKILL');
+        const killedAt = Date.now() - started;
+
+        const killed = await a.ledger.get('shk');
+        assert.equal(killed?.spec.tickets[request.id] !== undefined, true, 'the ticket stays');
+        assert.equal(killed?.status.tickets[request.id]?.job?.state, 'running', 'killed while the job ran');
+        assert.equal(killed?.status.nodes['node-a']?.phase, 'attached', "node-a's hold for the job stays");
+        assert.deepEqual(checkInvariants(killed, 'shk'), [], 'the ledger keeps its invariants');
+        const { listBackups, manifestExists } = await import('../../src/backup/manifest.js');
+        const target = { type: 'dir' as const, path: rig.target };
+        assert.equal(await manifestExists(target, 'kb1'), false, 'no manifest');
+        assert.deepEqual(await listBackups(target), [], 'nothing is listed as a backup');
+        // What the killed run left: its read-only job mount with its ceph-fuse (a daemon of its own: the kill does not
+        // reach it) and the backup's own snapshot, which an interrupted attempt keeps for the next.
+        const left = await leftovers(rig.mountDir);
+        assert.deepEqual(left.mounts, [jobMount], "the killed run's job mount is still there");
+        assert.equal(left.cephFuse.length, 1, `its ceph-fuse: ${JSON.stringify(left)}`);
+        assert.deepEqual(await cephSnapshots('shk'), ['latch-base-kb1'], "the backup's own snapshot is kept for the next attempt");
+
+        const second = await startAgent();
+        const doc = await untilFinished(second, a, 'shk', request.id);
+        await stopAgent(second, 'SIGTERM');
+        const finished = finishedJob(doc, request.id);
+        assert.equal(finished?.status.state, 'succeeded', finished?.status.message);
+        assert.equal(finished?.status.attempts, 2, 'redone by the next agent');
+        assert.ok(
+          Number(finished?.status.result?.presentChunks) > 0,
+          `the killed run's chunks are reused: ${JSON.stringify(finished?.status.result)}`,
+        );
+        assert.deepEqual([Object.keys(doc.spec.tickets), doc.status.nodes], [[], {}], 'no ticket or hold left');
+        assert.deepEqual(await leftovers(rig.mountDir), { mounts: [], cephFuse: [] }, 'no job mount and no ceph-fuse left');
+        assert.deepEqual(left.cephFuse.filter(isRunning), [], "the killed run's ceph-fuse is gone");
+        assert.deepEqual(await cephSnapshots('shk'), [], "the backup's own snapshot is removed");
+        assert.deepEqual(
+          (await listBackups(target)).map((b) => b.name),
+          ['kb1'],
+        );
+        t.diagnostic(
+          `killed ${killedAt} ms after the agent started, with ${stored} chunk(s) stored; ${JSON.stringify(finished?.status.result)}`,
+        );
+      }),
+  );
+
+  it(
+    'a shared restore job whose agent is SIGKILLed midway keeps the new volume from pods; the next agent redoes it byte for byte, no mount left',
+    { timeout: 120_000 },
+    async (t) =>
+      withAgents(async () => {
+        assert.ok(Object.keys(killedSource).length > 0, 'the backup test ran first');
+        const rig = await agentRig();
+        const a = rig.ctx;
+        const restoreId = jobTicketId('restore', 'shkr', 'kb1');
+        await volumeRestore({ name: 'shkr', fromBackup: 'kb1', wait: false }, rig.io);
+        const jobMount = join(rig.mountDir, 'jobs', 'shkr');
+        const first = await startAgent();
+        // Looked at often: the restore writes its 96 MiB in well under a second here.
+        const written = await untilSeen(
+          'the restore to write its second file',
+          first,
+          () => {
+            try {
+              const parts = readdirSync(jobMount).filter((n) => n.startsWith('part-'));
+              return parts.length >= 2 && parts.length;
+            } catch {
+              return false;
+            }
+          },
+          2,
+        );
+        await stopAgent(first, 'SIGKILL');
+        const killed = await a.ledger.get('shkr');
+        assert.equal(killed?.spec.shared, true);
+        assert.equal(killed?.status.tickets[restoreId]?.job?.state, 'running', 'killed while the job ran');
+        assert.deepEqual(checkInvariants(killed, 'shkr'), []);
+        const left = await leftovers(rig.mountDir);
+        assert.deepEqual(left.mounts, [jobMount], "the killed run's job mount is still there");
+        // A pod's ticket waits: a half-restored volume is never handed to a workload.
+        const workload = {
+          id: 'workload-shkr',
+          type: 'workload' as const,
+          nodeID: 'node-a',
+          parameters: { readOnly: false },
+          requestedBy: {},
+        };
+        await a.ledger.addTicket('shkr', workload);
+        assert.equal(isSatisfied((await a.ledger.get('shkr')) as VolumeDoc, workload.id), false, 'the workload waits');
+        await a.ledger.removeTicket('shkr', workload.id);
+
+        const second = await startAgent();
+        const doc = await untilFinished(second, a, 'shkr', restoreId);
+        await stopAgent(second, 'SIGTERM');
+        const finished = finishedJob(doc, restoreId);
+        assert.equal(finished?.status.state, 'succeeded', finished?.status.message);
+        assert.equal(finished?.status.attempts, 2, 'redone from an empty root by the next agent');
+        assert.deepEqual([Object.keys(doc.spec.tickets), doc.status.nodes], [[], {}], 'no ticket or hold left');
+        assert.deepEqual(await leftovers(rig.mountDir), { mounts: [], cephFuse: [] }, 'no job mount and no ceph-fuse left');
+        assert.deepEqual(left.cephFuse.filter(isRunning), [], "the killed run's ceph-fuse is gone");
+        await withMount('shkr', (dir) => assert.deepEqual(digests(dir), killedSource, 'the files, byte for byte'));
+        t.diagnostic(`killed with ${written} of 6 large files begun`);
+      }),
+  );
+
+  it(
+    'attach mode: waitforattach and mountdevice of a shared volume SIGKILLed midway, then repeated: one grant, one ceph-fuse, one mount',
+    { timeout: 120_000 },
+    async (t) => {
+      const rig = await agentRig();
+      const a = rig.ctx;
+      // The agent rig's node-a in attach mode: the same ledger and identity, the driver calls of kubelet and the KCM.
+      const raw = { ...(JSON.parse(readFileSync(rig.file, 'utf8')) as Record<string, unknown>), attach: true, waitForAttachTimeout: 20 };
+      const file = join(work, 'agent', 'attach.json');
+      writeFileSync(file, JSON.stringify(raw));
+      const env = { ...process.env, LATCH_CONFIG: file };
+      const json = JSON.stringify({ 'kubernetes.io/pvOrVolumeName': 'shd', accessMode: 'ReadWriteMany', size: '64Mi' });
+      const global = join(ceph.dir, 'kubelet', 'node-a', 'plugins', 'latch', 'mounts', 'shd');
+      /** One driver call: one JSON object on stdout, nothing on stderr. */
+      const call = async (...args: string[]): Promise<{ status: string; message?: string; device?: string }> => {
+        const child = spawn(process.execPath, [rig.latchJs, ...args], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+        let out = '';
+        let err = '';
+        child.stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
+        child.stderr.on('data', (chunk: Buffer) => (err += chunk.toString()));
+        await new Promise((resolve) => child.once('close', resolve));
+        assert.equal(err, '', `${args[0]} wrote to stderr`);
+        return JSON.parse(out) as { status: string; message?: string; device?: string };
+      };
+      /** Starts a driver call and SIGKILLs it once `midway` holds (looked at every 5 ms); true if it was still running. */
+      const killedAt = async (what: string, args: string[], midway: () => Promise<boolean> | boolean): Promise<boolean> => {
+        const child = spawn(process.execPath, [rig.latchJs, ...args], { env, stdio: 'ignore' });
+        trackChild(child);
+        const exited = new Promise((resolve) => child.once('exit', resolve));
+        let running = true;
+        void exited.then(() => (running = false));
+        for (let i = 0; i < 4000 && running && !(await midway()); i++) await sleep(5);
+        const wasRunning = running;
+        child.kill('SIGKILL');
+        await exited;
+        t.diagnostic(`${what}: ${wasRunning ? 'killed midway' : 'had finished before the kill'}`);
+        return wasRunning;
+      };
+      const node = async () => (await a.ledger.get('shd'))?.status.nodes;
+      const mountsAt = async () => (await readMountInfo()).filter((m) => m.mountPoint === global);
+
+      assert.equal((await call('attach', json, 'node-a')).status, 'Success');
+      // waitforattach killed once node-a's claim is in the ledger (attaching), before its record (attached).
+      assert.ok(
+        await killedAt('waitforattach', ['waitforattach', '', json], async () => (await node())?.['node-a']?.phase === 'attaching'),
+        'the kill came before waitforattach was done',
+      );
+      const waited = await call('waitforattach', '', json);
+      assert.equal(waited.status, 'Success', waited.message);
+      assert.equal(waited.device, '/latch/shared/shd');
+      assert.deepEqual(Object.keys((await node()) ?? {}), ['node-a'], 'one grant, for node-a');
+      assert.equal((await node())?.['node-a']?.phase, 'attached');
+
+      // mountdevice killed as soon as its ceph-fuse has started, as soon as its mount shows, and while its ceph-fuse is
+      // held (SIGSTOP) before it mounts, let go once the repeat is done (a slow start that outlives the call): each
+      // repeat converges, and the killed call's ceph-fuse never mounts a second time over the repeat's.
+      const held: number[] = [];
+      const midways: [string, () => Promise<boolean>][] = [
+        ['its ceph-fuse started', async () => (await leftovers(dirname(global))).cephFuse.length > 0],
+        ['its mount shows', async () => (await mountsAt()).length > 0],
+        [
+          'its ceph-fuse started and was held before it mounted',
+          async () => {
+            const started = (await leftovers(dirname(global))).cephFuse;
+            for (const pid of started) process.kill(pid, 'SIGSTOP');
+            held.push(...started);
+            return started.length > 0;
+          },
+        ],
+      ];
+      for (const [when, midway] of midways) {
+        // kubelet's order: waitforattach before every mountdevice (after an unmountdevice, it takes the hold again).
+        const again = await call('waitforattach', '', json);
+        assert.equal(again.status, 'Success', again.message);
+        mkdirSync(global, { recursive: true, mode: 0o750 });
+        await killedAt(`mountdevice killed once ${when}`, ['mountdevice', global, waited.device ?? '', json], midway);
+        const mounted = await call('mountdevice', global, waited.device ?? '', json);
+        assert.equal(mounted.status, 'Success', `mountdevice after a kill once ${when}: ${mounted.message}`);
+        if (held.length > 0) {
+          for (const pid of held.filter(isRunning)) process.kill(pid, 'SIGCONT');
+          // Given the time to mount, as a slow start would (the repeat above took longer than a start here). Measured:
+          // the killed call's ceph-fuse is gone once let go, without mounting (its stderr is the dead call's pipe).
+          for (let i = 0; i < 100 && held.some(isRunning) && (await mountsAt()).length < 2; i++) await sleep(50);
+          t.diagnostic(`held ceph-fuse ${held.join(', ')}: ${held.filter(isRunning).length} still running after the repeat`);
+        }
+        assert.equal((await mountsAt()).length, 1, `one mount at the global path after a kill once ${when}`);
+        assert.equal((await leftovers(dirname(global))).cephFuse.length, 1, `one ceph-fuse after a kill once ${when}`);
+        const entry = (await node())?.['node-a'];
+        assert.deepEqual(Object.keys((await node()) ?? {}), ['node-a'], 'one grant, for node-a');
+        assert.equal(entry?.phase, 'attached');
+        assert.match(entry?.client ?? '', /^entity:latch-node-a@/, "the live ceph-fuse's instance is recorded");
+        writeFileSync(join(global, `after-${midways.findIndex(([w]) => w === when)}`), 'written\n');
+        assert.equal((await call('unmountdevice', global)).status, 'Success');
+        assert.deepEqual(await mountsAt(), [], `nothing mounted at the global path after its unmountdevice`);
+      }
+      assert.equal((await call('detach', 'shd', 'node-a')).status, 'Success');
+      const doc = await a.ledger.get('shd');
+      assert.deepEqual([doc?.status.nodes, Object.keys(doc?.spec.tickets ?? {})], [{}, []], 'no hold and no ticket left');
+      assert.deepEqual(await leftovers(dirname(global)), { mounts: [], cephFuse: [] }, 'no mount and no ceph-fuse left');
+    },
+  );
 
   it(
     'a SIGSTOPped ceph-fuse under a backup fails the job once it made no progress for commandTimeout, and leaves nothing',

@@ -108,6 +108,32 @@ describe('shared volumes: arbitration', () => {
     });
   }
 
+  for (const kind of ['shared', 'block'] as const) {
+    it(`a pod's ticket on the node that runs a restore or fills a clone target waits until that ticket is gone (${kind} volume)`, () => {
+      const fillers: TicketRequest[] = [
+        { ...req('r', 'node-a', 'restore'), job: { kind: 'restore', backup: 'b1' } },
+        { ...req('ct', 'node-a', 'clone'), job: { kind: 'clone', role: 'target', source: 's0', target: 's1' } },
+      ];
+      for (const filler of fillers) {
+        const fresh = kind === 'shared' ? shared() : newVolume('s1', 1 << 30, 'ext4', T);
+        let doc = settle(addTicket(fresh, filler, T), 'node-a');
+        doc = addTicket(doc, req('w-a', 'node-a'), T);
+        assert.equal(isSatisfied(doc, filler.id), true, filler.type);
+        assert.equal(isSatisfied(doc, 'w-a'), false, `${filler.type}: the half-made volume is nobody's through its grant`);
+        assert.match(
+          doc.status.tickets['w-a']?.message ?? '',
+          new RegExp(`being filled by a ${filler.type} job \\(ticket ${filler.id}\\)`),
+        );
+        doc = removeTicket(doc, filler.id, T);
+        assert.equal(isSatisfied(doc, 'w-a'), true, `${filler.type}: granted once it is done`);
+      }
+      // A pod's ticket that had the volume keeps it when such a ticket of its node comes later (a person's reservation).
+      let doc = settle(addTicket(kind === 'shared' ? shared() : newVolume('s1', 1 << 30, 'ext4', T), req('w-a', 'node-a'), T), 'node-a');
+      doc = addTicket(doc, req('r', 'node-a', 'restore'), T);
+      assert.equal(isSatisfied(doc, 'w-a'), true);
+    });
+  }
+
   it('a clone target waits too; a clone source, a snapshot and a backup share', () => {
     let doc = settle(addTicket(shared(), req('w-a', 'node-a'), T), 'node-a');
     const source = {

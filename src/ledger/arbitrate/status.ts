@@ -3,6 +3,11 @@ import type { Condition, JobStatus, NodeAttachment, Ticket, TicketStatus, Volume
 import { sharedWaitMessage } from '../shared.js';
 import { isFencedOff } from './queries.js';
 
+/** A restore's or a clone target's ticket: its job writes the whole volume, which nothing else may use until it is done. */
+function fillsVolume(ticket: Ticket): boolean {
+  return ticket.type === 'restore' || (ticket.type === 'clone' && ticket.job?.kind === 'clone' && ticket.job.role === 'target');
+}
+
 export function statusOf(doc: VolumeDoc, ticket: Ticket, sorted: Ticket[]): TicketStatus {
   const base = { generation: ticket.generation };
   const own = doc.status.nodes[ticket.nodeID];
@@ -17,6 +22,20 @@ export function statusOf(doc: VolumeDoc, ticket: Ticket, sorted: Ticket[]): Tick
     }
     const alone = sharedWaitMessage(doc, ticket);
     if (alone !== undefined) return { ...base, satisfied: false, reason: 'Waiting', message: alone };
+    const old = doc.status.tickets[ticket.id];
+    const had = old?.satisfied === true && old.generation === ticket.generation;
+    const filling = fillsVolume(ticket) || had ? undefined : sorted.find((t) => t.nodeID === ticket.nodeID && fillsVolume(t));
+    if (filling !== undefined) {
+      // The node holds the volume for a restore or clone that is filling it: another ticket of the same node (a pod's)
+      // would get the half-made volume through that grant. It waits, as one of another node's does, until that ticket
+      // goes (a ticket that had the volume before keeps it: a pod's device is never cut).
+      return {
+        ...base,
+        satisfied: false,
+        reason: 'Waiting',
+        message: `volume ${doc.name} is being filled by a ${filling.type} job (ticket ${filling.id}); nothing else uses it until that is done`,
+      };
+    }
     return { ...base, satisfied: true, reason: 'Attached', message: `attached to node ${ticket.nodeID}` };
   }
   if (own) {
