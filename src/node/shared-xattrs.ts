@@ -63,7 +63,7 @@ function paxRecord(key: string, value: Buffer): Buffer {
 export function encodePaxRecords(path: string, linkname: string | undefined, xattrs: Xattrs): Buffer {
   const records = [paxRecord('path', Buffer.from(path))];
   if (linkname !== undefined) records.push(paxRecord('linkpath', Buffer.from(linkname)));
-  for (const [name, value] of xattrs) records.push(paxRecord(`${XATTR_KEY}${name}`, value));
+  for (const [name, value] of xattrs) records.push(paxRecord(`${XATTR_KEY}${encodeXattrName(name)}`, value));
   const length = records.reduce((n, r) => n + r.length, 0);
   let pad = (512 - (length % 512)) % 512;
   if (pad > 0 && pad < 16) pad += 512;
@@ -87,6 +87,18 @@ export function xattrBytes(xattrs: Xattrs): number {
   let bytes = 0;
   for (const [name, value] of xattrs) bytes += Buffer.byteLength(name) + value.length;
   return bytes;
+}
+
+/**
+ * An attribute's name in a pax keyword, as GNU tar writes it: `%` as `%25` and `=` as `%3D` (a keyword ends at the
+ * first `=`); and back.
+ */
+function encodeXattrName(name: string): string {
+  return name.replace(/%/g, '%25').replace(/=/g, '%3D');
+}
+
+function decodeXattrName(keyword: string): string {
+  return keyword.replace(/%(25|3D)/gi, (_, code: string) => (code === '25' ? '%' : '='));
 }
 
 function malformed(why: string): LatchError {
@@ -137,7 +149,7 @@ export function entryXattrs(records: { key: string; value: Buffer }[]): EntryXat
       if (!PLAIN_PAX_KEYS.has(key)) skipped.push(`unknown record ${JSON.stringify(key.slice(0, 100))}`);
       continue;
     }
-    const name = key.slice(XATTR_KEY.length);
+    const name = decodeXattrName(key.slice(XATTR_KEY.length));
     if (name === '' || name.includes('\0')) throw malformed('an attribute without a name, or with a NUL in it');
     if (Buffer.byteLength(name) > 255)
       throw malformed(`the attribute name ${JSON.stringify(name.slice(0, 100))}... is longer than 255 bytes`);
@@ -243,8 +255,17 @@ export function attrTools(timeoutMs: number): XattrIO {
       return parseGetfattrDump(stdout, paths);
     },
     async write(items) {
-      if (items.length === 0) return;
-      await run('setfattr', ['-h', '--restore=-'], { timeoutMs, input: formatSetfattrDump(items) });
+      // setfattr's --restore reads a name up to its first '=', escaped or not: a name with one is set on its own.
+      const restorable = items.map(({ path, xattrs }) => ({ path, xattrs: new Map([...xattrs].filter(([name]) => !name.includes('='))) }));
+      if (restorable.some((i) => i.xattrs.size > 0)) {
+        await run('setfattr', ['-h', '--restore=-'], { timeoutMs, input: formatSetfattrDump(restorable.filter((i) => i.xattrs.size > 0)) });
+      }
+      for (const { path, xattrs } of items) {
+        for (const [name, value] of xattrs) {
+          if (name.includes('='))
+            await run('setfattr', ['-h', '-n', name, '-v', `0s${value.toString('base64')}`, '--', path], { timeoutMs });
+        }
+      }
     },
   };
 }

@@ -50,6 +50,12 @@ describe('pax records of extended attributes', () => {
     }
   });
 
+  it("write '=' and '%' in a name as GNU tar does (%3D, %25), and read them back", () => {
+    const block = encodePaxRecords('f', undefined, xattrs(['user.a=b%3D', 'v']));
+    assert.match(block.toString('latin1'), /SCHILY\.xattr\.user\.a%3Db%253D=v\n/);
+    assert.deepEqual([...entryXattrs(parsePaxRecords(block)).kept.keys()], ['user.a=b%3D']);
+  });
+
   it('refuses a malformed header: no length, a length that lies, no =, bytes after the padding', () => {
     assert.throws(() => parsePaxRecords(Buffer.from('x path=a\n')), /malformed pax extended header.*has no length/);
     assert.throws(() => parsePaxRecords(Buffer.from('30 path=a\n')), /does not end where its length says/);
