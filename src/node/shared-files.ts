@@ -9,12 +9,13 @@
 // the end-of-archive blocks; the zero chunks are holes, which cost nothing in the target). An archive that would
 // outgrow its bound fails the backup; nothing is ever cut short.
 //
-// What an archive holds: directories, regular files (a file's other hard links as links to its first path), symbolic
-// links, each with its owner, group, permission bits and modification time, and its `user.*` extended attributes and
-// POSIX ACLs (node/shared-xattrs.ts: pax `SCHILY.xattr.*` records). Not kept: other extended attributes (`security.*`
-// such as file capabilities, `trusted.*`, CephFS's virtual `ceph.*`), holes inside files (read as zeros; the chunk engine stores zero chunks as holes, and the
-// restore writes no all-zero block, so a sparse file comes back sparse in 64 KiB steps), and what is no file: device
-// nodes, FIFOs and sockets are skipped by a backup (counted in its result).
+// What an archive holds: the root directory (its metadata: `./`, first), directories, regular files (a file's other
+// hard links as links to its first path), symbolic links, each with its owner, group, permission bits and modification
+// time, and its `user.*` extended attributes and POSIX ACLs (node/shared-xattrs.ts: pax `SCHILY.xattr.*` records). Not
+// kept: other extended attributes (`security.*` such as file capabilities, `trusted.*`, CephFS's virtual `ceph.*`),
+// holes inside files (read as zeros; the chunk engine stores zero chunks as holes, and the restore writes no all-zero
+// block, so a sparse file comes back sparse in 64 KiB steps), and what is no file: device nodes, FIFOs and sockets are
+// skipped by a backup (counted in its result).
 //
 // A restore treats the archive as hostile (the target may be written by anyone with its credentials): an entry whose
 // path is absolute or climbs out with `..`, a symbolic link whose target is absolute or resolves outside the root, a
@@ -94,6 +95,9 @@ export async function listTree(root: string, xattrs: XattrIO, onEntry: () => voi
   const firstPathOf = new Map<string, string>();
   // Two 512-byte end-of-archive blocks, and tar-stream's own record padding, at most one 10 KiB record.
   let sizeBound = 2 * BLOCK + 10240;
+  // The root first, as `./` (as GNU tar names it): its owner, mode, time and attributes (a default ACL on the root).
+  entries.push({ path: '.', stats: await lstat(root), type: 'directory' });
+  sizeBound += entryBound({ path: '.', type: 'directory' }, 0);
   const walk = async (dir: string, rel: string): Promise<void> => {
     const names = (await readdir(dir)).sort();
     for (const name of names) {
@@ -419,10 +423,15 @@ export async function extractTree(
     await xattrs.write(pending);
     pending = [];
   };
+  let first = true;
   for await (const entry of extract) {
     const header = entry.header as Header;
-    const path = checkEntryPath(header.name);
-    const full = posix.join(root, path);
+    // The root's own entry (`./`), first and a directory only: it makes nothing, it sets the root's metadata.
+    const isRoot =
+      first && header.type === 'directory' && !header.name.startsWith('/') && header.name.split('/').every((p) => p === '' || p === '.');
+    first = false;
+    const path = isRoot ? '.' : checkEntryPath(header.name);
+    const full = isRoot ? root : posix.join(root, path);
     const { kept, skipped } = attributesOf(header);
     for (const what of skipped) {
       report.skippedXattrs++;
@@ -431,11 +440,13 @@ export async function extractTree(
     await checkParents(root, path);
     switch (header.type) {
       case 'directory':
-        await mkdir(full, { mode: 0o700 }).catch((err: NodeJS.ErrnoException) => {
-          throw err.code === 'EEXIST' ? refused(header.name, 'is made twice') : err;
-        });
+        if (!isRoot) {
+          await mkdir(full, { mode: 0o700 }).catch((err: NodeJS.ErrnoException) => {
+            throw err.code === 'EEXIST' ? refused(header.name, 'is made twice') : err;
+          });
+          report.directories++;
+        }
         directories.push({ path: full, header });
-        report.directories++;
         {
           const acl = kept.get('system.posix_acl_default');
           if (acl !== undefined) {

@@ -414,15 +414,16 @@ describe('jobs on shared volumes through tickets', { skip }, () => {
         sh('setfattr', ['-n', 'user.dir', '-v', 'yes', join(dir, 'team')]);
         sh('setfacl', ['-m', 'u:1000:rw', join(dir, 'bin')]);
         sh('setfacl', ['-m', 'g:3000:rwx', '-d', '-m', 'g:3000:rwx', join(dir, 'team')]);
+        sh('setfacl', ['-d', '-m', 'g:4000:rx', dir]);
         return dumpOf(dir);
       });
-      assert.match(before, /system.posix_acl_default/, "the job's mount shows ACLs");
+      assert.match(before, /# file: \.\nsystem.posix_acl_default/, "the job's mount shows ACLs, the volume root's too");
       printed = '';
       await withJobRunner(ctx, () => backupCreate({ volume: 'shx', name: 'xb1', output: 'table' }, io));
-      assert.match(printed, /backup xb1 of shared volume shx created .*extended attributes of 3 entr\(ies\) kept/);
+      assert.match(printed, /backup xb1 of shared volume shx created .*extended attributes of 4 entr\(ies\) kept/);
       printed = '';
       await withJobRunner(ctx, () => volumeRestore({ name: 'shx-r', fromBackup: 'xb1', wait: true, timeout: 60 }, io));
-      assert.match(printed, /into shared volume shx-r: 3 file\(s\), 1 director\(ies\).*extended attributes of 3 entr\(ies\), checksum/);
+      assert.match(printed, /into shared volume shx-r: 3 file\(s\), 1 director\(ies\).*extended attributes of 4 entr\(ies\), checksum/);
       assert.equal(await withJobMount('shx-r', dumpOf), before, 'every user attribute and ACL came back');
 
       // A crafted archive: file capabilities on a binary, a quota and a layout on a directory, beside a user attribute.

@@ -103,16 +103,19 @@ describe('extended attributes through a shared volume archive, with the attr too
     writeFileSync(join(src, 'team', 'bare'), 'b');
     sh('setfacl', ['-b', join(src, 'team', 'bare')]);
     mkdirSync(join(src, 'team', 'sub'));
+    // The volume's root: a default ACL of its own (set last: nothing above inherited it).
+    sh('setfacl', ['-d', '-m', 'g:4000:rx', src]);
     const before = dumpOf(src);
+    assert.match(before, /# file: \.\nsystem.posix_acl_default/);
     assert.match(before, /system.posix_acl_default/);
     assert.match(before, /# file: team\/inherited\nsystem.posix_acl_access/);
 
     const { image, xattrEntries } = await archiveOf(src);
-    assert.equal(xattrEntries, 10, 'the seven files, team, team/inherited and team/sub (which inherited its default ACL)');
+    assert.equal(xattrEntries, 11, 'the root, the seven files, team, team/inherited and team/sub (which inherited its default ACL)');
     const dst = join(disk, 'dst');
     mkdirSync(dst);
     const report = await extractTree(once(image), dst, tools);
-    assert.deepEqual([report.xattrEntries, report.skippedXattrs], [10, 0]);
+    assert.deepEqual([report.xattrEntries, report.skippedXattrs], [11, 0]);
     assert.equal(dumpOf(dst), before, 'every attribute and ACL came back, and none more (team/bare inherited nothing)');
 
     // GNU tar lists and extracts the same archive, attributes included.

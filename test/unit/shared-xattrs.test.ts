@@ -4,7 +4,7 @@
 // ceph.*) and unknown record, and fails on a malformed header, on more than 64 KiB of attributes on one entry, and on
 // attributes in a global header; getfattr's dump and setfattr's input are read and written with their escapes.
 import assert from 'node:assert/strict';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync, symlinkSync } from 'node:fs';
+import { chmodSync, mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync, symlinkSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -195,6 +195,30 @@ describe('archives with extended attributes', () => {
     assert.deepEqual(restored.attrs.get(join(dst, 'shared')), xattrs(['user.dir', 'v'], ['system.posix_acl_default', ACL]));
     assert.deepEqual(restored.attrs.get(join(dst, 'shared', 'plain')), xattrs(['user.k', 'kept']), 'the backup left security.* out');
     assert.equal(restored.calls.write, 2, "one batch, then the directories' default ACLs once all is made");
+  });
+
+  it("keeps the root's mode and attributes (a default ACL on the volume), in an entry ./ that makes nothing", async () => {
+    const src = fresh();
+    writeFileSync(join(src, 'f'), 'x');
+    chmodSync(src, 0o2775);
+    const io = memoryXattrs([[src, xattrs(['user.root', 'r'], ['system.posix_acl_default', ACL])]]);
+    const image = await backUp(src, io);
+    const dst = fresh();
+    const restored = memoryXattrs();
+    const report = await extractTree(once(image), dst, restored);
+    assert.deepEqual([report.files, report.directories, report.xattrEntries], [1, 0, 1]);
+    assert.deepEqual(restored.attrs.get(dst), xattrs(['user.root', 'r'], ['system.posix_acl_default', ACL]));
+    assert.equal(statSync(dst).mode & 0o7777, 0o775, 'its mode, without the set-group-ID bit');
+  });
+
+  it('refuses an entry naming the root anywhere but first, or as anything but a directory', async () => {
+    const dir: ArchiveEntry = { header: { name: './', type: 'directory', mode: 0o755 } };
+    await assert.rejects(
+      extractTree(once(await archiveWithPax([file('f'), dir])), fresh(), memoryXattrs()),
+      /"\.\/" names the root itself/,
+    );
+    await assert.rejects(extractTree(once(await archiveWithPax([dir, dir])), fresh(), memoryXattrs()), /names the root itself/);
+    await assert.rejects(extractTree(once(await archiveWithPax([file('.')])), fresh(), memoryXattrs()), /names the root itself/);
   });
 
   it('fails a backup of an entry with more than 64 KiB of attributes', async () => {
