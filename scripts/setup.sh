@@ -13,6 +13,7 @@ cd "$(dirname "$0")/.."
 # (test/nemesis/rig.ts).
 declare -A PACKAGES=(
   [losetup]=mount [mount]=mount [umount]=mount [findmnt]=util-linux [blkid]=util-linux [setpriv]=util-linux
+  [getfattr]=attr [setfattr]=attr [setfacl]=acl
   [mkfs.ext4]=e2fsprogs [mkfs.ext3]=e2fsprogs [resize2fs]=e2fsprogs [mkfs.xfs]=xfsprogs [xfs_growfs]=xfsprogs [xfs_io]=xfsprogs
   [mkfs.btrfs]=btrfs-progs [btrfs]=btrfs-progs
   [jq]=jq [inotifywait]=inotify-tools [etcd]=etcd-server [patchelf]=patchelf [cc]=gcc [fio]=fio

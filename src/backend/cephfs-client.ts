@@ -15,7 +15,11 @@ export interface SharedMount {
 /** How a node mounts a subvolume: ceph-fuse here, the kernel client where the ceph module is. */
 export interface SharedClient {
   readonly kind: CephFsClientKind;
-  mount(root: string, target: string, options: { readOnly: boolean; adminSocket: string }): Promise<void>;
+  /**
+   * `posixAcl`: the mount must show and set POSIX ACLs (a backup's or restore's): ceph-fuse is told to; the kernel
+   * client does by default (its `acl` option).
+   */
+  mount(root: string, target: string, options: { readOnly: boolean; adminSocket: string; posixAcl?: boolean }): Promise<void>;
   /** The client's mount at `target` (the bottom one), from mountinfo and /proc only. */
   mountAt(target: string, table?: MountInfo[]): Promise<SharedMount | undefined>;
   /** Unmounts `target`, also when its client is dead or hung. Idempotent. */

@@ -30,6 +30,15 @@ const BASE_TOOLS: ToolSpec[] = [
       "build's native helper does that itself); without it an orphaned losetup -d could hit another volume's device",
     severity: 'warning',
   },
+  ...['getfattr', 'setfattr'].map((tool): ToolSpec => ({
+    tool,
+    deb: 'attr',
+    rpm: 'attr',
+    why:
+      "reads and sets the extended attributes and ACLs of shared volumes' files in their backups and restores (without " +
+      'it these fail rather than lose them)',
+    severity: 'warning',
+  })),
 ];
 
 /** The tools a node with these filesystems needs: the base tools, then each filesystem's mkfs and grow tool. */

@@ -9,25 +9,42 @@
 // the end-of-archive blocks; the zero chunks are holes, which cost nothing in the target). An archive that would
 // outgrow its bound fails the backup; nothing is ever cut short.
 //
-// What an archive holds: directories, regular files (a file's other hard links as links to its first path), symbolic
-// links, each with its owner, group, permission bits and modification time. Not kept: extended attributes (POSIX
-// ACLs, file capabilities), holes inside files (read as zeros; the chunk engine stores zero chunks as holes, and the
-// restore writes no all-zero block, so a sparse file comes back sparse in 64 KiB steps), and what is no file: device
-// nodes, FIFOs and sockets are skipped by a backup (counted in its result).
+// What an archive holds: the root directory (its metadata: `./`, first), directories, regular files (a file's other
+// hard links as links to its first path), symbolic links, each with its owner, group, permission bits and modification
+// time, and its `user.*` extended attributes and POSIX ACLs (node/shared-xattrs.ts: pax `SCHILY.xattr.*` records). Not
+// kept: other extended attributes (`security.*` such as file capabilities, `trusted.*`, CephFS's virtual `ceph.*`),
+// holes inside files (read as zeros; the chunk engine stores zero chunks as holes, and the restore writes no all-zero
+// block, so a sparse file comes back sparse in 64 KiB steps), and what is no file: device nodes, FIFOs and sockets are
+// skipped by a backup (counted in its result).
 //
 // A restore treats the archive as hostile (the target may be written by anyone with its credentials): an entry whose
 // path is absolute or climbs out with `..`, a symbolic link whose target is absolute or resolves outside the root, a
 // hard link to anything but a regular file already restored inside the root, a device node, FIFO or any other type,
 // and a second entry at a path already made are refused, and the restore fails. It never follows a symbolic link: each
 // parent directory is checked with lstat, and files are created with O_NOFOLLOW | O_EXCL. Set-user-ID and
-// set-group-ID bits are not restored.
+// set-group-ID bits are not restored. Of an entry's attributes it sets only those a backup keeps; any other attribute
+// or unknown pax record is skipped and counted, a malformed one stops the restore (shared-xattrs.ts).
 import { constants, type Stats } from 'node:fs';
 import { chmod, lchown, link, lstat, lutimes, mkdir, open, readdir, readlink, rm, symlink, type FileHandle } from 'node:fs/promises';
 import { once } from 'node:events';
 import { posix } from 'node:path';
+import type { extract as TarExtract } from 'tar-stream';
 import { LatchError } from '../errors.js';
 import type { ChunkSource } from '../backup/source.js';
 import { isAllZero } from '../backup/chunks.js';
+import {
+  MAX_XATTR_BYTES,
+  XATTR_BATCH,
+  encodePaxRecords,
+  entryXattrs,
+  isKeptXattr,
+  parsePaxRecords,
+  xattrBytes,
+  xattrRecordsBound,
+  type EntryXattrs,
+  type XattrIO,
+  type Xattrs,
+} from './shared-xattrs.js';
 
 /** What a shared volume's backup records as its "filesystem" (a manifest allows [a-z0-9]{1,16}): a restore makes a shared volume of it. */
 export const SHARED_ARCHIVE = 'sharedtar';
@@ -40,12 +57,16 @@ interface Entry {
   type: 'directory' | 'file' | 'symlink' | 'link';
   /** A symlink's target; a hard link's first path. */
   linkname?: string;
+  /** The bytes its attributes' pax records take at most (xattrRecordsBound), when it has any. */
+  xattrBound?: number;
 }
 
 /** What the first walk found: the entries in archive order, what it skipped, and the bound of the archive's size. */
 export interface TreeListing {
   entries: Entry[];
   skipped: { path: string; kind: string }[];
+  /** How many entries have attributes to keep. */
+  xattrEntries: number;
   sizeBound: number;
 }
 
@@ -65,14 +86,18 @@ function entryBound(entry: Pick<Entry, 'path' | 'linkname' | 'type'>, size: numb
 
 /**
  * Walks `root` without following any symbolic link (lstat), in a stable order (names sorted), and lists what a
- * backup archives. `onEntry` is called for each entry (a stall watchdog's tick).
+ * backup archives, with the size of each entry's attributes (read through `xattrs`, and not kept: packTree reads them
+ * again, so that the listing stays small). `onEntry` is called for each entry (a stall watchdog's tick).
  */
-export async function listTree(root: string, onEntry: () => void = () => undefined): Promise<TreeListing> {
+export async function listTree(root: string, xattrs: XattrIO, onEntry: () => void = () => undefined): Promise<TreeListing> {
   const entries: Entry[] = [];
   const skipped: { path: string; kind: string }[] = [];
   const firstPathOf = new Map<string, string>();
   // Two 512-byte end-of-archive blocks, and tar-stream's own record padding, at most one 10 KiB record.
   let sizeBound = 2 * BLOCK + 10240;
+  // The root first, as `./` (as GNU tar names it): its owner, mode, time and attributes (a default ACL on the root).
+  entries.push({ path: '.', stats: await lstat(root), type: 'directory' });
+  sizeBound += entryBound({ path: '.', type: 'directory' }, 0);
   const walk = async (dir: string, rel: string): Promise<void> => {
     const names = (await readdir(dir)).sort();
     for (const name of names) {
@@ -101,7 +126,52 @@ export async function listTree(root: string, onEntry: () => void = () => undefin
     }
   };
   await walk(root, '');
-  return { entries, skipped, sizeBound: roundUp(sizeBound, 4096) };
+  // A hard link's attributes are its first path's.
+  const withInode = entries.filter((e) => e.type !== 'link');
+  let xattrEntries = 0;
+  for (let at = 0; at < withInode.length; at += XATTR_BATCH) {
+    const batch = withInode.slice(at, at + XATTR_BATCH);
+    const found = await xattrs.read(batch.map((e) => posix.join(root, e.path)));
+    onEntry();
+    for (const entry of batch) {
+      const values = found.get(posix.join(root, entry.path));
+      if (values === undefined) continue;
+      const kept = keptXattrs(entry.path, values, skipped);
+      if (kept.size === 0) continue;
+      entry.xattrBound = xattrRecordsBound(kept);
+      sizeBound += entry.xattrBound;
+      xattrEntries++;
+    }
+  }
+  return { entries, skipped, xattrEntries, sizeBound: roundUp(sizeBound, 4096) };
+}
+
+/**
+ * The attributes of `values` a backup keeps; one whose name is not UTF-8 (which a pax keyword must be) is skipped and
+ * listed. More than a restore accepts fails the backup: an archive that no restore takes is no backup.
+ */
+function keptXattrs(path: string, values: Xattrs, skipped: { path: string; kind: string }[]): Xattrs {
+  const kept: Xattrs = new Map();
+  for (const [name, value] of values) {
+    if (!isKeptXattr(name)) continue;
+    if (name.includes('\ufffd')) skipped.push({ path, kind: `attribute ${JSON.stringify(name)} (its name is not UTF-8)` });
+    else kept.set(name, value);
+  }
+  if (xattrBytes(kept) > MAX_XATTR_BYTES) {
+    throw new LatchError(
+      `${JSON.stringify(path.slice(0, 200))} has more than ${MAX_XATTR_BYTES} bytes of extended attributes, more than a restore accepts: the backup stops`,
+    );
+  }
+  return kept;
+}
+
+/**
+ * A name tar-stream writes in an entry's own ustar header when a pax header of ours precedes it (the pax `path` and
+ * `linkpath` records say the real ones): printable ASCII, short enough for the header's field with no pax of its own.
+ */
+function ustarStandIn(name: string): string {
+  const ascii = name.replace(/[^\x21-\x7e]/g, '_');
+  return ascii.length <= 90 ? ascii : ascii.slice(-90);
 }
 
 function kindOf(stats: Stats): string {
@@ -120,10 +190,29 @@ function kindOf(stats: Stats): string {
 export async function packTree(
   root: string,
   listing: TreeListing,
+  xattrs: XattrIO,
   onProgress: () => void = () => undefined,
 ): Promise<AsyncIterable<Buffer>> {
   const { pack: makePack } = await import('tar-stream');
   const pack = makePack();
+  const entryDone = (header: Parameters<typeof pack.entry>[0]) =>
+    new Promise<void>((resolve, reject) => pack.entry(header, (err) => (err ? reject(err) : resolve())));
+  const withXattrs = listing.entries.filter((e) => e.xattrBound !== undefined);
+  let read = new Map<string, Xattrs>();
+  let nextBatch = 0;
+  const xattrsOf = async (entry: Entry): Promise<Xattrs> => {
+    const full = posix.join(root, entry.path);
+    if (!read.has(full)) {
+      const batch = withXattrs.slice(nextBatch, nextBatch + XATTR_BATCH);
+      nextBatch += batch.length;
+      read = await xattrs.read(batch.map((e) => posix.join(root, e.path)));
+    }
+    const kept = keptXattrs(entry.path, read.get(full) ?? new Map<string, Buffer>(), []);
+    if (kept.size === 0 || xattrRecordsBound(kept) !== entry.xattrBound) {
+      throw new LatchError(`the extended attributes of ${JSON.stringify(entry.path.slice(0, 200))} changed since the walk`);
+    }
+    return kept;
+  };
   const feed = async () => {
     for (const entry of listing.entries) {
       const s = entry.stats;
@@ -137,8 +226,18 @@ export async function packTree(
         ...(entry.linkname !== undefined && { linkname: entry.linkname }),
         size: entry.type === 'file' ? s.size : 0,
       };
+      if (entry.xattrBound !== undefined) {
+        // Our own pax header before the entry's (tar-stream's cannot carry bytes that are not UTF-8), pushed whole
+        // after tar-stream's typeflag-x header for it: its records fill whole blocks, so tar-stream pads nothing.
+        const records = encodePaxRecords(entry.path, entry.linkname, await xattrsOf(entry));
+        const paxHeader = { name: 'PaxHeader', type: 'pax-header', size: records.length, mode: 0o644, mtime: s.mtime };
+        await entryDone(paxHeader as unknown as Parameters<typeof pack.entry>[0]);
+        pack.push(records);
+        header.name = ustarStandIn(entry.path);
+        if (entry.linkname !== undefined) header.linkname = ustarStandIn(entry.linkname);
+      }
       if (entry.type !== 'file') {
-        await new Promise<void>((resolve, reject) => pack.entry(header, (err) => (err ? reject(err) : resolve())));
+        await entryDone(header);
         continue;
       }
       const handle = await open(posix.join(root, entry.path), constants.O_RDONLY | constants.O_NOFOLLOW);
@@ -247,6 +346,41 @@ export interface ExtractReport {
   symlinks: number;
   hardLinks: number;
   bytes: number;
+  /** Entries whose extended attributes were set. */
+  xattrEntries: number;
+  /** Attributes and pax records skipped (never set: not user.* nor a POSIX ACL, or unknown), counted... */
+  skippedXattrs: number;
+  /** ...and the first of them, in words. */
+  skippedXattrsSample: string[];
+}
+
+/** The most bytes of directories' default ACLs a restore holds until its end (where it sets them). */
+const MAX_DEFERRED_XATTR_BYTES = 64 * 1024 * 1024;
+
+/** Where the raw records of an entry's pax header travel with it (on tar-stream's decoded pax object). */
+const RAW_PAX = Symbol('the raw records of the pax header');
+
+/**
+ * tar-stream's extract, made to keep each pax header's records as bytes: its own parser reads them as UTF-8 strings
+ * (an ACL's binary value would not survive it) and stops at a malformed record without a word. The hook is on
+ * tar-stream's (pinned) extract's method that decodes a long header; an entry whose decoded pax names an attribute
+ * but lacks our records fails the restore, so that a tar-stream without that method cannot lose them silently.
+ */
+function rawPaxExtract(makeExtract: typeof TarExtract) {
+  const extract = makeExtract();
+  type Internals = { _header?: { type?: string } | null; _pax?: Record<string | symbol, unknown> | null };
+  const hooked = extract as unknown as Internals & { _decodeLongHeader?: (this: Internals, buf: Buffer) => void };
+  const decode = hooked._decodeLongHeader;
+  if (typeof decode !== 'function') throw new LatchError("tar-stream's extract has no _decodeLongHeader: it cannot read attributes");
+  hooked._decodeLongHeader = function (this: Internals, buf: Buffer) {
+    const type = this._header?.type;
+    decode.call(this, buf);
+    if (type === 'pax-header' && this._pax) this._pax[RAW_PAX] = parsePaxRecords(buf);
+    if (type === 'pax-global-header' && parsePaxRecords(buf).some((r) => r.key.startsWith('SCHILY.xattr.'))) {
+      throw new LatchError("the backup's archive has extended attributes in a global pax header: refused, the restore stops");
+    }
+  };
+  return extract;
 }
 
 /** Writes this much at most per write; an all-zero block of it is left a hole. */
@@ -260,28 +394,71 @@ const WRITE_BLOCK = 64 * 1024;
 export async function extractTree(
   bytes: AsyncIterable<Buffer>,
   root: string,
+  xattrs: XattrIO,
   onProgress: () => void = () => undefined,
 ): Promise<ExtractReport> {
   const { extract: makeExtract } = await import('tar-stream');
   const { Readable } = await import('node:stream');
-  const extract = makeExtract();
+  const extract = rawPaxExtract(makeExtract);
   const input = Readable.from(bytes);
   input.on('error', (err) => extract.destroy(err));
   input.pipe(extract);
-  const report: ExtractReport = { files: 0, directories: 0, symlinks: 0, hardLinks: 0, bytes: 0 };
+  const report: ExtractReport = {
+    files: 0,
+    directories: 0,
+    symlinks: 0,
+    hardLinks: 0,
+    bytes: 0,
+    xattrEntries: 0,
+    skippedXattrs: 0,
+    skippedXattrsSample: [],
+  };
   const directories: { path: string; header: Header }[] = [];
+  // Attributes to set, a batch at a time (one setfattr each); a directory's default ACL only once all is made, or
+  // every entry made inside it would inherit it (and keep it, though it had its own in the backup, or none).
+  let pending: { path: string; xattrs: Xattrs }[] = [];
+  const defaults: { path: string; xattrs: Xattrs }[] = [];
+  let deferredBytes = 0;
+  const flush = async () => {
+    await xattrs.write(pending);
+    pending = [];
+  };
+  let first = true;
   for await (const entry of extract) {
     const header = entry.header as Header;
-    const path = checkEntryPath(header.name);
-    const full = posix.join(root, path);
+    // The root's own entry (`./`), first and a directory only: it makes nothing, it sets the root's metadata.
+    const isRoot =
+      first && header.type === 'directory' && !header.name.startsWith('/') && header.name.split('/').every((p) => p === '' || p === '.');
+    first = false;
+    const path = isRoot ? '.' : checkEntryPath(header.name);
+    const full = isRoot ? root : posix.join(root, path);
+    const { kept, skipped } = attributesOf(header);
+    for (const what of skipped) {
+      report.skippedXattrs++;
+      if (report.skippedXattrsSample.length < 20) report.skippedXattrsSample.push(`${path.slice(0, 200)}: ${what}`);
+    }
     await checkParents(root, path);
     switch (header.type) {
       case 'directory':
-        await mkdir(full, { mode: 0o700 }).catch((err: NodeJS.ErrnoException) => {
-          throw err.code === 'EEXIST' ? refused(header.name, 'is made twice') : err;
-        });
+        if (!isRoot) {
+          await mkdir(full, { mode: 0o700 }).catch((err: NodeJS.ErrnoException) => {
+            throw err.code === 'EEXIST' ? refused(header.name, 'is made twice') : err;
+          });
+          report.directories++;
+        }
         directories.push({ path: full, header });
-        report.directories++;
+        {
+          const acl = kept.get('system.posix_acl_default');
+          if (acl !== undefined) {
+            kept.delete('system.posix_acl_default');
+            deferredBytes += acl.length + full.length;
+            if (deferredBytes > MAX_DEFERRED_XATTR_BYTES) {
+              throw refused(header.name, `brings the directories' default ACLs past ${MAX_DEFERRED_XATTR_BYTES} bytes`);
+            }
+            defaults.push({ path: full, xattrs: new Map([['system.posix_acl_default', acl]]) });
+            if (kept.size === 0) report.xattrEntries++;
+          }
+        }
         break;
       case 'file':
       case 'contiguous-file': {
@@ -311,6 +488,13 @@ export async function extractTree(
         await lchown(full, header.uid ?? 0, header.gid ?? 0);
         if (header.mtime) await lutimes(full, header.mtime, header.mtime);
         report.symlinks++;
+        // Linux has user.* attributes and ACLs on files and directories only: a symbolic link's are skipped.
+        for (const name of kept.keys()) {
+          report.skippedXattrs++;
+          if (report.skippedXattrsSample.length < 20)
+            report.skippedXattrsSample.push(`${path.slice(0, 200)}: attribute ${name} of a symbolic link`);
+        }
+        kept.clear();
         break;
       }
       case 'link': {
@@ -328,15 +512,40 @@ export async function extractTree(
       default:
         throw refused(header.name, `is a ${header.type ?? 'typeless entry'}, which a restore never makes`);
     }
+    if (kept.size > 0) {
+      pending.push({ path: full, xattrs: kept });
+      report.xattrEntries++;
+      if (pending.length >= XATTR_BATCH) await flush();
+    }
     entry.resume();
     onProgress();
   }
+  await flush();
+  onProgress();
   for (const dir of directories.reverse()) {
     await lchown(dir.path, dir.header.uid ?? 0, dir.header.gid ?? 0);
     await chmod(dir.path, safeMode(dir.header.mode));
     if (dir.header.mtime) await lutimes(dir.path, dir.header.mtime, dir.header.mtime);
   }
+  for (let at = 0; at < defaults.length; at += XATTR_BATCH) {
+    await xattrs.write(defaults.slice(at, at + XATTR_BATCH));
+    onProgress();
+  }
   return report;
+}
+
+/** The attributes of an entry's pax header that a restore sets, and what it skips (shared-xattrs.ts, entryXattrs). */
+function attributesOf(header: Header): EntryXattrs {
+  const pax = header.pax as Record<string | symbol, unknown> | null | undefined;
+  if (!pax) return { kept: new Map(), skipped: [] };
+  const raw = pax[RAW_PAX] as { key: string; value: Buffer }[] | undefined;
+  if (raw === undefined) {
+    if (Object.keys(pax).some((k) => k.startsWith('SCHILY.xattr.'))) {
+      throw new LatchError(`the attributes of ${JSON.stringify(header.name.slice(0, 200))} could not be read as bytes: the restore stops`);
+    }
+    return entryXattrs(Object.keys(pax).map((key) => ({ key, value: Buffer.alloc(0) })));
+  }
+  return entryXattrs(raw);
 }
 
 interface Header {
@@ -348,6 +557,7 @@ interface Header {
   gid?: number | null;
   mtime?: Date | null;
   linkname?: string | null;
+  pax?: unknown;
 }
 
 /** Permission bits and the sticky bit; never set-user-ID or set-group-ID. */

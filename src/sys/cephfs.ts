@@ -232,6 +232,11 @@ export interface CephFuseOptions {
   /** Its admin socket: how the node asks the mount which client instance it is (cephFuseClientAddress). */
   adminSocket: string;
   readOnly: boolean;
+  /**
+   * Whether the client reads, writes and enforces POSIX ACLs (`client_acl_type=posix_acl`): without it ceph-fuse shows
+   * no ACL, so a backup would not see them nor a restore set them.
+   */
+  posixAcl?: boolean;
   timeoutMs: number;
 }
 
@@ -240,7 +245,7 @@ export interface CephFuseOptions {
  * as rbd-fuse), and returns once it has mounted (ceph-fuse's foreground part exits only then).
  */
 export async function startCephFuse(options: CephFuseOptions): Promise<void> {
-  const { identity, fsName, root, mountPoint, adminSocket, readOnly, timeoutMs } = options;
+  const { identity, fsName, root, mountPoint, adminSocket, readOnly, posixAcl, timeoutMs } = options;
   const args = [
     ...cephClientArgs(identity),
     '--client_fs',
@@ -249,6 +254,7 @@ export async function startCephFuse(options: CephFuseOptions): Promise<void> {
     root,
     '--admin-socket',
     adminSocket,
+    ...(posixAcl === true ? ['--client_acl_type', 'posix_acl'] : []),
     ...(readOnly ? ['-o', 'ro'] : []),
     mountPoint,
   ];

@@ -748,4 +748,104 @@ describe('jobs on shared volumes through tickets', { skip }, () => {
       assert.deepEqual(await figures(), { quota: undefined, used: undefined, failures: 0 }, 'no longer held: no series');
     },
   );
+  it(
+    "a shared volume's user attributes and ACLs come back from its backup; a crafted archive's security.* and ceph.* do not",
+    { timeout: 120_000 },
+    async (t) => {
+      const { spawnSync } = await import('node:child_process');
+      const sh = (command: string, args: string[], cwd?: string): string => {
+        const r = spawnSync(command, args, { encoding: 'utf8', timeout: 30_000, cwd });
+        assert.equal(r.status, 0, `${command} ${args.join(' ')}: ${r.stderr}`);
+        return r.stdout;
+      };
+      /** The kept attributes under `dir`, as getfattr dumps them, blocks sorted (paths relative). */
+      const dumpOf = (dir: string) =>
+        sh('getfattr', ['-R', '-h', '-d', '-e', 'base64', '-m', '^(user\\..+|system\\.posix_acl_(access|default))$', '.'], dir)
+          .split('\n\n')
+          .filter((b) => b.trim() !== '')
+          .sort()
+          .join('\n\n');
+      const shared = await sharedVolumesOf(ctx);
+      /** Mounts the volume as a backup or restore does (ACLs shown), runs `body`, unmounts it. */
+      const withJobMount = async <T>(volume: string, body: (dir: string) => T): Promise<T> => {
+        const dir = join(ceph.dir, 'mnt', 'scratch', `${volume}-job`);
+        await shared.mountForJob(volume, dir, { readOnly: false });
+        try {
+          return body(dir);
+        } finally {
+          await shared.unmountForJob(dir);
+        }
+      };
+      await createSharedVolume(ctx, 'shx', 32 * MiB, 'ext4');
+      const podAcl = await withMount('shx', (dir) => {
+        writeFileSync(join(dir, 'probe'), '');
+        return spawnSync('setfacl', ['-m', 'u:1000:r', join(dir, 'probe')], { encoding: 'utf8' });
+      });
+      t.diagnostic(`setfacl on a pod's ceph-fuse mount (no client_acl_type): ${podAcl.status === 0 ? 'works' : podAcl.stderr.trim()}`);
+      const before = await withJobMount('shx', (dir) => {
+        mkdirSync(join(dir, 'team'));
+        writeFileSync(join(dir, 'team', 'notes'), 'n');
+        writeFileSync(join(dir, 'bin'), 'b');
+        sh('setfattr', ['-n', 'user.text', '-v', 'hello', join(dir, 'team', 'notes')]);
+        sh('setfattr', ['-n', 'user.bin', '-v', '0sAAEC/w0KPSCA', join(dir, 'bin')]);
+        sh('setfattr', ['-n', 'user.dir', '-v', 'yes', join(dir, 'team')]);
+        sh('setfacl', ['-m', 'u:1000:rw', join(dir, 'bin')]);
+        sh('setfacl', ['-m', 'g:3000:rwx', '-d', '-m', 'g:3000:rwx', join(dir, 'team')]);
+        sh('setfacl', ['-d', '-m', 'g:4000:rx', dir]);
+        return dumpOf(dir);
+      });
+      assert.match(before, /# file: \.\nsystem.posix_acl_default/, "the job's mount shows ACLs, the volume root's too");
+      printed = '';
+      await withJobRunner(ctx, () => backupCreate({ volume: 'shx', name: 'xb1', output: 'table' }, io));
+      assert.match(printed, /backup xb1 of shared volume shx created .*extended attributes of 4 entr\(ies\) kept/);
+      printed = '';
+      await withJobRunner(ctx, () => volumeRestore({ name: 'shx-r', fromBackup: 'xb1', wait: true, timeout: 60 }, io));
+      assert.match(printed, /into shared volume shx-r: 3 file\(s\), 1 director\(ies\).*extended attributes of 4 entr\(ies\), checksum/);
+      assert.equal(await withJobMount('shx-r', dumpOf), before, 'every user attribute and ACL came back');
+
+      // A crafted archive: file capabilities on a binary, a quota and a layout on a directory, beside a user attribute.
+      const { encodePaxRecords } = await import('../../src/node/shared-xattrs.js');
+      const { SHARED_ARCHIVE, streamChunkSource } = await import('../../src/node/shared-files.js');
+      const { createBackup } = await import('../../src/backup/create.js');
+      const { archiveWithPax } = await import('../fixtures/memory-xattrs.js');
+      const attrs = (...pairs: [string, string][]) => new Map(pairs.map(([k, v]) => [k, Buffer.from(v)]));
+      const image = await archiveWithPax([
+        {
+          header: { name: 'd', type: 'directory', mode: 0o755 },
+          pax: encodePaxRecords('d', undefined, attrs(['ceph.quota.max_bytes', '4096'], ['ceph.dir.layout.pool', 'elsewhere'])),
+        },
+        {
+          header: { name: 'd/tool', type: 'file', mode: 0o755, size: 4 },
+          body: 'tool',
+          pax: encodePaxRecords('d/tool', undefined, attrs(['security.capability', '\x01\0\0\x02\xff\xff\xff\xff'], ['user.fine', 'ok'])),
+        },
+      ]);
+      async function* once(b: Buffer) {
+        yield b;
+      }
+      const size = Math.ceil(image.length / 4096) * 4096;
+      await createBackup({
+        target: { type: 'dir', path: join(work, 'target') },
+        source: streamChunkSource(once(image), size),
+        volume: 'shx',
+        name: 'xb-crafted',
+        fsType: SHARED_ARCHIVE,
+      });
+      printed = '';
+      await withJobRunner(ctx, () => volumeRestore({ name: 'shx-c', fromBackup: 'xb-crafted', wait: true, timeout: 60 }, io));
+      assert.match(
+        printed,
+        /3 attribute\(s\) or pax record\(s\) skipped \(only user\.\* and POSIX ACLs are restored\): d: attribute "ceph\.quota\.max_bytes"/,
+      );
+      const job = (await ctx.ledger.get('shx-c'))?.status.jobs?.at(-1);
+      assert.equal((job?.status.result as { skippedXattrs?: number } | undefined)?.skippedXattrs, 3, 'counted in the result');
+      await withJobMount('shx-c', (dir) => {
+        const all = sh('getfattr', ['-h', '-d', '-m', '-', join(dir, 'd', 'tool')]);
+        assert.match(all, /user.fine="ok"/);
+        assert.doesNotMatch(all, /security/, 'no file capability was set');
+        const quota = spawnSync('getfattr', ['-n', 'ceph.quota.max_bytes', '--only-values', join(dir, 'd')], { encoding: 'utf8' });
+        assert.ok(quota.status !== 0 || quota.stdout.trim() === '0', `no quota was set on d: ${quota.stdout}`);
+      });
+    },
+  );
 });

@@ -41,7 +41,20 @@ async function environment(overrides: Record<string, unknown> = {}): Promise<Env
   const dir = join(base, `env-${++n}`);
   const tools = join(dir, 'tools');
   mkdirSync(tools, { recursive: true });
-  for (const tool of ['losetup', 'blkid', 'mount', 'umount', 'findmnt', 'setpriv', 'mkfs.ext4', 'resize2fs', 'mkfs.xfs', 'xfs_growfs']) {
+  for (const tool of [
+    'losetup',
+    'blkid',
+    'mount',
+    'umount',
+    'findmnt',
+    'setpriv',
+    'getfattr',
+    'setfattr',
+    'mkfs.ext4',
+    'resize2fs',
+    'mkfs.xfs',
+    'xfs_growfs',
+  ]) {
     writeFileSync(join(tools, tool), '#!/bin/sh\n', { mode: 0o755 });
   }
   const self = join(dir, 'self');

@@ -29,11 +29,13 @@ import { pack as makePack, type Header } from 'tar-stream';
 
 type Headers = Partial<Header> & Pick<Header, 'name'>;
 import { checkEntryPath, checkSymlinkTarget, extractTree, listTree, packTree, streamChunkSource } from '../../src/node/shared-files.js';
+import { memoryXattrs } from '../fixtures/memory-xattrs.js';
 
 /** The image a backup would store: the chunk source read to its end, chunk by chunk (holes as zeros). */
 async function imageOf(root: string): Promise<{ image: Buffer; bound: number; dataEnd: number }> {
-  const listing = await listTree(root);
-  const source = streamChunkSource(await packTree(root, listing), listing.sizeBound);
+  const xattrs = memoryXattrs();
+  const listing = await listTree(root, xattrs);
+  const source = streamChunkSource(await packTree(root, listing, xattrs), listing.sizeBound);
   const chunkSize = 64 * 1024;
   const parts: Buffer[] = [];
   for (let i = 0; i * chunkSize < source.sizeBytes; i++) {
@@ -91,8 +93,11 @@ describe('shared volume archives', () => {
     assert.ok(dataEnd <= bound, `the archive (${dataEnd}) stays within its bound (${bound})`);
 
     const dst = fresh();
-    const report = await extractTree(once(image), dst);
-    assert.deepEqual({ ...report, bytes: undefined }, { files: 3, directories: 2, symlinks: 1, hardLinks: 1, bytes: undefined });
+    const report = await extractTree(once(image), dst, memoryXattrs());
+    assert.deepEqual(
+      { ...report, bytes: undefined },
+      { files: 3, directories: 2, symlinks: 1, hardLinks: 1, bytes: undefined, xattrEntries: 0, skippedXattrs: 0, skippedXattrsSample: [] },
+    );
     assert.equal(readFileSync(join(dst, 'dir', 'a.txt'), 'utf8'), 'alpha\n');
     assert.equal(statSync(join(dst, 'dir', 'a.txt')).mode & 0o777, 0o640);
     assert.ok(readFileSync(join(dst, 'dir', 'deep', 'b.bin')).equals(Buffer.alloc(300_000, 9)));
@@ -119,10 +124,10 @@ describe('shared volume archives', () => {
     const { run } = await import('../../src/sys/run.js');
     await run('mkfifo', [join(src, 'fifo')], { timeoutMs: 10_000 });
     await run('mknod', [join(src, 'null'), 'c', '1', '3'], { timeoutMs: 10_000 });
-    const listing = await listTree(src);
+    const listing = await listTree(src, memoryXattrs());
     assert.deepEqual(
       listing.entries.map((e) => e.path),
-      ['kept'],
+      ['.', 'kept'],
     );
     assert.deepEqual(listing.skipped, [
       { path: 'fifo', kind: 'FIFO' },
@@ -146,7 +151,7 @@ describe('shared volume archives', () => {
     const parent = fresh();
     const root = join(parent, 'root');
     mkdirSync(root);
-    await assert.rejects(extractTree(once(await archive(entries)), root), why);
+    await assert.rejects(extractTree(once(await archive(entries)), root, memoryXattrs()), why);
     assert.deepEqual((await import('node:fs')).readdirSync(parent), ['root'], 'nothing was written outside the root');
   }
 

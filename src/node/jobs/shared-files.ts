@@ -20,6 +20,7 @@ import { run } from '../../sys/run.js';
 import { baseSnapshotName } from '../backup.js';
 import { sharedDeviceId, sharedVolumesOf } from '../shared.js';
 import { SHARED_ARCHIVE, emptyDirectory, extractTree, listTree, packTree, streamChunkSource } from '../shared-files.js';
+import { attrTools } from '../shared-xattrs.js';
 import type { JobOf, JobOutcome, JobRun } from './types.js';
 
 /**
@@ -100,11 +101,14 @@ export async function backUpShared(job: JobOf<'backup'>, jobRun: JobRun, target:
   const guard = stallGuard(mount, timeoutMs, signal);
   let made;
   let skipped;
+  let xattrEntries;
+  const xattrs = attrTools(timeoutMs);
   try {
     const root = await snapshotDir(mount, snapshot);
-    const listing = await listTree(root, guard.tick);
+    const listing = await listTree(root, xattrs, guard.tick);
     skipped = listing.skipped;
-    const source = streamChunkSource(await packTree(root, listing, guard.tick), listing.sizeBound);
+    xattrEntries = listing.xattrEntries;
+    const source = streamChunkSource(await packTree(root, listing, xattrs, guard.tick), listing.sizeBound);
     made = await createBackup({
       target,
       source,
@@ -131,12 +135,12 @@ export async function backUpShared(job: JobOf<'backup'>, jobRun: JobRun, target:
   }
   if (own !== undefined) await shared.deleteSnapshot(volume, own);
   const s = made.stats;
-  const skippedNote = skipped.length === 0 ? '' : `; skipped ${skipped.length} device node(s), FIFO(s) or socket(s)`;
+  const skippedNote = skipped.length === 0 ? '' : `; skipped ${skipped.length} device node(s), FIFO(s), socket(s) or attribute(s)`;
   return {
     message:
       `backup ${made.name} of shared volume ${volume} created (snapshot ${snapshot}, crash-consistent): a tar archive of its files, ` +
       `${formatSize(s.dataBytes)} of data, ${s.newChunks} new chunk(s) (${formatSize(s.newBytesStored)} written), ` +
-      `${s.presentChunks} already in the target${skippedNote}`,
+      `${s.presentChunks} already in the target; extended attributes of ${xattrEntries} entr(ies) kept${skippedNote}`,
     result: {
       backup: made.name,
       sizeBytes: made.sizeBytes,
@@ -147,6 +151,7 @@ export async function backUpShared(job: JobOf<'backup'>, jobRun: JobRun, target:
       consistency: 'crash-consistent',
       format: SHARED_ARCHIVE,
       bytesRead: s.dataBytes,
+      xattrEntries,
       skipped: skipped.map((k) => `${k.path} (${k.kind})`).slice(0, 20),
     },
   };
@@ -171,7 +176,7 @@ export async function restoreShared(job: JobOf<'restore'>, jobRun: JobRun, targe
   try {
     // What an interrupted attempt made goes first: the restore always starts from an empty root.
     await emptyDirectory(mount);
-    report = await extractTree(stream.bytes, mount, guard.tick);
+    report = await extractTree(stream.bytes, mount, attrTools(timeoutMs), guard.tick);
     guard.tick();
     await guardFuse(mount, timeoutMs, (childTimeoutMs) => run('sync', ['-f', mount], { timeoutMs: childTimeoutMs }));
   } catch (err) {
@@ -184,7 +189,12 @@ export async function restoreShared(job: JobOf<'restore'>, jobRun: JobRun, targe
     message:
       `restored backup ${job.backup} (shared volume ${stream.manifest.volume}) into shared volume ${volume}: ${report.files} file(s), ` +
       `${report.directories} director(ies), ${report.symlinks} symbolic link(s), ${report.hardLinks} hard link(s), ` +
-      `${formatSize(report.bytes)}, checksum verified` +
+      `${formatSize(report.bytes)}, extended attributes of ${report.xattrEntries} entr(ies)` +
+      (report.skippedXattrs === 0
+        ? ''
+        : `, ${report.skippedXattrs} attribute(s) or pax record(s) skipped (only user.* and POSIX ACLs are restored): ` +
+          report.skippedXattrsSample.slice(0, 3).join('; ')) +
+      ', checksum verified' +
       (stream.authenticated ? '; manifest authenticated' : '; manifest UNAUTHENTICATED (no backup key configured)'),
     result: {
       backup: job.backup,
