@@ -11,6 +11,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { CreateBucketCommand, PutObjectCommand, S3Client } from '@aws-sdk/client-s3';
+import { missingChunk } from '../../src/backup/chunks.js';
 import { createBackup } from '../../src/backup/create.js';
 import { collectGarbage, deleteBackup } from '../../src/backup/delete.js';
 import type { DirTarget, S3Target } from '../../src/backup/layout.js';
@@ -122,6 +123,13 @@ describe('backups to S3 (Ceph RADOS Gateway)', { skip }, () => {
       ],
     );
     assert.equal((await verifyBackup({ target, name: 'two' })).ok, true);
+    // The look-up of the chunks an incremental backup builds on: a shard with two IDs sought is listed (one request
+    // names its objects), a lone ID is looked up (a HEAD); a missing one is found either way.
+    const held = second.chunks.filter((c): c is string => c !== null);
+    assert.equal(await missingChunk(target, held), undefined);
+    const beside = `${(held[0] as string).slice(0, 2)}${'0'.repeat(62)}`;
+    assert.equal(await missingChunk(target, [...held, beside]), beside, 'found by the listing of its shard');
+    assert.equal(await missingChunk(target, [...held.slice(1), `ff${'0'.repeat(62)}`]), `ff${'0'.repeat(62)}`);
     const keys = await objects(target, '');
     assert.ok(keys.includes('backups/one.json') && keys.includes('lock'), keys.join(' '));
     assert.ok(keys.filter((k) => k.startsWith('chunks/')).every((k) => /^chunks\/[0-9a-f]{2}\/[0-9a-f]{64}$/.test(k)));

@@ -198,39 +198,89 @@ describe('the base snapshots of incremental backups', () => {
 });
 
 describe('the look-up of the chunks a backup builds on', () => {
-  it('finds the one chunk the target lacks among many, a few look-ups at a time, and none when all are there', async () => {
-    const path = join(scratch, 'lookup');
+  /** A directory target holding `count` chunks, and its store, counting the listings and look-ups made of it. */
+  async function countedTarget(name: string, count: number, othersPerListing = 0) {
+    const path = join(scratch, name);
     const target = { type: 'dir' as const, path };
-    const ids = Array.from({ length: 200 }, (_, i) => createHash('sha256').update(`chunk ${i}`).digest('hex'));
+    const ids = Array.from({ length: count }, (_, i) => createHash('sha256').update(`${name} ${i}`).digest('hex'));
     for (const id of ids) {
       mkdirSync(join(path, 'chunks', id.slice(0, 2)), { recursive: true });
       writeFileSync(join(path, 'chunks', id.slice(0, 2), id), 'x');
     }
-    // Counts the look-ups in flight on the target's own store (the one every backup of this target uses).
     const store = await storeOf(target);
     const exists = store.exists.bind(store);
-    let inFlight = 0;
-    let most = 0;
-    let calls = 0;
-    store.exists = async (key: string) => {
-      calls++;
-      most = Math.max(most, ++inFlight);
+    const list = store.list.bind(store);
+    const seen = { lookUps: 0, listings: 0, inFlight: 0, most: 0 };
+    const counted = async <T>(work: () => Promise<T>): Promise<T> => {
+      seen.most = Math.max(seen.most, ++seen.inFlight);
       await new Promise((r) => setTimeout(r, 1));
       try {
-        return await exists(key);
+        return await work();
       } finally {
-        inFlight--;
+        seen.inFlight--;
       }
     };
-    assert.equal(await missingChunk(target, [...ids, ...ids]), undefined);
-    assert.equal(calls, 200, 'each chunk looked up once, repeats included');
-    assert.ok(most > 1 && most <= 16, `${most} look-ups in flight`);
+    store.exists = (key: string) => {
+      seen.lookUps++;
+      return counted(() => exists(key));
+    };
+    // `othersPerListing`: as if other volumes' chunks filled the target, each listing naming that many more.
+    store.list = (prefix: string) => {
+      seen.listings++;
+      assert.match(prefix, /^chunks\/[0-9a-f]{2}\/$/, 'one shard at a time');
+      return counted(async () => [
+        ...(await list(prefix)),
+        ...Array.from({ length: othersPerListing }, (_, i) => ({ key: `${prefix}other-${i}` })),
+      ]);
+    };
+    const remove = (id: string) => rmSync(join(path, 'chunks', id.slice(0, 2), id));
+    const restore = (id: string) => writeFileSync(join(path, 'chunks', id.slice(0, 2), id), 'x');
+    return { target, ids, seen, remove, restore };
+  }
 
+  it('finds the one chunk the target lacks among many, a few requests at a time, and none when all are there', async () => {
+    const { target, ids, seen, remove } = await countedTarget('lookup', 200);
+    assert.equal(await missingChunk(target, [...ids, ...ids]), undefined);
+    assert.ok(
+      seen.lookUps + seen.listings <= 200,
+      `${seen.lookUps} look-ups and ${seen.listings} listings for 200 chunks, repeats included`,
+    );
+    assert.ok(seen.most > 1 && seen.most <= 16, `${seen.most} requests in flight`);
     const gone = ids[150] as string;
-    rmSync(join(path, 'chunks', gone.slice(0, 2), gone));
-    calls = 0;
+    remove(gone);
     assert.equal(await missingChunk(target, ids), gone);
-    assert.ok(calls <= 200);
     assert.equal(await missingChunk(target, []), undefined);
+  });
+
+  it('lists the shards of a target of its own instead of looking each chunk up, and still finds the one missing', async () => {
+    const { target, ids, seen, remove, restore } = await countedTarget('listing', 4096);
+    assert.equal(await missingChunk(target, ids), undefined);
+    assert.equal(seen.listings, 256, 'each shard listed once');
+    assert.equal(seen.lookUps, 0);
+    for (const gone of [ids[0] as string, ids[4095] as string]) {
+      remove(gone);
+      assert.equal(await missingChunk(target, ids), gone);
+      restore(gone);
+    }
+  });
+
+  it('in a target full of other chunks, looks up the IDs of a shard where that takes fewer requests than its listing', async () => {
+    // Every listing names 3,000 more: 4 pages per shard, so shards with 4 IDs or fewer are looked up.
+    const { target, ids, seen, remove, restore } = await countedTarget('crowded', 1024, 3000);
+    const perShard = new Map<string, number>();
+    for (const id of ids) perShard.set(id.slice(0, 2), (perShard.get(id.slice(0, 2)) ?? 0) + 1);
+    const few = [...perShard.values()].filter((n) => n <= 4);
+    assert.ok(few.length > 0, 'some shards hold 4 IDs or fewer');
+    assert.equal(await missingChunk(target, ids), undefined);
+    assert.equal(seen.listings, [...perShard.values()].filter((n) => n > 4).length, 'the other shards are listed');
+    assert.equal(
+      seen.lookUps,
+      few.reduce((a, b) => a + b, 0),
+      'the IDs of the few looked up',
+    );
+    const lone = ids.find((id) => (perShard.get(id.slice(0, 2)) ?? 0) <= 4) as string;
+    remove(lone);
+    assert.equal(await missingChunk(target, ids), lone);
+    restore(lone);
   });
 });
