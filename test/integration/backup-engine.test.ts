@@ -36,6 +36,7 @@ import { checkBackupName, chunkPath, lockPath, type DirTarget as BackupTarget } 
 import { dataRanges, overlapsData, parseSeekMap } from '../../src/backup/extents.js';
 import { chunkListDigest, chunkListSha256OfImage, listBackups, readManifest, type Manifest } from '../../src/backup/manifest.js';
 import { restoreBackup } from '../../src/backup/restore.js';
+import { storeOf } from '../../src/backup/store.js';
 import { verifyBackup } from '../../src/backup/verify.js';
 import { bundleForNode } from '../fixtures/bundle.js';
 import { trackChild } from '../fixtures/tracked-children.js';
@@ -219,6 +220,56 @@ describe('create, list and restore', () => {
     const b = defaultBackupName('v', new Date(Date.UTC(2026, 10, 23, 12, 34, 56, 2)).toISOString());
     assert.deepEqual([a, b], ['v-20261123-123456-001', 'v-20261123-123456-002']);
     assert.equal(checkBackupName(a), a);
+  });
+});
+
+describe("a large volume read whole: its parent's chunks stand for a look-up each", () => {
+  /** Counts the target store's look-ups of chunks (HEADs on S3) and listings from now on. */
+  async function counting(target: BackupTarget) {
+    const store = await storeOf(target);
+    const exists = store.exists.bind(store);
+    const list = store.list.bind(store);
+    const seen = { lookUps: 0, listings: 0 };
+    store.exists = (key) => {
+      if (key.startsWith('chunks/')) seen.lookUps++;
+      return exists(key);
+    };
+    store.list = (prefix) => {
+      seen.listings++;
+      return list(prefix);
+    };
+    return seen;
+  }
+
+  it('looks up only the changed chunk when the parent holds the rest, and looks each up again once one of them is lost', async () => {
+    const target = freshTarget();
+    const chunk = 4096;
+    const bytes = randomBytes(1152 * chunk);
+    const path = imageFile(bytes);
+    const seen = await counting(target);
+    await createBackup({ target, source: path, volume: 'v', name: 'one', chunkSize: chunk });
+    assert.equal(seen.lookUps, 1152, 'the first backup looks each chunk up');
+
+    randomBytes(chunk).copy(bytes, 7 * chunk);
+    writeImage(path, bytes);
+    Object.assign(seen, { lookUps: 0, listings: 0 });
+    const two = await createBackup({ target, source: path, volume: 'v', name: 'two', chunkSize: chunk });
+    assert.deepEqual([two.stats.newChunks, two.stats.presentChunks], [1, 1151]);
+    // The changed chunk, and the parent's in shards where it has a lone chunk (listing takes as many requests there).
+    assert.ok(seen.lookUps >= 1 && seen.lookUps < 64, `${seen.lookUps} look-ups`);
+    assert.ok(seen.listings <= 256 && seen.lookUps + seen.listings < 1152 / 3, `${seen.listings} listings, ${seen.lookUps} look-ups`);
+
+    // A chunk of "two" lost from the target: nothing stands for a look-up any more, and the lost one is stored again.
+    const lost = two.chunks[500] as string;
+    rmSync(chunkPath(target, lost));
+    Object.assign(seen, { lookUps: 0, listings: 0 });
+    const three = await createBackup({ target, source: path, volume: 'v', name: 'three', chunkSize: chunk });
+    assert.equal(three.stats.newChunks, 1, 'the lost chunk is stored again');
+    assert.ok(seen.lookUps >= 1152, `${seen.lookUps} look-ups`);
+    assert.equal((await verifyBackup({ target, name: 'two' })).ok, true, 'which mends the backup that lost it');
+    const out = join(freshDir('restore'), 'x.img');
+    await restoreBackup({ target, name: 'three', destination: out });
+    assert.ok(readFileSync(out).equals(bytes));
   });
 });
 
