@@ -49,7 +49,10 @@ export async function collectGarbage(options: { target: BackupTarget; node?: str
 }
 
 async function collect(target: BackupTarget, lock: HeldLock): Promise<GcReport> {
-  const backups = await listBackups(target);
+  const needed = new Set<string>();
+  const backups = await listBackups(target, undefined, (chunks) => {
+    for (const hash of chunks) if (hash !== null) needed.add(hash);
+  });
   const damaged = backups.filter((b) => b.error !== undefined);
   if (damaged.length > 0) {
     throw new LatchError(
@@ -57,8 +60,6 @@ async function collect(target: BackupTarget, lock: HeldLock): Promise<GcReport> 
         `needs is unknown (${damaged[0]?.error}). Delete that backup (latch backup delete) and run this again`,
     );
   }
-  const needed = new Set<string>();
-  for (const b of backups) for (const hash of b.manifest?.chunks ?? []) if (hash !== null) needed.add(hash);
 
   const report: GcReport = { removedChunks: 0, freedBytes: 0, keptChunks: 0, removedTempFiles: 0 };
   const store = await storeOf(target);

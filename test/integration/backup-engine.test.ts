@@ -134,6 +134,12 @@ describe('create, list and restore', () => {
       (await listBackups(target)).map((b) => b.name),
       ['one'],
     );
+    // A listing keeps manifests without their chunk lists (its memory grows with the backups, not their sizes).
+    const { chunks, ...summary } = manifest;
+    assert.deepEqual((await listBackups(target))[0]?.manifest, summary);
+    const seen: (string | null)[][] = [];
+    await listBackups(target, undefined, (c) => seen.push([...c]));
+    assert.deepEqual(seen, [chunks], 'a caller that asks sees each chunk list once');
 
     const out = join(freshDir('restore'), 'restored.img');
     const report = await restoreBackup({ target, name: 'one', destination: out });

@@ -21,8 +21,9 @@ export async function backupList(options: { volume?: string; output: OutputForma
       formatJson(
         backups.map((b) => {
           if (!b.manifest) return { name: b.name, error: b.error };
-          const { chunks, ...rest } = b.manifest;
-          return { ...rest, chunkCount: chunks.length, authenticated: b.authenticated === true };
+          // As many as the size needs: a manifest that lists another number is refused as damaged (backup/manifest.ts).
+          const chunkCount = Math.ceil(b.manifest.sizeBytes / b.manifest.chunkSize);
+          return { ...b.manifest, chunkCount, authenticated: b.authenticated === true };
         }),
       ),
     );
