@@ -89,7 +89,8 @@ export function shownName(name: Buffer): string {
 }
 
 /** Whether an entry's names are UTF-8: tar-stream writes those; latch writes the pax header of any other itself. */
-const namesAreUtf8 = (entry: Pick<Entry, 'path' | 'linkname'>) => isUtf8(entry.path) && (entry.linkname === undefined || isUtf8(entry.linkname));
+const namesAreUtf8 = (entry: Pick<Entry, 'path' | 'linkname'>) =>
+  isUtf8(entry.path) && (entry.linkname === undefined || isUtf8(entry.linkname));
 
 /**
  * The size of one entry in a tar-stream archive, at most: a ustar header, and before it a pax header block with its
@@ -120,7 +121,7 @@ export async function listTree(root: string, xattrs: XattrIO, onEntry: () => voi
   sizeBound += entryBound({ path: dot, type: 'directory' }, 0);
   // On bytes: a name that is not UTF-8 (a legacy Latin-1 one) would read as text with U+FFFD in it, which names no file.
   const walk = async (dir: Buffer, rel: Buffer): Promise<void> => {
-    const names = (await readdir(dir, { encoding: 'buffer' })).sort(Buffer.compare);
+    const names = (await readdir(dir, { encoding: 'buffer' })).sort((a, b) => Buffer.compare(a, b));
     for (const name of names) {
       onEntry();
       const path = joinBytes(rel, name);
@@ -362,7 +363,8 @@ export function checkEntryPath(name: Buffer): Buffer {
 export function checkSymlinkTarget(path: Buffer, target: Buffer): void {
   const text = target.toString('latin1');
   if (text === '' || text.includes('\0')) throw refused(path, 'is a symbolic link with an empty or NUL target');
-  if (text.startsWith('/')) throw refused(path, `is a symbolic link to the absolute path ${JSON.stringify(shownName(target).slice(0, 200))}`);
+  if (text.startsWith('/'))
+    throw refused(path, `is a symbolic link to the absolute path ${JSON.stringify(shownName(target).slice(0, 200))}`);
   const resolved = posix.normalize(posix.join(posix.dirname(path.toString('latin1')), text));
   if (resolved === '..' || resolved.startsWith('../')) {
     throw refused(path, `is a symbolic link to ${JSON.stringify(shownName(target).slice(0, 200))}, outside the volume`);
@@ -377,7 +379,10 @@ function refused(name: Buffer, why: string): LatchError {
 const HDRCHARSETS = new Set(['BINARY', 'ISO-IR 10646 2000 UTF-8']);
 
 /** An entry's own pax records as bytes, and its names as bytes (what its pax `path` and `linkpath` say, else its header's). */
-function entryNames(header: Header, globalRecords: PaxRecords): { name: Buffer; linkname: Buffer | undefined; raw: PaxRecords | undefined } {
+function entryNames(
+  header: Header,
+  globalRecords: PaxRecords,
+): { name: Buffer; linkname: Buffer | undefined; raw: PaxRecords | undefined } {
   const pax = header.pax as Record<string | symbol, unknown> | null | undefined;
   const raw = pax ? (pax[RAW_PAX] as PaxRecords | undefined) : undefined;
   const record = (key: string) => raw?.find((r) => r.key === key)?.value ?? globalRecords.find((r) => r.key === key)?.value;
@@ -490,7 +495,8 @@ export async function extractTree(
     const name = names.name;
     const nameText = name.toString('latin1');
     // The root's own entry (`./`), first and a directory only: it makes nothing, it sets the root's metadata.
-    const isRoot = first && header.type === 'directory' && !nameText.startsWith('/') && nameText.split('/').every((p) => p === '' || p === '.');
+    const isRoot =
+      first && header.type === 'directory' && !nameText.startsWith('/') && nameText.split('/').every((p) => p === '' || p === '.');
     first = false;
     const path = isRoot ? Buffer.from('.') : checkEntryPath(name);
     const full = isRoot ? rootBytes : joinBytes(rootBytes, path);
@@ -667,5 +673,6 @@ async function writeSparse(handle: FileHandle, data: AsyncIterable<Buffer>, onPr
 /** Empties `root` (what an interrupted restore made there), leaving the directory itself. */
 export async function emptyDirectory(root: string): Promise<void> {
   const rootBytes = Buffer.from(root);
-  for (const name of await readdir(rootBytes, { encoding: 'buffer' })) await rm(joinBytes(rootBytes, name), { recursive: true, force: true });
+  for (const name of await readdir(rootBytes, { encoding: 'buffer' }))
+    await rm(joinBytes(rootBytes, name), { recursive: true, force: true });
 }

@@ -36,7 +36,20 @@ const KEPT_PATTERN = '^(user\\..+|system\\.posix_acl_(access|default))$';
 const XATTR_KEY = 'SCHILY.xattr.';
 
 /** The pax keywords tar-stream or a restore reads, or that carry nothing a restore would set (not counted as skipped). */
-const PLAIN_PAX_KEYS = new Set(['hdrcharset', 'path', 'linkpath', 'size', 'uid', 'gid', 'uname', 'gname', 'mtime', 'atime', 'ctime', 'comment']);
+const PLAIN_PAX_KEYS = new Set([
+  'hdrcharset',
+  'path',
+  'linkpath',
+  'size',
+  'uid',
+  'gid',
+  'uname',
+  'gname',
+  'mtime',
+  'atime',
+  'ctime',
+  'comment',
+]);
 
 /** Reads and writes the kept attributes of files on a mounted file system (the `attr` tools here; a fake in tests). */
 export interface XattrIO {
@@ -66,7 +79,8 @@ export function encodePaxRecords(path: string | Buffer, linkname: string | Buffe
   const linkBytes = linkname === undefined ? undefined : Buffer.from(linkname);
   // A name that is not UTF-8 goes as its bytes, under `hdrcharset=BINARY` (POSIX; GNU tar, libarchive and Python's
   // tarfile write and read it): a reader then takes path and linkpath as bytes rather than convert them from UTF-8.
-  const records = isUtf8(pathBytes) && (linkBytes === undefined || isUtf8(linkBytes)) ? [] : [paxRecord('hdrcharset', Buffer.from('BINARY'))];
+  const records =
+    isUtf8(pathBytes) && (linkBytes === undefined || isUtf8(linkBytes)) ? [] : [paxRecord('hdrcharset', Buffer.from('BINARY'))];
   records.push(paxRecord('path', pathBytes));
   if (linkBytes !== undefined) records.push(paxRecord('linkpath', linkBytes));
   for (const [name, value] of xattrs) records.push(paxRecord(`${XATTR_KEY}${encodeXattrName(name)}`, value));
