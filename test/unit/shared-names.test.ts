@@ -4,19 +4,7 @@
 // such names too (absolute, `..`, NUL, a link out of the root, through a symbolic link, a device node, a FIFO, made
 // twice), as does an unknown `hdrcharset`. On plain directories of the temp dir, as any user.
 import assert from 'node:assert/strict';
-import {
-  existsSync,
-  linkSync,
-  lstatSync,
-  mkdirSync,
-  mkdtempSync,
-  readdirSync,
-  readFileSync,
-  readlinkSync,
-  rmSync,
-  symlinkSync,
-  writeFileSync,
-} from 'node:fs';
+import { existsSync, linkSync, mkdirSync, mkdtempSync, readdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -30,29 +18,11 @@ import {
   streamChunkSource,
 } from '../../src/node/shared-files.js';
 import { encodePaxRecords, parsePaxRecords } from '../../src/node/shared-xattrs.js';
+import { pathOf, treeOf } from '../fixtures/byte-tree.js';
 import { archiveWithPax, memoryXattrs, type ArchiveEntry } from '../fixtures/memory-xattrs.js';
 
 const latin1 = (s: string) => Buffer.from(s, 'latin1');
-const at = (root: string, ...parts: Buffer[]) => Buffer.concat([Buffer.from(root), ...parts.flatMap((p) => [Buffer.from('/'), p])]);
-
-/** Every entry under `root`, read on bytes: its path in hex, its type, a link's target in hex, a file's content. */
-function treeOf(root: string): string[] {
-  const out: string[] = [];
-  const walk = (dir: Buffer, rel: string) => {
-    for (const name of readdirSync(dir, { encoding: 'buffer' }).sort((a, b) => Buffer.compare(a, b))) {
-      const full = Buffer.concat([dir, Buffer.from('/'), name]);
-      const path = `${rel}${name.toString('hex')}`;
-      const info = lstatSync(full);
-      if (info.isSymbolicLink()) out.push(`${path} -> ${readlinkSync(full, { encoding: 'buffer' }).toString('hex')}`);
-      else if (info.isDirectory()) {
-        out.push(`${path}/`);
-        walk(full, `${path}/`);
-      } else out.push(`${path} = ${readFileSync(full).toString()} (${info.nlink} links)`);
-    }
-  };
-  walk(Buffer.from(root), '');
-  return out;
-}
+const at = pathOf;
 
 async function* once(buffer: Buffer): AsyncGenerator<Buffer> {
   yield buffer;
