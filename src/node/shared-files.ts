@@ -11,13 +11,19 @@
 //
 // What an archive holds: the root directory (its metadata: `./`, first), directories, regular files (a file's other
 // hard links as links to its first path), symbolic links, each with its owner, group, permission bits and modification
-// time, and its `user.*` extended attributes and POSIX ACLs (node/shared-xattrs.ts: pax `SCHILY.xattr.*` records). Not
+// time, and its `user.*` extended attributes and POSIX ACLs (node/shared-xattrs.ts: pax `SCHILY.xattr.*` records).
+// Names and symbolic link targets are kept byte for byte: the walk reads them as Buffers (a name that is not UTF-8,
+// such as a legacy Latin-1 one, read as text would name no file), tar-stream writes the UTF-8 ones, and latch writes
+// the pax header of any other itself, its `path` and `linkpath` records as bytes after `hdrcharset=BINARY` (POSIX).
+// The attr tools take paths as text: the attributes of an entry whose path is not UTF-8 are not kept (listed). Not
 // kept: other extended attributes (`security.*` such as file capabilities, `trusted.*`, CephFS's virtual `ceph.*`),
 // holes inside files (read as zeros; the chunk engine stores zero chunks as holes, and the restore writes no all-zero
 // block, so a sparse file comes back sparse in 64 KiB steps), and what is no file: device nodes, FIFOs and sockets are
 // skipped by a backup (counted in its result).
 //
-// A restore treats the archive as hostile (the target may be written by anyone with its credentials): an entry whose
+// A restore treats the archive as hostile (the target may be written by anyone with its credentials), and reads names
+// as bytes (pax `path` and `linkpath` records from the raw pax header, ustar fields as latin1; an `hdrcharset` other
+// than BINARY or UTF-8 is refused), so that every check below holds whatever the name's encoding: an entry whose
 // path is absolute or climbs out with `..`, a symbolic link whose target is absolute or resolves outside the root, a
 // hard link to anything but a regular file already restored inside the root, a device node, FIFO or any other type,
 // and a second entry at a path already made are refused, and the restore fails. It never follows a symbolic link: each

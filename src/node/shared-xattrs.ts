@@ -4,9 +4,9 @@
 // value's bytes as they are (an ACL is binary).
 //
 // tar-stream writes and reads pax records as UTF-8 strings, which cannot carry arbitrary bytes: the archive's pax
-// blocks of entries with attributes are made here (encodePaxRecords), and a restore parses the raw block itself
-// (parsePaxRecords), strictly: a malformed block fails the restore instead of being cut short, as tar-stream's own
-// parser does.
+// blocks of entries with attributes, or with a name that is not UTF-8 (under `hdrcharset=BINARY`), are made here
+// (encodePaxRecords), and a restore parses the raw block itself (parsePaxRecords), strictly: a malformed block fails
+// the restore instead of being cut short, as tar-stream's own parser does.
 //
 // A restore treats these records as hostile: it sets only the names a backup keeps (never `security.*`, whose
 // `security.capability` would grant file capabilities to a binary, nor `trusted.*`, nor CephFS's virtual `ceph.*`
