@@ -11,6 +11,7 @@ import { after, before, describe, it } from 'node:test';
 import {
   checkEntryPath,
   checkSymlinkTarget,
+  emptyDirectory,
   extractTree,
   listTree,
   packTree,
@@ -112,6 +113,15 @@ describe('names that are not UTF-8 in shared volume archives', () => {
     assert.deepEqual([report.files, report.directories, report.symlinks, report.hardLinks], [3, 1, 2, 1]);
     assert.deepEqual(treeOf(dst), treeOf(src));
     assert.ok(treeOf(dst).includes(`${latin1('l\xe0').toString('hex')} -> ${latin1('d\xe9j\xe0/caf\xe9').toString('hex')}`));
+  });
+
+  it('empties a root holding names that are not UTF-8 (what an interrupted restore made)', async () => {
+    const root = fresh();
+    mkdirSync(at(root, latin1('d\xe9')));
+    writeFileSync(at(root, latin1('d\xe9'), latin1('\xff')), 'x');
+    symlinkSync(latin1('\xfe'), at(root, latin1('l\xe0')));
+    await emptyDirectory(root);
+    assert.deepEqual(readdirSync(root), []);
   });
 
   describe('refuses hostile entries with names that are not UTF-8', () => {
