@@ -11,19 +11,26 @@
 //
 // What an archive holds: the root directory (its metadata: `./`, first), directories, regular files (a file's other
 // hard links as links to its first path), symbolic links, each with its owner, group, permission bits and modification
-// time, and its `user.*` extended attributes and POSIX ACLs (node/shared-xattrs.ts: pax `SCHILY.xattr.*` records). Not
+// time, and its `user.*` extended attributes and POSIX ACLs (node/shared-xattrs.ts: pax `SCHILY.xattr.*` records).
+// Names and symbolic link targets are kept byte for byte: the walk reads them as Buffers (a name that is not UTF-8,
+// such as a legacy Latin-1 one, read as text would name no file), tar-stream writes the UTF-8 ones, and latch writes
+// the pax header of any other itself, its `path` and `linkpath` records as bytes after `hdrcharset=BINARY` (POSIX).
+// The attr tools take paths as text: the attributes of an entry whose path is not UTF-8 are not kept (listed). Not
 // kept: other extended attributes (`security.*` such as file capabilities, `trusted.*`, CephFS's virtual `ceph.*`),
 // holes inside files (read as zeros; the chunk engine stores zero chunks as holes, and the restore writes no all-zero
 // block, so a sparse file comes back sparse in 64 KiB steps), and what is no file: device nodes, FIFOs and sockets are
 // skipped by a backup (counted in its result).
 //
-// A restore treats the archive as hostile (the target may be written by anyone with its credentials): an entry whose
+// A restore treats the archive as hostile (the target may be written by anyone with its credentials), and reads names
+// as bytes (pax `path` and `linkpath` records from the raw pax header, ustar fields as latin1; an `hdrcharset` other
+// than BINARY or UTF-8 is refused), so that every check below holds whatever the name's encoding: an entry whose
 // path is absolute or climbs out with `..`, a symbolic link whose target is absolute or resolves outside the root, a
 // hard link to anything but a regular file already restored inside the root, a device node, FIFO or any other type,
 // and a second entry at a path already made are refused, and the restore fails. It never follows a symbolic link: each
 // parent directory is checked with lstat, and files are created with O_NOFOLLOW | O_EXCL. Set-user-ID and
 // set-group-ID bits are not restored. Of an entry's attributes it sets only those a backup keeps; any other attribute
 // or unknown pax record is skipped and counted, a malformed one stops the restore (shared-xattrs.ts).
+import { isUtf8 } from 'node:buffer';
 import { constants, type Stats } from 'node:fs';
 import { chmod, lchown, link, lstat, lutimes, mkdir, open, readdir, readlink, rm, symlink, type FileHandle } from 'node:fs/promises';
 import { once } from 'node:events';
@@ -51,12 +58,12 @@ export const SHARED_ARCHIVE = 'sharedtar';
 
 /** One thing a backup archives, found by the first walk. */
 interface Entry {
-  /** Relative to the root, `/`-separated, no leading `./`. */
-  path: string;
+  /** Relative to the root, `/`-separated, no leading `./`: the name's bytes as the file system has them. */
+  path: Buffer;
   stats: Stats;
   type: 'directory' | 'file' | 'symlink' | 'link';
-  /** A symlink's target; a hard link's first path. */
-  linkname?: string;
+  /** A symlink's target (its bytes); a hard link's first path. */
+  linkname?: Buffer;
   /** The bytes its attributes' pax records take at most (xattrRecordsBound), when it has any. */
   xattrBound?: number;
 }
@@ -73,14 +80,33 @@ export interface TreeListing {
 const BLOCK = 512;
 const roundUp = (n: number, to = BLOCK) => Math.ceil(n / to) * to;
 
+/** `a/b`, on bytes (a name need not be UTF-8). */
+function joinBytes(dir: Buffer, name: Buffer): Buffer {
+  return dir.length === 0 ? name : Buffer.concat([dir, SLASH, name]);
+}
+const SLASH = Buffer.from('/');
+
+/** A name as text for messages and results: as it is when UTF-8, else each byte outside printable ASCII as `\xNN`. */
+export function shownName(name: Buffer): string {
+  if (isUtf8(name)) return name.toString('utf8');
+  let out = '';
+  for (const b of name) out += b >= 0x20 && b < 0x7f && b !== 0x5c ? String.fromCharCode(b) : `\\x${b.toString(16).padStart(2, '0')}`;
+  return out;
+}
+
+/** Whether an entry's names are UTF-8: tar-stream writes those; latch writes the pax header of any other itself. */
+const namesAreUtf8 = (entry: Pick<Entry, 'path' | 'linkname'>) =>
+  isUtf8(entry.path) && (entry.linkname === undefined || isUtf8(entry.linkname));
+
 /**
  * The size of one entry in a tar-stream archive, at most: a ustar header, and before it a pax header block with its
  * records (path, linkpath, size, owner and times where ustar's fields cannot hold them), then the data padded to 512.
  */
 function entryBound(entry: Pick<Entry, 'path' | 'linkname' | 'type'>, size: number): number {
-  const names = Buffer.byteLength(entry.path) + Buffer.byteLength(entry.linkname ?? '');
-  // Each pax record is "LEN key=value\n": the values, and 40 bytes of length, key and separators for each of 8 keys.
-  const pax = BLOCK + roundUp(names + 8 * 40 + 8 * 24);
+  const names = entry.path.length + (entry.linkname?.length ?? 0);
+  // Each pax record is "LEN key=value\n": the values, and 40 bytes of length, key and separators for each of 8 keys;
+  // latch's own pax header of names that are not UTF-8 (hdrcharset, and padding to whole blocks), at most 1 KiB more.
+  const pax = BLOCK + roundUp(names + 8 * 40 + 8 * 24) + (namesAreUtf8(entry) ? 0 : 2 * BLOCK);
   return BLOCK + pax + (entry.type === 'file' ? roundUp(size) : 0);
 }
 
@@ -92,22 +118,24 @@ function entryBound(entry: Pick<Entry, 'path' | 'linkname' | 'type'>, size: numb
 export async function listTree(root: string, xattrs: XattrIO, onEntry: () => void = () => undefined): Promise<TreeListing> {
   const entries: Entry[] = [];
   const skipped: { path: string; kind: string }[] = [];
-  const firstPathOf = new Map<string, string>();
+  const firstPathOf = new Map<string, Buffer>();
   // Two 512-byte end-of-archive blocks, and tar-stream's own record padding, at most one 10 KiB record.
   let sizeBound = 2 * BLOCK + 10240;
   // The root first, as `./` (as GNU tar names it): its owner, mode, time and attributes (a default ACL on the root).
-  entries.push({ path: '.', stats: await lstat(root), type: 'directory' });
-  sizeBound += entryBound({ path: '.', type: 'directory' }, 0);
-  const walk = async (dir: string, rel: string): Promise<void> => {
-    const names = (await readdir(dir)).sort();
+  const dot = Buffer.from('.');
+  entries.push({ path: dot, stats: await lstat(root), type: 'directory' });
+  sizeBound += entryBound({ path: dot, type: 'directory' }, 0);
+  // On bytes: a name that is not UTF-8 (a legacy Latin-1 one) would read as text with U+FFFD in it, which names no file.
+  const walk = async (dir: Buffer, rel: Buffer): Promise<void> => {
+    const names = (await readdir(dir, { encoding: 'buffer' })).sort((a, b) => Buffer.compare(a, b));
     for (const name of names) {
       onEntry();
-      const path = rel === '' ? name : `${rel}/${name}`;
-      const full = posix.join(dir, name);
+      const path = joinBytes(rel, name);
+      const full = joinBytes(dir, name);
       const stats = await lstat(full);
       let entry: Entry | undefined;
       if (stats.isDirectory()) entry = { path, stats, type: 'directory' };
-      else if (stats.isSymbolicLink()) entry = { path, stats, type: 'symlink', linkname: await readlink(full) };
+      else if (stats.isSymbolicLink()) entry = { path, stats, type: 'symlink', linkname: await readlink(full, { encoding: 'buffer' }) };
       else if (stats.isFile()) {
         const key = `${stats.dev}:${stats.ino}`;
         const first = stats.nlink > 1 ? firstPathOf.get(key) : undefined;
@@ -117,7 +145,7 @@ export async function listTree(root: string, xattrs: XattrIO, onEntry: () => voi
           entry = { path, stats, type: 'file' };
         }
       } else {
-        skipped.push({ path, kind: kindOf(stats) });
+        skipped.push({ path: shownName(path), kind: kindOf(stats) });
         continue;
       }
       entries.push(entry);
@@ -125,18 +153,23 @@ export async function listTree(root: string, xattrs: XattrIO, onEntry: () => voi
       if (entry.type === 'directory') await walk(full, path);
     }
   };
-  await walk(root, '');
-  // A hard link's attributes are its first path's.
-  const withInode = entries.filter((e) => e.type !== 'link');
+  await walk(Buffer.from(root), Buffer.alloc(0));
+  // A hard link's attributes are its first path's. The attr tools take paths as arguments, which are text: the
+  // attributes of an entry whose path is not UTF-8 are not read (listed as skipped).
+  const withInode = entries.filter((e) => {
+    if (e.type === 'link') return false;
+    if (e.type !== 'symlink' && !isUtf8(e.path)) skipped.push({ path: shownName(e.path), kind: 'its attributes (its path is not UTF-8)' });
+    return isUtf8(e.path);
+  });
   let xattrEntries = 0;
   for (let at = 0; at < withInode.length; at += XATTR_BATCH) {
     const batch = withInode.slice(at, at + XATTR_BATCH);
-    const found = await xattrs.read(batch.map((e) => posix.join(root, e.path)));
+    const found = await xattrs.read(batch.map((e) => posix.join(root, e.path.toString())));
     onEntry();
     for (const entry of batch) {
-      const values = found.get(posix.join(root, entry.path));
+      const values = found.get(posix.join(root, entry.path.toString()));
       if (values === undefined) continue;
-      const kept = keptXattrs(entry.path, values, skipped);
+      const kept = keptXattrs(entry.path.toString(), values, skipped);
       if (kept.size === 0) continue;
       entry.xattrBound = xattrRecordsBound(kept);
       sizeBound += entry.xattrBound;
@@ -201,46 +234,48 @@ export async function packTree(
   let read = new Map<string, Xattrs>();
   let nextBatch = 0;
   const xattrsOf = async (entry: Entry): Promise<Xattrs> => {
-    const full = posix.join(root, entry.path);
+    const full = posix.join(root, entry.path.toString());
     if (!read.has(full)) {
       const batch = withXattrs.slice(nextBatch, nextBatch + XATTR_BATCH);
       nextBatch += batch.length;
-      read = await xattrs.read(batch.map((e) => posix.join(root, e.path)));
+      read = await xattrs.read(batch.map((e) => posix.join(root, e.path.toString())));
     }
-    const kept = keptXattrs(entry.path, read.get(full) ?? new Map<string, Buffer>(), []);
+    const kept = keptXattrs(entry.path.toString(), read.get(full) ?? new Map<string, Buffer>(), []);
     if (kept.size === 0 || xattrRecordsBound(kept) !== entry.xattrBound) {
-      throw new LatchError(`the extended attributes of ${JSON.stringify(entry.path.slice(0, 200))} changed since the walk`);
+      throw new LatchError(`the extended attributes of ${JSON.stringify(shownName(entry.path).slice(0, 200))} changed since the walk`);
     }
     return kept;
   };
+  const rootBytes = Buffer.from(root);
   const feed = async () => {
     for (const entry of listing.entries) {
       const s = entry.stats;
       const header = {
-        name: entry.path,
+        name: entry.path.toString(),
         mode: s.mode & 0o7777,
         uid: s.uid,
         gid: s.gid,
         mtime: s.mtime,
         type: entry.type,
-        ...(entry.linkname !== undefined && { linkname: entry.linkname }),
+        ...(entry.linkname !== undefined && { linkname: entry.linkname.toString() }),
         size: entry.type === 'file' ? s.size : 0,
       };
-      if (entry.xattrBound !== undefined) {
+      if (entry.xattrBound !== undefined || !namesAreUtf8(entry)) {
         // Our own pax header before the entry's (tar-stream's cannot carry bytes that are not UTF-8), pushed whole
         // after tar-stream's typeflag-x header for it: its records fill whole blocks, so tar-stream pads nothing.
-        const records = encodePaxRecords(entry.path, entry.linkname, await xattrsOf(entry));
+        const kept = entry.xattrBound === undefined ? new Map<string, Buffer>() : await xattrsOf(entry);
+        const records = encodePaxRecords(entry.path, entry.linkname, kept);
         const paxHeader = { name: 'PaxHeader', type: 'pax-header', size: records.length, mode: 0o644, mtime: s.mtime };
         await entryDone(paxHeader as unknown as Parameters<typeof pack.entry>[0]);
         pack.push(records);
-        header.name = ustarStandIn(entry.path);
-        if (entry.linkname !== undefined) header.linkname = ustarStandIn(entry.linkname);
+        header.name = ustarStandIn(entry.path.toString('latin1'));
+        if (entry.linkname !== undefined) header.linkname = ustarStandIn(entry.linkname.toString('latin1'));
       }
       if (entry.type !== 'file') {
         await entryDone(header);
         continue;
       }
-      const handle = await open(posix.join(root, entry.path), constants.O_RDONLY | constants.O_NOFOLLOW);
+      const handle = await open(joinBytes(rootBytes, entry.path), constants.O_RDONLY | constants.O_NOFOLLOW);
       try {
         let done: (err?: Error | null) => void = () => undefined;
         const written = new Promise<void>((resolve, reject) => (done = (err) => (err ? reject(err) : resolve())));
@@ -249,7 +284,7 @@ export async function packTree(
         let left = s.size;
         while (left > 0) {
           const { bytesRead } = await handle.read(buffer, 0, Math.min(buffer.length, left));
-          if (bytesRead === 0) throw new LatchError(`${entry.path} ended ${left} bytes before the size the walk saw`);
+          if (bytesRead === 0) throw new LatchError(`${shownName(entry.path)} ended ${left} bytes before the size the walk saw`);
           left -= bytesRead;
           onProgress();
           if (!sink.write(Buffer.from(buffer.subarray(0, bytesRead)))) await once(sink, 'drain');
@@ -316,29 +351,58 @@ export function streamChunkSource(stream: AsyncIterable<Buffer>, sizeBytes: numb
 
 // ---- restore -------------------------------------------------------------------------------------------------------
 
+// Names are checked on their bytes (a name need not be UTF-8): as latin1 text, one character a byte, where `/`, `.`
+// and NUL are what they are in the bytes, so that the checks hold for any name.
+
 /** The checked relative path of an archive entry: no absolute path, no `..`, nothing empty; `.` parts dropped. */
-export function checkEntryPath(name: string): string {
-  if (name.includes('\0')) throw refused(name, 'has a NUL byte');
-  if (name.startsWith('/')) throw refused(name, 'is an absolute path');
-  const parts = name.split('/').filter((p) => p !== '' && p !== '.');
+export function checkEntryPath(name: Buffer): Buffer {
+  const text = name.toString('latin1');
+  if (text.includes('\0')) throw refused(name, 'has a NUL byte');
+  if (text.startsWith('/')) throw refused(name, 'is an absolute path');
+  const parts = text.split('/').filter((p) => p !== '' && p !== '.');
   if (parts.includes('..')) throw refused(name, 'climbs out of the volume with ..');
   if (parts.length === 0) throw refused(name, 'names the root itself');
-  return parts.join('/');
+  return Buffer.from(parts.join('/'), 'latin1');
 }
 
 /** A symbolic link's target must stay inside the root, resolved from the link's own directory, without any absolute path. */
-export function checkSymlinkTarget(path: string, target: string): void {
-  if (target === '' || target.includes('\0')) throw refused(path, 'is a symbolic link with an empty or NUL target');
-  if (target.startsWith('/')) throw refused(path, `is a symbolic link to the absolute path ${JSON.stringify(target.slice(0, 200))}`);
-  const resolved = posix.normalize(posix.join(posix.dirname(path), target));
+export function checkSymlinkTarget(path: Buffer, target: Buffer): void {
+  const text = target.toString('latin1');
+  if (text === '' || text.includes('\0')) throw refused(path, 'is a symbolic link with an empty or NUL target');
+  if (text.startsWith('/'))
+    throw refused(path, `is a symbolic link to the absolute path ${JSON.stringify(shownName(target).slice(0, 200))}`);
+  const resolved = posix.normalize(posix.join(posix.dirname(path.toString('latin1')), text));
   if (resolved === '..' || resolved.startsWith('../')) {
-    throw refused(path, `is a symbolic link to ${JSON.stringify(target.slice(0, 200))}, outside the volume`);
+    throw refused(path, `is a symbolic link to ${JSON.stringify(shownName(target).slice(0, 200))}, outside the volume`);
   }
 }
 
-function refused(name: string, why: string): LatchError {
-  return new LatchError(`the backup's entry ${JSON.stringify(name.slice(0, 200))} ${why}: refused, the restore stops`);
+function refused(name: Buffer, why: string): LatchError {
+  return new LatchError(`the backup's entry ${JSON.stringify(shownName(name).slice(0, 200))} ${why}: refused, the restore stops`);
 }
+
+/** The values of `hdrcharset` a restore takes: names as bytes, or as UTF-8 (kept as bytes alike). */
+const HDRCHARSETS = new Set(['BINARY', 'ISO-IR 10646 2000 UTF-8']);
+
+/** An entry's own pax records as bytes, and its names as bytes (what its pax `path` and `linkpath` say, else its header's). */
+function entryNames(
+  header: Header,
+  globalRecords: PaxRecords,
+): { name: Buffer; linkname: Buffer | undefined; raw: PaxRecords | undefined } {
+  const pax = header.pax as Record<string | symbol, unknown> | null | undefined;
+  const raw = pax ? (pax[RAW_PAX] as PaxRecords | undefined) : undefined;
+  const record = (key: string) => raw?.find((r) => r.key === key)?.value ?? globalRecords.find((r) => r.key === key)?.value;
+  const charset = record('hdrcharset');
+  // The header's own fields are read as latin1 (extract's filenameEncoding): their bytes, one character each.
+  const headerName = Buffer.from(header.name, 'latin1');
+  if (charset !== undefined && !HDRCHARSETS.has(charset.toString('latin1'))) {
+    throw refused(headerName, `names its character set ${JSON.stringify(shownName(charset).slice(0, 100))}, neither BINARY nor UTF-8`);
+  }
+  const linkname = record('linkpath') ?? (header.linkname ? Buffer.from(header.linkname, 'latin1') : undefined);
+  return { name: record('path') ?? headerName, linkname, raw };
+}
+
+type PaxRecords = { key: string; value: Buffer }[];
 
 export interface ExtractReport {
   files: number;
@@ -366,8 +430,9 @@ const RAW_PAX = Symbol('the raw records of the pax header');
  * tar-stream's (pinned) extract's method that decodes a long header; an entry whose decoded pax names an attribute
  * but lacks our records fails the restore, so that a tar-stream without that method cannot lose them silently.
  */
-function rawPaxExtract(makeExtract: typeof TarExtract) {
-  const extract = makeExtract();
+function rawPaxExtract(makeExtract: typeof TarExtract, globalRecords: PaxRecords) {
+  // latin1: the bytes of the names in tar headers, one character each (entryNames).
+  const extract = makeExtract({ filenameEncoding: 'latin1' } as Parameters<typeof TarExtract>[0]);
   type Internals = { _header?: { type?: string } | null; _pax?: Record<string | symbol, unknown> | null };
   const hooked = extract as unknown as Internals & { _decodeLongHeader?: (this: Internals, buf: Buffer) => void };
   const decode = hooked._decodeLongHeader;
@@ -376,8 +441,12 @@ function rawPaxExtract(makeExtract: typeof TarExtract) {
     const type = this._header?.type;
     decode.call(this, buf);
     if (type === 'pax-header' && this._pax) this._pax[RAW_PAX] = parsePaxRecords(buf);
-    if (type === 'pax-global-header' && parsePaxRecords(buf).some((r) => r.key.startsWith('SCHILY.xattr.'))) {
-      throw new LatchError("the backup's archive has extended attributes in a global pax header: refused, the restore stops");
+    if (type === 'pax-global-header') {
+      const records = parsePaxRecords(buf);
+      if (records.some((r) => r.key.startsWith('SCHILY.xattr.') || r.key === 'path' || r.key === 'linkpath')) {
+        throw new LatchError("the backup's archive has extended attributes or names in a global pax header: refused, the restore stops");
+      }
+      globalRecords.splice(0, globalRecords.length, ...records);
     }
   };
   return extract;
@@ -399,7 +468,8 @@ export async function extractTree(
 ): Promise<ExtractReport> {
   const { extract: makeExtract } = await import('tar-stream');
   const { Readable } = await import('node:stream');
-  const extract = rawPaxExtract(makeExtract);
+  const globalRecords: PaxRecords = [];
+  const extract = rawPaxExtract(makeExtract, globalRecords);
   const input = Readable.from(bytes);
   input.on('error', (err) => extract.destroy(err));
   input.pipe(extract);
@@ -413,7 +483,8 @@ export async function extractTree(
     skippedXattrs: 0,
     skippedXattrsSample: [],
   };
-  const directories: { path: string; header: Header }[] = [];
+  const directories: { path: Buffer; header: Header }[] = [];
+  const rootBytes = Buffer.from(root);
   // Attributes to set, a batch at a time (one setfattr each); a directory's default ACL only once all is made, or
   // every entry made inside it would inherit it (and keep it, though it had its own in the backup, or none).
   let pending: { path: string; xattrs: Xattrs }[] = [];
@@ -426,23 +497,32 @@ export async function extractTree(
   let first = true;
   for await (const entry of extract) {
     const header = entry.header as Header;
+    const names = entryNames(header, globalRecords);
+    const name = names.name;
+    const nameText = name.toString('latin1');
     // The root's own entry (`./`), first and a directory only: it makes nothing, it sets the root's metadata.
     const isRoot =
-      first && header.type === 'directory' && !header.name.startsWith('/') && header.name.split('/').every((p) => p === '' || p === '.');
+      first && header.type === 'directory' && !nameText.startsWith('/') && nameText.split('/').every((p) => p === '' || p === '.');
     first = false;
-    const path = isRoot ? '.' : checkEntryPath(header.name);
-    const full = isRoot ? root : posix.join(root, path);
-    const { kept, skipped } = attributesOf(header);
+    const path = isRoot ? Buffer.from('.') : checkEntryPath(name);
+    const full = isRoot ? rootBytes : joinBytes(rootBytes, path);
+    const shown = shownName(path).slice(0, 200);
+    const { kept, skipped } = attributesOf(header, names.raw, shown);
+    if (kept.size > 0 && !isUtf8(path)) {
+      // The attr tools take paths as text: the attributes of a path that is not UTF-8 are skipped.
+      for (const attribute of kept.keys()) skipped.push(`attribute ${attribute} (its path is not UTF-8)`);
+      kept.clear();
+    }
     for (const what of skipped) {
       report.skippedXattrs++;
-      if (report.skippedXattrsSample.length < 20) report.skippedXattrsSample.push(`${path.slice(0, 200)}: ${what}`);
+      if (report.skippedXattrsSample.length < 20) report.skippedXattrsSample.push(`${shown}: ${what}`);
     }
-    await checkParents(root, path);
+    await checkParents(rootBytes, path);
     switch (header.type) {
       case 'directory':
         if (!isRoot) {
           await mkdir(full, { mode: 0o700 }).catch((err: NodeJS.ErrnoException) => {
-            throw err.code === 'EEXIST' ? refused(header.name, 'is made twice') : err;
+            throw err.code === 'EEXIST' ? refused(name, 'is made twice') : err;
           });
           report.directories++;
         }
@@ -453,9 +533,9 @@ export async function extractTree(
             kept.delete('system.posix_acl_default');
             deferredBytes += acl.length + full.length;
             if (deferredBytes > MAX_DEFERRED_XATTR_BYTES) {
-              throw refused(header.name, `brings the directories' default ACLs past ${MAX_DEFERRED_XATTR_BYTES} bytes`);
+              throw refused(name, `brings the directories' default ACLs past ${MAX_DEFERRED_XATTR_BYTES} bytes`);
             }
-            defaults.push({ path: full, xattrs: new Map([['system.posix_acl_default', acl]]) });
+            defaults.push({ path: full.toString(), xattrs: new Map([['system.posix_acl_default', acl]]) });
             if (kept.size === 0) report.xattrEntries++;
           }
         }
@@ -464,7 +544,7 @@ export async function extractTree(
       case 'contiguous-file': {
         const handle = await open(full, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o600).catch(
           (err: NodeJS.ErrnoException) => {
-            throw err.code === 'EEXIST' || err.code === 'ELOOP' ? refused(header.name, 'is made twice') : err;
+            throw err.code === 'EEXIST' || err.code === 'ELOOP' ? refused(name, 'is made twice') : err;
           },
         );
         try {
@@ -480,40 +560,40 @@ export async function extractTree(
         break;
       }
       case 'symlink': {
-        const target = header.linkname ?? '';
+        const target = names.linkname ?? Buffer.alloc(0);
         checkSymlinkTarget(path, target);
         await symlink(target, full).catch((err: NodeJS.ErrnoException) => {
-          throw err.code === 'EEXIST' ? refused(header.name, 'is made twice') : err;
+          throw err.code === 'EEXIST' ? refused(name, 'is made twice') : err;
         });
         await lchown(full, header.uid ?? 0, header.gid ?? 0);
         if (header.mtime) await lutimes(full, header.mtime, header.mtime);
         report.symlinks++;
         // Linux has user.* attributes and ACLs on files and directories only: a symbolic link's are skipped.
-        for (const name of kept.keys()) {
+        for (const attribute of kept.keys()) {
           report.skippedXattrs++;
           if (report.skippedXattrsSample.length < 20)
-            report.skippedXattrsSample.push(`${path.slice(0, 200)}: attribute ${name} of a symbolic link`);
+            report.skippedXattrsSample.push(`${shown}: attribute ${attribute} of a symbolic link`);
         }
         kept.clear();
         break;
       }
       case 'link': {
-        const first = checkEntryPath(header.linkname ?? '');
-        await checkParents(root, first);
-        const info = await lstat(posix.join(root, first)).catch(() => undefined);
+        const first = checkEntryPath(names.linkname ?? Buffer.alloc(0));
+        await checkParents(rootBytes, first);
+        const info = await lstat(joinBytes(rootBytes, first)).catch(() => undefined);
         if (!info?.isFile())
-          throw refused(header.name, `is a hard link to ${JSON.stringify(first.slice(0, 200))}, which is no file restored here`);
-        await link(posix.join(root, first), full).catch((err: NodeJS.ErrnoException) => {
-          throw err.code === 'EEXIST' ? refused(header.name, 'is made twice') : err;
+          throw refused(name, `is a hard link to ${JSON.stringify(shownName(first).slice(0, 200))}, which is no file restored here`);
+        await link(joinBytes(rootBytes, first), full).catch((err: NodeJS.ErrnoException) => {
+          throw err.code === 'EEXIST' ? refused(name, 'is made twice') : err;
         });
         report.hardLinks++;
         break;
       }
       default:
-        throw refused(header.name, `is a ${header.type ?? 'typeless entry'}, which a restore never makes`);
+        throw refused(name, `is a ${header.type ?? 'typeless entry'}, which a restore never makes`);
     }
     if (kept.size > 0) {
-      pending.push({ path: full, xattrs: kept });
+      pending.push({ path: full.toString(), xattrs: kept });
       report.xattrEntries++;
       if (pending.length >= XATTR_BATCH) await flush();
     }
@@ -535,13 +615,12 @@ export async function extractTree(
 }
 
 /** The attributes of an entry's pax header that a restore sets, and what it skips (shared-xattrs.ts, entryXattrs). */
-function attributesOf(header: Header): EntryXattrs {
+function attributesOf(header: Header, raw: PaxRecords | undefined, shown: string): EntryXattrs {
   const pax = header.pax as Record<string | symbol, unknown> | null | undefined;
   if (!pax) return { kept: new Map(), skipped: [] };
-  const raw = pax[RAW_PAX] as { key: string; value: Buffer }[] | undefined;
   if (raw === undefined) {
     if (Object.keys(pax).some((k) => k.startsWith('SCHILY.xattr.'))) {
-      throw new LatchError(`the attributes of ${JSON.stringify(header.name.slice(0, 200))} could not be read as bytes: the restore stops`);
+      throw new LatchError(`the attributes of ${JSON.stringify(shown)} could not be read as bytes: the restore stops`);
     }
     return entryXattrs(Object.keys(pax).map((key) => ({ key, value: Buffer.alloc(0) })));
   }
@@ -565,18 +644,15 @@ function safeMode(mode: number | null | undefined): number {
   return (mode ?? 0o600) & 0o1777;
 }
 
-/** Each parent directory of `path` below `root` exists as a real directory (lstat: never a symbolic link). */
-async function checkParents(root: string, path: string): Promise<void> {
-  const parts = path.split('/').slice(0, -1);
-  let at = root;
+/** Each parent directory of `path` (checked) below `root` exists as a real directory (lstat: never a symbolic link). */
+async function checkParents(root: Buffer, path: Buffer): Promise<void> {
+  const parts = path.toString('latin1').split('/').slice(0, -1);
+  let rel: Buffer = Buffer.alloc(0);
   for (const part of parts) {
-    at = posix.join(at, part);
-    const info = await lstat(at).catch(() => undefined);
+    rel = joinBytes(rel, Buffer.from(part, 'latin1'));
+    const info = await lstat(joinBytes(root, rel)).catch(() => undefined);
     if (!info?.isDirectory() || info.isSymbolicLink()) {
-      throw refused(
-        path,
-        `goes through ${JSON.stringify(posix.relative(root, at))}, which is ${info ? 'no directory' : 'missing'} in the archive`,
-      );
+      throw refused(path, `goes through ${JSON.stringify(shownName(rel))}, which is ${info ? 'no directory' : 'missing'} in the archive`);
     }
   }
 }
@@ -602,5 +678,7 @@ async function writeSparse(handle: FileHandle, data: AsyncIterable<Buffer>, onPr
 
 /** Empties `root` (what an interrupted restore made there), leaving the directory itself. */
 export async function emptyDirectory(root: string): Promise<void> {
-  for (const name of await readdir(root)) await rm(posix.join(root, name), { recursive: true, force: true });
+  const rootBytes = Buffer.from(root);
+  for (const name of await readdir(rootBytes, { encoding: 'buffer' }))
+    await rm(joinBytes(rootBytes, name), { recursive: true, force: true });
 }

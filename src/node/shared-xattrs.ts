@@ -4,9 +4,9 @@
 // value's bytes as they are (an ACL is binary).
 //
 // tar-stream writes and reads pax records as UTF-8 strings, which cannot carry arbitrary bytes: the archive's pax
-// blocks of entries with attributes are made here (encodePaxRecords), and a restore parses the raw block itself
-// (parsePaxRecords), strictly: a malformed block fails the restore instead of being cut short, as tar-stream's own
-// parser does.
+// blocks of entries with attributes, or with a name that is not UTF-8 (under `hdrcharset=BINARY`), are made here
+// (encodePaxRecords), and a restore parses the raw block itself (parsePaxRecords), strictly: a malformed block fails
+// the restore instead of being cut short, as tar-stream's own parser does.
 //
 // A restore treats these records as hostile: it sets only the names a backup keeps (never `security.*`, whose
 // `security.capability` would grant file capabilities to a binary, nor `trusted.*`, nor CephFS's virtual `ceph.*`
@@ -15,6 +15,7 @@
 //
 // Node has no call for extended attributes: Debian's `attr` tools read and write them, `getfattr` and `setfattr`, a
 // batch of paths a child (a deadline each, no shell), with `-h` (a symbolic link's own, never its target's).
+import { isUtf8 } from 'node:buffer';
 import { LatchError } from '../errors.js';
 import { run } from '../sys/run.js';
 
@@ -35,7 +36,20 @@ const KEPT_PATTERN = '^(user\\..+|system\\.posix_acl_(access|default))$';
 const XATTR_KEY = 'SCHILY.xattr.';
 
 /** The pax keywords tar-stream or a restore reads, or that carry nothing a restore would set (not counted as skipped). */
-const PLAIN_PAX_KEYS = new Set(['path', 'linkpath', 'size', 'uid', 'gid', 'uname', 'gname', 'mtime', 'atime', 'ctime', 'comment']);
+const PLAIN_PAX_KEYS = new Set([
+  'hdrcharset',
+  'path',
+  'linkpath',
+  'size',
+  'uid',
+  'gid',
+  'uname',
+  'gname',
+  'mtime',
+  'atime',
+  'ctime',
+  'comment',
+]);
 
 /** Reads and writes the kept attributes of files on a mounted file system (the `attr` tools here; a fake in tests). */
 export interface XattrIO {
@@ -60,9 +74,15 @@ function paxRecord(key: string, value: Buffer): Buffer {
  * that pads the whole to a multiple of 512 bytes (tar-stream pads an entry's header right after it: a block of whole
  * 512-byte records needs none, so the records can follow it as they are).
  */
-export function encodePaxRecords(path: string, linkname: string | undefined, xattrs: Xattrs): Buffer {
-  const records = [paxRecord('path', Buffer.from(path))];
-  if (linkname !== undefined) records.push(paxRecord('linkpath', Buffer.from(linkname)));
+export function encodePaxRecords(path: string | Buffer, linkname: string | Buffer | undefined, xattrs: Xattrs): Buffer {
+  const pathBytes = Buffer.from(path);
+  const linkBytes = linkname === undefined ? undefined : Buffer.from(linkname);
+  // A name that is not UTF-8 goes as its bytes, under `hdrcharset=BINARY` (POSIX; GNU tar, libarchive and Python's
+  // tarfile write and read it): a reader then takes path and linkpath as bytes rather than convert them from UTF-8.
+  const records =
+    isUtf8(pathBytes) && (linkBytes === undefined || isUtf8(linkBytes)) ? [] : [paxRecord('hdrcharset', Buffer.from('BINARY'))];
+  records.push(paxRecord('path', pathBytes));
+  if (linkBytes !== undefined) records.push(paxRecord('linkpath', linkBytes));
   for (const [name, value] of xattrs) records.push(paxRecord(`${XATTR_KEY}${encodeXattrName(name)}`, value));
   const length = records.reduce((n, r) => n + r.length, 0);
   let pad = (512 - (length % 512)) % 512;

@@ -848,4 +848,25 @@ describe('jobs on shared volumes through tickets', { skip }, () => {
       });
     },
   );
+
+  it('a backup and a restore keep names and a symbolic link target that are not UTF-8, byte for byte', { timeout: 60_000 }, async () => {
+    const { pathOf, treeOf } = await import('../fixtures/byte-tree.js');
+    const latin1 = (text: string) => Buffer.from(text, 'latin1');
+    await createSharedVolume(ctx, 'shn', 32 * MiB, 'ext4');
+    const made = await withMount('shn', (dir) => {
+      mkdirSync(pathOf(dir, latin1('r\xe9pertoire')));
+      writeFileSync(pathOf(dir, latin1('r\xe9pertoire'), latin1('caf\xe9')), 'latin-1\n');
+      writeFileSync(pathOf(dir, latin1('\xff\xfe')), 'no encoding\n');
+      symlinkSync(latin1('r\xe9pertoire/caf\xe9'), pathOf(dir, latin1('lien-\xe0')));
+      return treeOf(dir, true);
+    });
+    printed = '';
+    await withJobRunner(ctx, () => backupCreate({ volume: 'shn', name: 'nb1', output: 'table' }, io));
+    assert.match(printed, /backup nb1 of shared volume shn created/);
+    printed = '';
+    await withJobRunner(ctx, () => volumeRestore({ name: 'shn-r', fromBackup: 'nb1', wait: true, timeout: 60 }, io));
+    assert.match(printed, /into shared volume shn-r: 2 file\(s\), 1 director\(ies\), 1 symbolic link\(s\)/);
+    assert.equal(made.length, 4);
+    assert.deepEqual(await withMount('shn-r', (dir) => treeOf(dir, true)), made, 'every name, target, content, owner and mode');
+  });
 });
