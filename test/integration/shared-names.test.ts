@@ -11,7 +11,8 @@ import { chownSync, lchownSync, linkSync, mkdirSync, mkdtempSync, readFileSync, 
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { extractTree, listTree, packTree, streamChunkSource } from '../../src/node/shared-files.js';
+import { extractTree, listTree } from '../../src/node/shared-files.js';
+import { archiveImage } from '../fixtures/shared-archive.js';
 import { attrTools } from '../../src/node/shared-xattrs.js';
 import { pathOf, treeOf } from '../fixtures/byte-tree.js';
 
@@ -56,15 +57,7 @@ describe('names that are not UTF-8 through a shared volume archive, with GNU tar
     writeFileSync(pathOf(src, dir, latin1(`long-${'\xe9'.repeat(120)}`)), 'long\n');
 
     const listing = await listTree(src, xattrs);
-    const source = streamChunkSource(await packTree(src, listing, xattrs), listing.sizeBound);
-    const parts: Buffer[] = [];
-    for (let i = 0; i * 65536 < source.sizeBytes; i++) {
-      const length = Math.min(65536, source.sizeBytes - i * 65536);
-      const chunk = await source.chunk(i, length, Buffer.alloc(65536));
-      parts.push(chunk === null ? Buffer.alloc(length) : Buffer.from(chunk as Buffer));
-    }
-    await source.finish();
-    archive = Buffer.concat(parts);
+    archive = (await archiveImage(src, listing, xattrs)).image;
     writeFileSync(join(work, 'latch.tar'), archive);
   });
   after(() => rmSync(work, { recursive: true, force: true }));

@@ -11,7 +11,8 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { extractTree, listTree, packTree, streamChunkSource } from '../../src/node/shared-files.js';
+import { extractTree, listTree } from '../../src/node/shared-files.js';
+import { archiveImage } from '../fixtures/shared-archive.js';
 import { attrTools } from '../../src/node/shared-xattrs.js';
 
 const tool = (name: string) => spawnSync(name, ['--version']).error === undefined;
@@ -73,15 +74,7 @@ describe('extended attributes through a shared volume archive, with the attr too
 
   async function archiveOf(root: string): Promise<{ image: Buffer; xattrEntries: number }> {
     const listing = await listTree(root, tools);
-    const source = streamChunkSource(await packTree(root, listing, tools), listing.sizeBound);
-    const parts: Buffer[] = [];
-    for (let i = 0; i * 65536 < source.sizeBytes; i++) {
-      const length = Math.min(65536, source.sizeBytes - i * 65536);
-      const chunk = await source.chunk(i, length, Buffer.alloc(65536));
-      parts.push(chunk === null ? Buffer.alloc(length) : Buffer.from(chunk as Buffer));
-    }
-    await source.finish();
-    return { image: Buffer.concat(parts), xattrEntries: listing.xattrEntries };
+    return { image: (await archiveImage(root, listing, tools)).image, xattrEntries: listing.xattrEntries };
   }
 
   it('round-trips user attributes and ACLs of files and directories, and GNU tar reads them', async () => {

@@ -28,23 +28,15 @@ import { after, before, describe, it } from 'node:test';
 import { pack as makePack, type Header } from 'tar-stream';
 
 type Headers = Partial<Header> & Pick<Header, 'name'>;
-import { checkEntryPath, checkSymlinkTarget, extractTree, listTree, packTree, streamChunkSource } from '../../src/node/shared-files.js';
+import { checkEntryPath, checkSymlinkTarget, extractTree, listTree, streamChunkSource } from '../../src/node/shared-files.js';
+import { archiveImage } from '../fixtures/shared-archive.js';
 import { memoryXattrs } from '../fixtures/memory-xattrs.js';
 
 /** The image a backup would store: the chunk source read to its end, chunk by chunk (holes as zeros). */
 async function imageOf(root: string): Promise<{ image: Buffer; bound: number; dataEnd: number }> {
   const xattrs = memoryXattrs();
   const listing = await listTree(root, xattrs);
-  const source = streamChunkSource(await packTree(root, listing, xattrs), listing.sizeBound);
-  const chunkSize = 64 * 1024;
-  const parts: Buffer[] = [];
-  for (let i = 0; i * chunkSize < source.sizeBytes; i++) {
-    const length = Math.min(chunkSize, source.sizeBytes - i * chunkSize);
-    const chunk = await source.chunk(i, length, Buffer.alloc(chunkSize));
-    parts.push(chunk === null ? Buffer.alloc(length) : Buffer.from(chunk as Buffer));
-  }
-  await source.finish();
-  return { image: Buffer.concat(parts), bound: listing.sizeBound, dataEnd: source.bytesRead() };
+  return { ...(await archiveImage(root, listing, xattrs)), bound: listing.sizeBound };
 }
 
 async function* once(buffer: Buffer): AsyncGenerator<Buffer> {

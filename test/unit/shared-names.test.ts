@@ -8,19 +8,11 @@ import { existsSync, linkSync, mkdirSync, mkdtempSync, readdirSync, rmSync, syml
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import {
-  checkEntryPath,
-  checkSymlinkTarget,
-  emptyDirectory,
-  extractTree,
-  listTree,
-  packTree,
-  shownName,
-  streamChunkSource,
-} from '../../src/node/shared-files.js';
+import { checkEntryPath, checkSymlinkTarget, emptyDirectory, extractTree, listTree, shownName } from '../../src/node/shared-files.js';
 import { encodePaxRecords, parsePaxRecords } from '../../src/node/shared-xattrs.js';
 import { pathOf, treeOf } from '../fixtures/byte-tree.js';
 import { archiveWithPax, memoryXattrs, type ArchiveEntry } from '../fixtures/memory-xattrs.js';
+import { archiveImage } from '../fixtures/shared-archive.js';
 
 const latin1 = (s: string) => Buffer.from(s, 'latin1');
 const at = pathOf;
@@ -100,16 +92,9 @@ describe('names that are not UTF-8 in shared volume archives', () => {
       listing.skipped.map((s) => s.path),
       ['d\\xe9j\\xe0', 'd\\xe9j\\xe0/caf\\xe9', 'hard\\xe9'],
     );
-    const source = streamChunkSource(await packTree(src, listing, xattrs), listing.sizeBound);
-    const parts: Buffer[] = [];
-    for (let i = 0; i * 65536 < source.sizeBytes; i++) {
-      const length = Math.min(65536, source.sizeBytes - i * 65536);
-      const chunk = await source.chunk(i, length, Buffer.alloc(65536));
-      parts.push(chunk === null ? Buffer.alloc(length) : Buffer.from(chunk as Buffer));
-    }
-    await source.finish();
+    const { image } = await archiveImage(src, listing, xattrs);
     const dst = fresh();
-    const report = await extractTree(once(Buffer.concat(parts)), dst, memoryXattrs());
+    const report = await extractTree(once(image), dst, memoryXattrs());
     assert.deepEqual([report.files, report.directories, report.symlinks, report.hardLinks], [3, 1, 2, 1]);
     assert.deepEqual(treeOf(dst), treeOf(src));
     assert.ok(treeOf(dst).includes(`${latin1('l\xe0').toString('hex')} -> ${latin1('d\xe9j\xe0/caf\xe9').toString('hex')}`));

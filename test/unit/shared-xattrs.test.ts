@@ -8,7 +8,8 @@ import { chmodSync, mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync, sym
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { extractTree, listTree, packTree, streamChunkSource } from '../../src/node/shared-files.js';
+import { extractTree, listTree } from '../../src/node/shared-files.js';
+import { archiveImage } from '../fixtures/shared-archive.js';
 import {
   MAX_XATTR_BYTES,
   encodePaxRecords,
@@ -161,16 +162,7 @@ describe('archives with extended attributes', () => {
   after(() => rmSync(work, { recursive: true, force: true }));
 
   async function backUp(root: string, io: ReturnType<typeof memoryXattrs>): Promise<Buffer> {
-    const listing = await listTree(root, io);
-    const source = streamChunkSource(await packTree(root, listing, io), listing.sizeBound);
-    const parts: Buffer[] = [];
-    for (let i = 0; i * 65536 < source.sizeBytes; i++) {
-      const length = Math.min(65536, source.sizeBytes - i * 65536);
-      const chunk = await source.chunk(i, length, Buffer.alloc(65536));
-      parts.push(chunk === null ? Buffer.alloc(length) : Buffer.from(chunk as Buffer));
-    }
-    await source.finish();
-    return Buffer.concat(parts);
+    return (await archiveImage(root, await listTree(root, io), io)).image;
   }
 
   it("round-trip files' and directories' user attributes and ACLs, binary values as they are, long and non-ASCII names too", async () => {
