@@ -3,6 +3,7 @@
 // remembered, so both steps are safe to repeat after a crash.
 import type { AttachAccess } from '../backend/types.js';
 import type { Context } from '../context.js';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { LatchError, errorMessage } from '../errors.js';
 import { isInUse } from '../ledger/arbitrate.js';
 import type { VolumeDoc } from '../ledger/types.js';
@@ -129,4 +130,24 @@ export async function unmountTop(ctx: Context, path: string): Promise<boolean> {
   if (!top) return false;
   const lastMount = ctx.backend.freedByUnmount === true && table.filter((m) => m.source === top.source).length === 1;
   return ctx.system.umount(path, { freeLoopDevice: lastMount });
+}
+
+/** How long an unmount right after a cut-off waits for the processes it unblocked to let go (unmountTopOnceFree). */
+const CUT_OFF_SETTLE_MS = 10_000;
+
+/**
+ * unmountTop right after this node's fenced mapping was cut off (cutOffIfFenced): the processes that were waiting on
+ * the storage (a pod's writer, in D state) get their errors now, and let go of their files a moment later. Until
+ * they do the kernel refuses the unmount as busy, so it is tried again for up to CUT_OFF_SETTLE_MS.
+ */
+export async function unmountTopOnceFree(ctx: Context, path: string): Promise<boolean> {
+  const until = Date.now() + CUT_OFF_SETTLE_MS;
+  for (;;) {
+    try {
+      return await unmountTop(ctx, path);
+    } catch (err) {
+      if (!errorMessage(err).includes('target is busy') || Date.now() >= until) throw err;
+      await sleep(250);
+    }
+  }
 }

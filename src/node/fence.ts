@@ -109,15 +109,17 @@ export async function clearOwnFence(ctx: Context, name: string, doc: VolumeDoc |
  * Before this node unmounts a volume it was fenced off: the storage refuses its client, so a filesystem flush would
  * wait on it for ever (in D state, beyond any signal); the backend makes such waits fail at once instead. Nothing is
  * lost: nothing this node writes can land any more. Reads the ledger only where the backend can cut a client off.
+ * Returns whether it cut the mapping off (then unmount with unmountTopOnceFree).
  */
-export async function cutOffIfFenced(ctx: Context, name: string): Promise<void> {
-  if (!ctx.backend.cutOff) return;
+export async function cutOffIfFenced(ctx: Context, name: string): Promise<boolean> {
+  if (!ctx.backend.cutOff) return false;
   const node = ctx.config.nodeName;
   const doc = await ctx.ledger.get(name);
   const fence = doc?.status.fences?.[node];
-  if (!doc || fence?.state !== 'fenced' || fence.clearedAt !== undefined || doc.status.nodes[node]) return;
+  if (!doc || fence?.state !== 'fenced' || fence.clearedAt !== undefined || doc.status.nodes[node]) return false;
   ctx.log.cutOff = true;
   await ctx.backend.cutOff(name);
+  return true;
 }
 
 /**

@@ -5,7 +5,7 @@ import { rmdir } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import type { Config } from '../config.js';
 import type { Context } from '../context.js';
-import { releaseDevice, unmountTop } from './device.js';
+import { releaseDevice, unmountTop, unmountTopOnceFree } from './device.js';
 
 /** Mounts stacked at a staging path that leaving the node takes down. */
 const MAX_STACKED = 16;
@@ -33,9 +33,9 @@ export function podKeyOf(podDir: string): string {
  */
 export async function leaveNode(ctx: Context, name: string): Promise<string | undefined> {
   const staging = stagingPath(ctx.config, name);
-  await cutOffIfFenced(ctx, name);
+  const cut = await cutOffIfFenced(ctx, name);
   // Every mount stacked there goes; the last of the device's mounts frees a loop device with it (unmountTop).
-  for (let i = 0; i < MAX_STACKED; i++) if (!(await unmountTop(ctx, staging))) break;
+  for (let i = 0; i < MAX_STACKED; i++) if (!(await (cut ? unmountTopOnceFree : unmountTop)(ctx, staging))) break;
   await rmdir(staging).catch(() => undefined);
   await rmdir(dirname(staging)).catch(() => undefined); // the node's staging dir, once empty
   return releaseDevice(ctx, name);

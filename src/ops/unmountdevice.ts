@@ -2,7 +2,7 @@
 // device and confirm the release in the ledger. Works with no options and after a crash at any point.
 import { path } from '../contract/args.js';
 import { failure, success } from '../contract/reply.js';
-import { releaseDevice, unmountTop } from '../node/device.js';
+import { releaseDevice, unmountTop, unmountTopOnceFree } from '../node/device.js';
 import { cutOffIfFenced } from '../node/fence.js';
 import { unmountSharedDevice } from '../node/shared.js';
 import { volumeAtPath } from '../node/volume-at-path.js';
@@ -24,8 +24,8 @@ export const op = defineOp({
     const name = found.volume;
     ctx.log.volume = name;
     if (found.kind === 'mounted') {
-      await cutOffIfFenced(ctx, name);
-      await unmountTop(ctx, deviceMountPath);
+      if (await cutOffIfFenced(ctx, name)) await unmountTopOnceFree(ctx, deviceMountPath);
+      else await unmountTop(ctx, deviceMountPath);
     } else if ((await ctx.backend.findDevice(name)) === undefined) {
       // Nothing mounted and no device: done, unless a previous call died before confirming the release.
       const phase = (await ctx.ledger.get(name))?.status.nodes[node]?.phase;
