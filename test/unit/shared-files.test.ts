@@ -8,10 +8,8 @@ import {
   existsSync,
   lstatSync,
   mkdirSync,
-  mkdtempSync,
   readFileSync,
   readlinkSync,
-  rmSync,
   statSync,
   symlinkSync,
   writeFileSync,
@@ -22,14 +20,13 @@ import {
   ftruncateSync,
   writeSync,
 } from 'node:fs';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { after, before, describe, it } from 'node:test';
+import { describe, it } from 'node:test';
 import { pack as makePack, type Header } from 'tar-stream';
 
 type Headers = Partial<Header> & Pick<Header, 'name'>;
 import { checkEntryPath, checkSymlinkTarget, extractTree, listTree, streamChunkSource } from '../../src/node/shared-files.js';
-import { archiveImage } from '../fixtures/shared-archive.js';
+import { archiveImage, scratchRoots } from '../fixtures/shared-archive.js';
 import { memoryXattrs } from '../fixtures/memory-xattrs.js';
 
 /** The image a backup would store: the chunk source read to its end, chunk by chunk (holes as zeros). */
@@ -54,18 +51,7 @@ async function archive(entries: { header: Headers; body?: string }[]): Promise<B
 }
 
 describe('shared volume archives', () => {
-  let work = '';
-  let n = 0;
-  const fresh = () => {
-    const dir = join(work, `root-${n++}`);
-    mkdirSync(dir);
-    return dir;
-  };
-
-  before(() => {
-    work = mkdtempSync(join(tmpdir(), 'latch-shared-files-'));
-  });
-  after(() => rmSync(work, { recursive: true, force: true }));
+  const fresh = scratchRoots('latch-shared-files-');
 
   it('round-trips files, directories, links, owners, modes, times, and keeps sparse files sparse', async () => {
     const src = fresh();

@@ -4,15 +4,14 @@
 // such names too (absolute, `..`, NUL, a link out of the root, through a symbolic link, a device node, a FIFO, made
 // twice), as does an unknown `hdrcharset`. On plain directories of the temp dir, as any user.
 import assert from 'node:assert/strict';
-import { existsSync, linkSync, mkdirSync, mkdtempSync, readdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync, linkSync, mkdirSync, readdirSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { after, before, describe, it } from 'node:test';
+import { describe, it } from 'node:test';
 import { checkEntryPath, checkSymlinkTarget, emptyDirectory, extractTree, listTree, shownName } from '../../src/node/shared-files.js';
 import { encodePaxRecords, parsePaxRecords } from '../../src/node/shared-xattrs.js';
 import { pathOf, treeOf } from '../fixtures/byte-tree.js';
 import { archiveWithPax, memoryXattrs, type ArchiveEntry } from '../fixtures/memory-xattrs.js';
-import { archiveImage } from '../fixtures/shared-archive.js';
+import { archiveImage, scratchRoots } from '../fixtures/shared-archive.js';
 
 const latin1 = (s: string) => Buffer.from(s, 'latin1');
 const at = pathOf;
@@ -34,17 +33,7 @@ function paxBlock(records: [string, Buffer | string][]): Buffer {
 }
 
 describe('names that are not UTF-8 in shared volume archives', () => {
-  let work = '';
-  let n = 0;
-  const fresh = () => {
-    const dir = join(work, `root-${n++}`);
-    mkdirSync(dir);
-    return dir;
-  };
-  before(() => {
-    work = mkdtempSync(join(tmpdir(), 'latch-shared-names-'));
-  });
-  after(() => rmSync(work, { recursive: true, force: true }));
+  const fresh = scratchRoots('latch-shared-names-');
 
   it('writes a name that is not UTF-8 as its bytes under hdrcharset=BINARY, and a UTF-8 one without it', () => {
     const binary = parsePaxRecords(encodePaxRecords(latin1('d\xe9j\xe0/caf\xe9'), latin1('\xff\xfe'), new Map()));
@@ -134,8 +123,9 @@ describe('names that are not UTF-8 in shared volume archives', () => {
     }
 
     it('an absolute path', async () => {
-      await refusedWith([entry('file', latin1(`${work}/escaped-\xff`))], /is an absolute path/);
-      assert.equal(existsSync(at(work, latin1('escaped-\xff'))), false);
+      const outside = fresh();
+      await refusedWith([entry('file', latin1(`${outside}/escaped-\xff`))], /is an absolute path/);
+      assert.equal(existsSync(at(outside, latin1('escaped-\xff'))), false);
     });
 
     it('a path that climbs out with ..', async () => {

@@ -4,12 +4,11 @@
 // ceph.*) and unknown record, and fails on a malformed header, on more than 64 KiB of attributes on one entry, and on
 // attributes in a global header; getfattr's dump and setfattr's input are read and written with their escapes.
 import assert from 'node:assert/strict';
-import { chmodSync, mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync, symlinkSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { chmodSync, mkdirSync, statSync, writeFileSync, symlinkSync } from 'node:fs';
 import { join } from 'node:path';
-import { after, before, describe, it } from 'node:test';
+import { describe, it } from 'node:test';
 import { extractTree, listTree } from '../../src/node/shared-files.js';
-import { archiveImage } from '../fixtures/shared-archive.js';
+import { archiveImage, scratchRoots } from '../fixtures/shared-archive.js';
 import {
   MAX_XATTR_BYTES,
   encodePaxRecords,
@@ -149,17 +148,7 @@ describe("the attr tools' formats", () => {
 });
 
 describe('archives with extended attributes', () => {
-  let work = '';
-  let n = 0;
-  const fresh = () => {
-    const dir = join(work, `root-${n++}`);
-    mkdirSync(dir);
-    return dir;
-  };
-  before(() => {
-    work = mkdtempSync(join(tmpdir(), 'latch-shared-xattrs-'));
-  });
-  after(() => rmSync(work, { recursive: true, force: true }));
+  const fresh = scratchRoots('latch-shared-xattrs-');
 
   async function backUp(root: string, io: ReturnType<typeof memoryXattrs>): Promise<Buffer> {
     return (await archiveImage(root, await listTree(root, io), io)).image;
