@@ -22,8 +22,11 @@ export interface SharedClient {
   mount(root: string, target: string, options: { readOnly: boolean; adminSocket: string; posixAcl?: boolean }): Promise<void>;
   /** The client's mount at `target` (the bottom one), from mountinfo and /proc only. */
   mountAt(target: string, table?: MountInfo[]): Promise<SharedMount | undefined>;
-  /** Unmounts `target`, also when its client is dead or hung. Idempotent. */
-  unmount(target: string): Promise<void>;
+  /**
+   * Unmounts `target`, also when its client is dead or hung. Idempotent. `hung`: the caller found the client hung (a
+   * job's stall watchdog aborted its connection), so it is not given time to end cleanly.
+   */
+  unmount(target: string, options?: { hung?: boolean }): Promise<void>;
   /** Every wait on the mount fails at once from now on (fenced: the cluster refuses the client). */
   abort(target: string): Promise<void>;
   /** The live mounts of this node's identity: where, and which path of the file system. */

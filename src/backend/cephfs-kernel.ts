@@ -75,10 +75,11 @@ export class KernelCephClient implements SharedClient {
     return mount.superOptions.includes(`name=${this.options.identity.clientId}`);
   }
 
-  async unmount(target: string): Promise<void> {
+  async unmount(target: string, options: { hung?: boolean } = {}): Promise<void> {
     if (!(await this.mountAt(target))) return;
     try {
-      await this.exec('umount', [target], this.options.timeoutMs);
+      // A hung client would hold a plain umount for its whole deadline: -f from the start.
+      await this.exec('umount', options.hung === true ? ['-f', target] : [target], this.options.timeoutMs);
     } catch {
       // A client the cluster refuses (fenced) or cannot reach: -f aborts its pending requests, then it goes lazily.
       await this.exec('umount', ['-f', target], this.options.timeoutMs).catch(() => this.exec('umount', ['--lazy', target], 10_000));

@@ -192,9 +192,12 @@ export class SharedVolumes {
     return sharedClientRecord(this.options.identity.clientId, address);
   }
 
-  /** Takes a job's mount down (a hung or fenced one too: its FUSE connection is aborted). */
-  async unmountForJob(target: string): Promise<void> {
-    await this.options.client.unmount(target);
+  /**
+   * Takes a job's mount down (a hung or fenced one too: its FUSE connection is aborted). `hung`: the job's watchdog
+   * aborted it, so its client is killed at once instead of being given commandTimeout to end cleanly.
+   */
+  async unmountForJob(target: string, options: { hung?: boolean } = {}): Promise<void> {
+    await this.options.client.unmount(target, options);
     await rmdir(target).catch(() => undefined);
   }
 
@@ -375,11 +378,12 @@ class CephFuseClient implements SharedClient {
     return { mount, root: undefined };
   }
 
-  async unmount(target: string): Promise<void> {
+  async unmount(target: string, options: { hung?: boolean } = {}): Promise<void> {
     for (let i = 0; i < 8; i++) {
       const found = await this.mountAt(target);
       if (!found) break;
-      let clean = true;
+      // A hung client would not end by itself after even a clean unmount: it is not waited for.
+      let clean = options.hung !== true;
       try {
         await guardFuse(target, this.timeoutMs, (childTimeoutMs) => run('umount', [target], { timeoutMs: childTimeoutMs }));
       } catch {

@@ -23,12 +23,24 @@ import { listBackups, readCheckedManifest, type Manifest } from '../backup/manif
 import { BACKUP_BASE_PREFIX, hasSnapshots, type SnapshotBackend, type SnapshotInfo } from '../backend/types.js';
 import type { Context } from '../context.js';
 import { LatchError, errorMessage } from '../errors.js';
+import type { VolumeDoc } from '../ledger/types.js';
 import { snapshotVolume, type Consistency } from './snapshot.js';
 
 /** The base snapshot a backup is read from: `latch-base-<backup>` (a hash of the name when that would be too long). */
 export function baseSnapshotName(backup: string): string {
   const plain = `${BACKUP_BASE_PREFIX}${backup}`;
   return plain.length <= 200 ? plain : `${BACKUP_BASE_PREFIX}${createHash('sha256').update(backup).digest('hex').slice(0, 40)}`;
+}
+
+/**
+ * The base snapshots among `snapshots` that no backup ticket on the volume (`doc`) names: a shared volume's bases are
+ * only ever its running backups', so these were left by backups that failed and could not delete their own.
+ */
+export function unusedBases(snapshots: string[], doc: Pick<VolumeDoc, 'spec'> | undefined): string[] {
+  const named = new Set(
+    Object.values(doc?.spec.tickets ?? {}).flatMap((t) => (t.job?.kind === 'backup' ? [baseSnapshotName(t.job.backup)] : [])),
+  );
+  return snapshots.filter((n) => n.startsWith(BACKUP_BASE_PREFIX) && !named.has(n));
 }
 
 /**

@@ -104,6 +104,17 @@ describe('the kernel CephFS client, against a fake kernel', () => {
     assert.equal(table.length, 0);
   });
 
+  it('unmounts a client its caller found hung with -f at once, never a plain umount first', async () => {
+    const { client, calls, table } = fakeKernel();
+    table.push(ceph('/mnt/a', `127.0.0.1:6789:${ROOT}`));
+    await client.unmount('/mnt/a', { hung: true });
+    assert.deepEqual(
+      calls.filter((c) => c[0] === 'umount'),
+      [['umount', '-f', '/mnt/a']],
+    );
+    assert.equal(table.length, 0);
+  });
+
   it('refuses a keyring without a key', async () => {
     const bad = join(dir, 'empty.keyring');
     writeFileSync(bad, '[client.x]\n', { mode: 0o600 });

@@ -19,7 +19,8 @@ import { hasSnapshots } from '../../src/backend/types.js';
 import { parseConfig } from '../../src/config.js';
 import { snapshotCreate } from '../../src/cli/snapshot/create.js';
 import type { CommandIO } from '../../src/cli/io.js';
-import { baseSnapshotName, refuseBaseName } from '../../src/node/backup.js';
+import { baseSnapshotName, refuseBaseName, unusedBases } from '../../src/node/backup.js';
+import type { JobSpec, Ticket, VolumeDoc } from '../../src/ledger/types.js';
 import { parseExportDiff, type DiffRecord } from '../../src/sys/rbd-diff.js';
 
 const MiB = 1024 * 1024;
@@ -194,6 +195,23 @@ describe('the base snapshots of incremental backups', () => {
     refuseBaseName('latch-basement');
     const io = { out: () => undefined, env: {}, context: () => assert.fail('no context is needed to refuse') } as unknown as CommandIO;
     await assert.rejects(snapshotCreate({ volume: 'db', name: 'latch-base-db-1', output: 'table' }, io), /kept for the bases/);
+  });
+
+  it("a shared volume's unused bases are those no backup ticket names (hashed names too); a person's snapshots are not bases", () => {
+    const long = 'y'.repeat(200);
+    const ticket = (job: JobSpec) => ({ job }) as unknown as Ticket;
+    const doc = {
+      spec: {
+        tickets: {
+          a: ticket({ kind: 'backup', backup: 'running' }),
+          b: ticket({ kind: 'backup', backup: long }),
+          c: ticket({ kind: 'snapshot', snapshot: 'latch-base-left' }),
+        },
+      },
+    } as unknown as VolumeDoc;
+    const snapshots = ['s1', 'latch-basement', 'latch-base-running', baseSnapshotName(long), 'latch-base-left'];
+    assert.deepEqual(unusedBases(snapshots, doc), ['latch-base-left'], 'only the base no backup ticket names');
+    assert.deepEqual(unusedBases(snapshots, undefined), ['latch-base-running', baseSnapshotName(long), 'latch-base-left']);
   });
 });
 

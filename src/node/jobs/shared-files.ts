@@ -13,11 +13,12 @@ import { createBackup } from '../../backup/create.js';
 import { describeTarget, type BackupTarget } from '../../backup/layout.js';
 import { manifestExists, readManifest } from '../../backup/manifest.js';
 import { openBackupStream } from '../../backup/stream.js';
+import { BACKUP_BASE_PREFIX } from '../../backend/types.js';
 import { LatchError } from '../../errors.js';
 import { formatSize } from '../../size.js';
 import { abortFuseConnection, fuseMountsAt, guardFuse } from '../../sys/fuse.js';
 import { run } from '../../sys/run.js';
-import { baseSnapshotName } from '../backup.js';
+import { baseSnapshotName, unusedBases } from '../backup.js';
 import { sharedDeviceId, sharedVolumesOf } from '../shared.js';
 import { SHARED_ARCHIVE, emptyDirectory, extractTree, listTree, packTree, streamChunkSource } from '../shared-files.js';
 import { attrTools } from '../shared-xattrs.js';
@@ -73,6 +74,30 @@ async function snapshotDir(mount: string, snapshot: string): Promise<string> {
   return posix.join(mount, '.snap', found[0] as string);
 }
 
+/**
+ * Deletes the base snapshots (latch-base-*) of a shared volume that no backup ticket on it names: those a failed backup
+ * could not delete itself (its hung client's MDS session held the volume past the deadline). They are listed before
+ * the ledger is read, so a backup asked for meanwhile is seen with its snapshot. Returns a note for the job's message;
+ * a snapshot that cannot be deleted now is left for the next backup.
+ */
+async function sweepBaseSnapshots(jobRun: JobRun, volume: string): Promise<string> {
+  const shared = await sharedVolumesOf(jobRun.ctx);
+  const snapshots = (await shared.listSnapshots(volume)).map((s) => s.name);
+  if (!snapshots.some((n) => n.startsWith(BACKUP_BASE_PREFIX))) return '';
+  const left = unusedBases(snapshots, await jobRun.ctx.ledger.get(volume));
+  let deleted = 0;
+  for (const name of left) {
+    if (
+      await shared.deleteSnapshot(volume, name).then(
+        () => true,
+        () => false,
+      )
+    )
+      deleted++;
+  }
+  return left.length === 0 ? '' : `; ${deleted} of ${left.length} base snapshot(s) left by earlier failed backups deleted`;
+}
+
 /** The backup job of a shared volume; `run`'s document says it is shared. */
 export async function backUpShared(job: JobOf<'backup'>, jobRun: JobRun, target: BackupTarget): Promise<JobOutcome> {
   const { ctx, volume, signal } = jobRun;
@@ -125,8 +150,9 @@ export async function backUpShared(job: JobOf<'backup'>, jobRun: JobRun, target:
     });
   } catch (err) {
     guard.stop();
-    await shared.unmountForJob(mount);
-    // A failed backup lets go of its own snapshot; an interrupted one keeps it for the attempt that redoes it.
+    await shared.unmountForJob(mount, { hung: guard.stalled() });
+    // A failed backup lets go of its own snapshot (or the next backup does, when the MDS still waits on the hung client
+    // of this one: sweepBaseSnapshots); an interrupted one keeps it for the attempt that redoes it.
     if (own !== undefined && !signal.aborted) await shared.deleteSnapshot(volume, own).catch(() => undefined);
     throw guard.explain(err);
   } finally {
@@ -134,13 +160,14 @@ export async function backUpShared(job: JobOf<'backup'>, jobRun: JobRun, target:
     await shared.unmountForJob(mount);
   }
   if (own !== undefined) await shared.deleteSnapshot(volume, own);
+  const swept = await sweepBaseSnapshots(jobRun, volume);
   const s = made.stats;
   const skippedNote = skipped.length === 0 ? '' : `; skipped ${skipped.length} device node(s), FIFO(s), socket(s) or attribute(s)`;
   return {
     message:
       `backup ${made.name} of shared volume ${volume} created (snapshot ${snapshot}, crash-consistent): a tar archive of its files, ` +
       `${formatSize(s.dataBytes)} of data, ${s.newChunks} new chunk(s) (${formatSize(s.newBytesStored)} written), ` +
-      `${s.presentChunks} already in the target; extended attributes of ${xattrEntries} entr(ies) kept${skippedNote}`,
+      `${s.presentChunks} already in the target; extended attributes of ${xattrEntries} entr(ies) kept${skippedNote}${swept}`,
     result: {
       backup: made.name,
       sizeBytes: made.sizeBytes,
@@ -183,7 +210,7 @@ export async function restoreShared(job: JobOf<'restore'>, jobRun: JobRun, targe
     throw guard.explain(err);
   } finally {
     guard.stop();
-    await shared.unmountForJob(mount);
+    await shared.unmountForJob(mount, { hung: guard.stalled() });
   }
   return {
     message:
