@@ -21,6 +21,7 @@ import { cephfsFencerCaps, cephfsNodeCaps } from '../../src/sys/cephfs.js';
 import { fencerCaps } from '../../src/sys/rbd.js';
 import { run } from '../../src/sys/run.js';
 import { cephSkipReason, startCephCluster, type CephClient, type CephCluster } from '../ceph/cluster.js';
+import { evictGoneClients } from '../ceph/mds.js';
 
 const REPO = resolve(__dirname, '../..');
 const LATCH = join(REPO, 'bin/latch');
@@ -86,20 +87,9 @@ describe('shared volumes on CephFS through the driver', { skip }, () => {
     await ceph?.stop();
   });
 
-  // A ceph-fuse this file kills (the SIGKILL, SIGSTOP and fence tests) keeps its MDS session, and its caps, until the
-  // MDS times it out (session_timeout, 60 s); the manager's subvolume calls (create, info, rm) on what it held wait for
-  // them, past this file's 8 s commandTimeout (measured: a create 8.4 s and failed after the SIGKILL test, 0.7 s
-  // without it). docs/operations.md says so for real clusters (the default 120 s outlasts it). Before each test, the
-  // sessions of ceph-fuse processes that are gone are evicted, as the MDS would do once they time out.
+  // A ceph-fuse this file kills (the SIGKILL, SIGSTOP and fence tests) keeps its MDS session until it times out.
   beforeEach(async () => {
-    if (!ceph) return;
-    const { stdout } = await ceph.ceph(['tell', 'mds.a', 'client', 'ls', '--format', 'json'], { as: fencer });
-    for (const session of JSON.parse(stdout) as { id: number; client_metadata?: { pid?: string } }[]) {
-      const pid = Number(session.client_metadata?.pid);
-      if (Number.isInteger(pid) && pid > 0 && !existsSync(`/proc/${pid}`)) {
-        await ceph.ceph(['tell', 'mds.a', 'client', 'evict', `id=${session.id}`], { as: fencer });
-      }
-    }
+    if (ceph) await evictGoneClients(ceph, fencer);
   });
 
   /** One driver call as `node`: one JSON object on stdout, nothing on stderr. */

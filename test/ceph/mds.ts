@@ -4,10 +4,10 @@
 //
 // The MDS names the cluster dir on its command line (its conf), so the cluster's sweep kills it at stop() like every
 // other daemon of the dir; its handle here is only for the tests' faults (pause, resume).
-import { appendFileSync, mkdirSync, writeFileSync } from 'node:fs';
+import { appendFileSync, existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { ChildProcess } from 'node:child_process';
-import type { CephCluster } from './cluster.js';
+import type { CephClient, CephCluster } from './cluster.js';
 
 /** The file system every test uses, and the subvolume group latch keeps its shared volumes in. */
 export const CEPHFS_NAME = 'cephfs';
@@ -77,4 +77,22 @@ export async function startCephFs(cluster: CephCluster, tools: MdsTools, timeout
   const handle = { fsName: CEPHFS_NAME, child };
   handles.set(cluster, handle);
   return handle;
+}
+
+/**
+ * Evicts the MDS sessions of ceph-fuse processes that are gone. A ceph-fuse that was killed (by a test, or by a job's
+ * stall watchdog) keeps its session, and its caps, until the MDS times it out (session_timeout, 60 s); meanwhile the
+ * manager's subvolume calls (create, info, snapshot rm) on what it held wait for them, past a test file's
+ * commandTimeout (measured: a create took 8.4 s and failed after a SIGKILL test, 0.7 s without it; CI once saw an info
+ * time out after 20 s). docs/operations.md says so for real clusters. Test files call this before each test: it does at
+ * once what the MDS would do once those sessions time out. `as`: an identity with mds `allow *` (client.admin if none).
+ */
+export async function evictGoneClients(cluster: CephCluster, as?: CephClient): Promise<void> {
+  const { stdout } = await cluster.ceph(['tell', 'mds.a', 'client', 'ls', '--format', 'json'], { as });
+  for (const session of JSON.parse(stdout) as { id: number; client_metadata?: { pid?: string } }[]) {
+    const pid = Number(session.client_metadata?.pid);
+    if (Number.isInteger(pid) && pid > 0 && !existsSync(`/proc/${pid}`)) {
+      await cluster.ceph(['tell', 'mds.a', 'client', 'evict', `id=${session.id}`], { as });
+    }
+  }
 }

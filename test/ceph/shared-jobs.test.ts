@@ -28,7 +28,7 @@ import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { after, before, describe, it } from 'node:test';
+import { after, before, beforeEach, describe, it } from 'node:test';
 import { parseConfig } from '../../src/config.js';
 import { createContext, type Context } from '../../src/context.js';
 import type { CommandIO } from '../../src/cli/io.js';
@@ -54,6 +54,7 @@ import { checkInvariants } from '../fixtures/ledger-invariants.js';
 import { trackChild } from '../fixtures/tracked-children.js';
 import { MemoryStore } from '../fixtures/memory-store.js';
 import { cephSkipReason, procStat, startCephCluster, type CephCluster } from '../ceph/cluster.js';
+import { evictGoneClients } from '../ceph/mds.js';
 
 const MiB = 1024 * 1024;
 const which = (tool: string) => ['/usr/bin', '/usr/sbin', '/bin', '/sbin'].some((d) => existsSync(join(d, tool)));
@@ -105,6 +106,11 @@ describe('jobs on shared volumes through tickets', { skip }, () => {
   after(async () => {
     await ceph?.stop();
     if (work) rmSync(work, { recursive: true, force: true });
+  });
+
+  // A ceph-fuse killed here (an agent's job SIGKILLed with it, the stalled job's) keeps its MDS session until it times out.
+  beforeEach(async () => {
+    if (ceph) await evictGoneClients(ceph);
   });
 
   /** Mounts the volume's subvolume as node-a at a scratch dir, runs `body` on it, and unmounts it. */
@@ -191,17 +197,20 @@ describe('jobs on shared volumes through tickets', { skip }, () => {
       linkSync(join(dir, 'b.bin'), join(dir, 'b-again'));
       writeFileSync(join(dir, 'mode-600'), 'secret\n', { mode: 0o600 });
     });
+    // A base snapshot no backup ticket names: what a failed backup leaves when its hung client kept it from deleting it.
+    const shared = await sharedVolumesOf(ctx);
+    await shared.createSnapshot('shv', 'latch-base-failed-earlier');
     printed = '';
     await withJobRunner(ctx, () => backupCreate({ volume: 'shv', name: 'fb1', output: 'table' }, io));
     assert.match(printed, /backup fb1 of shared volume shv created \(snapshot latch-base-fb1, crash-consistent\): a tar archive/);
+    assert.match(printed, /; 1 of 1 base snapshot\(s\) left by earlier failed backups deleted/);
     const doc = await ctx.ledger.get('shv');
     assert.deepEqual(Object.keys(doc?.spec.tickets ?? {}), [], 'the backup ticket is finished');
     assert.deepEqual(doc?.status.nodes, {}, 'and its mount and hold are gone');
-    const shared = await sharedVolumesOf(ctx);
     assert.deepEqual(
       (await shared.listSnapshots('shv')).map((s) => s.name),
       ['s1'],
-      "the backup's own snapshot is removed",
+      "the backup's own snapshot and the one left earlier are removed, a person's is kept",
     );
 
     printed = '';
@@ -593,7 +602,7 @@ describe('jobs on shared volumes through tickets', { skip }, () => {
   it(
     'a SIGSTOPped ceph-fuse under a backup fails the job once it made no progress for commandTimeout, and leaves nothing',
     { timeout: 180_000 },
-    async () => {
+    async (t) => {
       await createSharedVolume(ctx, 'big', 256 * MiB, 'ext4');
       await withMount('big', (dir) => {
         for (let i = 0; i < 24; i++) writeFileSync(join(dir, `part-${i}`), Buffer.alloc(4 * MiB, i + 1));
@@ -651,6 +660,10 @@ describe('jobs on shared volumes through tickets', { skip }, () => {
       }
       assert.ok(stopped !== undefined, "the job's ceph-fuse was stopped");
       const took = Date.now() - started;
+      const shared = await sharedVolumesOf(ctx);
+      t.diagnostic(
+        `the stalled backup job ended ${took} ms after it began; snapshots left: ${JSON.stringify((await shared.listSnapshots('big')).map((s) => s.name))}`,
+      );
       assert.ok(took < 90_000, `the job ended ${took} ms after it began: bounded by its stall deadline, not the hung mount`);
       assert.ok(!(await readMountInfo()).some((m) => m.mountPoint === jobMount), "the job's mount is gone");
       const doc = await ctx.ledger.get('big');
