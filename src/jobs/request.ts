@@ -4,7 +4,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Context } from '../context.js';
 import { LatchError } from '../errors.js';
-import { finishedJob, isInUse, isSatisfied, type JobRequest } from '../ledger/arbitrate.js';
+import { finishedJob, isInUse, isSatisfied, nodeHoldsDevice, type JobRequest } from '../ledger/arbitrate.js';
 import { jobTicketId } from '../ledger/ids.js';
 import type { NewVolumeSpec } from '../ledger/ledger.js';
 import type { FinishedJob, JobSpec, JobStatus, JobTicketType, Ticket, VolumeDoc } from '../ledger/types.js';
@@ -15,6 +15,12 @@ import { reachesHome } from '../node/home.js';
 const PICKUP_MS = 30_000;
 /** Between two looks at the ledger when no change signal came. */
 const POLL_MS = 1000;
+/**
+ * How long a requester waits, after a restore or clone target failed, for its agent to let go of the device (which it
+ * does right after it records the failure): the failure says "delete it", and a delete while the node holds the volume
+ * is refused. An agent that died in between lets go when it starts again; the requester does not wait for that.
+ */
+const LET_GO_MS = 30_000;
 
 const TYPE_OF_KIND: Record<JobSpec['kind'], JobTicketType> = {
   snapshot: 'snapshot',
@@ -113,6 +119,8 @@ export interface WaitOptions {
   create?: NewVolumeSpec;
   /** How long an agent has to start a granted job (default PICKUP_MS). */
   pickupMs?: number;
+  /** How long to wait for a failed restore's or clone target's node to let go of the volume (default LET_GO_MS). */
+  letGoMs?: number;
   /** Told of each new state while waiting (for people: "waiting for the volume", "running", ...). */
   onProgress?: (message: string) => void;
 }
@@ -153,6 +161,8 @@ export async function requestAndWait(ctx: Context, volume: string, request: JobR
   const pickupMs = options.pickupMs ?? PICKUP_MS;
   /** Since when the ticket has been granted with no job status: an agent should have taken it up by now. */
   let grantedSince: number | undefined;
+  /** Since when the job has been seen failed while its node still holds the volume. */
+  let failedSince: number | undefined;
   let said = '';
   try {
     for (;;) {
@@ -167,7 +177,12 @@ export async function requestAndWait(ctx: Context, volume: string, request: JobR
       }
       const status = now.status.tickets[ticket];
       const job = status?.job;
-      if (job && holdsAfter(current, job.state)) return { outcome: 'held', ticket, node, status: job };
+      if (job && holdsAfter(current, job.state)) {
+        failedSince ??= Date.now();
+        const lettingGo =
+          job.state === 'failed' && nodeHoldsDevice(now, job.node) && Date.now() - failedSince < (options.letGoMs ?? LET_GO_MS);
+        if (!lettingGo) return { outcome: 'held', ticket, node, status: job };
+      }
       const progress = job ? `${job.state} on node ${job.node}: ${job.message}` : `waiting: ${status?.message ?? 'not granted yet'}`;
       if (progress !== said) options.onProgress?.((said = progress));
       if (job === undefined && isSatisfied(now, ticket)) {

@@ -7,11 +7,12 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { listBackups } from '../../src/backup/manifest.js';
 import { JobRunner } from '../../src/jobs/runner.js';
 import { JobInterruptedError } from '../../src/errors.js';
 import { jobNode, jobRequest, requestAndWait } from '../../src/jobs/request.js';
-import { finishedJob } from '../../src/ledger/arbitrate.js';
+import { finishedJob, nodeHoldsDevice } from '../../src/ledger/arbitrate.js';
 import { volumeKey } from '../../src/ledger/keys.js';
 import type { JobSpec } from '../../src/ledger/types.js';
 import { setUpDevice } from '../../src/node/device.js';
@@ -308,6 +309,43 @@ describe('requesting a job', () => {
     );
     assert.deepEqual(Object.keys((await cluster.mustDoc('v5')).spec.tickets), []);
     await assert.rejects(requestAndWait(ctx, 'nope', request, { wait: false, timeoutMs: 1000 }), /volume nope does not exist/);
+  });
+
+  it('after a restore failed, waits for its node to let go of the volume (so that deleting it is not refused), but not for ever', async () => {
+    for (const letsGo of [true, false]) {
+      const cluster = new Cluster();
+      const ctx = cluster.node('node-a').context();
+      const name = letsGo ? 'v7' : 'v8';
+      const request = jobRequest(ctx, name, { kind: 'restore', backup: 'b7' }, 'node-a');
+      let returned = 0;
+      const waited = requestAndWait(ctx, name, request, {
+        wait: true,
+        timeoutMs: 60_000,
+        create: { sizeBytes: GiB, fsType: 'ext4' },
+        letGoMs: letsGo ? 60_000 : 500,
+      }).finally(() => (returned = Date.now()));
+      // The agent's side: grant claimed, device set up, the job started and failed; the device let go of 700 ms later.
+      for (let i = 0; i < 100 && (await ctx.ledger.get(name))?.spec.tickets[request.id] === undefined; i++) await sleep(10);
+      await ctx.ledger.claimGrant(name, 'node-a');
+      await ctx.ledger.recordDevice(name, 'node-a', '/dev/loop7');
+      await ctx.ledger.startJob(name, request.id, 'node-a');
+      await ctx.ledger.recordJob(name, request.id, { state: 'failed', message: 'chunk 3 is corrupt' });
+      const failedAt = Date.now();
+      await sleep(700);
+      if (letsGo) {
+        assert.equal(returned, 0, 'still waiting while node-a holds the volume');
+        await ctx.ledger.confirmRelease(name, 'node-a');
+        assert.equal(nodeHoldsDevice(await cluster.mustDoc(name), 'node-a'), false);
+      }
+      const result = await waited;
+      assert.ok(result.outcome === 'held' && result.status.state === 'failed', JSON.stringify(result));
+      if (letsGo) assert.ok(returned - failedAt >= 700, 'returned once node-a let go');
+      else {
+        // letGoMs (500 ms) after it saw the failure, at its next look (a poll a second, this store having no watch).
+        assert.ok(returned - failedAt < 4000, `returned after letGoMs though node-a still holds it (${returned - failedAt} ms)`);
+        assert.equal(nodeHoldsDevice(await cluster.mustDoc(name), 'node-a'), true);
+      }
+    }
   });
 
   it('waits for the outcome the agent records; an outcome of the same job from before the request does not count', async () => {
