@@ -16,10 +16,11 @@ export interface SharedMount {
 export interface SharedClient {
   readonly kind: CephFsClientKind;
   /**
-   * `posixAcl`: the mount must show and set POSIX ACLs (a backup's or restore's): ceph-fuse is told to; the kernel
-   * client does by default (its `acl` option).
+   * Mounts the subvolume at `root` on `target`. Every mount shows, sets and checks POSIX ACLs, a pod's as a job's
+   * (a backup keeps them, a restore sets them): the kernel client does by default (its `acl` option), ceph-fuse is
+   * told to.
    */
-  mount(root: string, target: string, options: { readOnly: boolean; adminSocket: string; posixAcl?: boolean }): Promise<void>;
+  mount(root: string, target: string, options: { readOnly: boolean; adminSocket: string }): Promise<void>;
   /** The client's mount at `target` (the bottom one), from mountinfo and /proc only. */
   mountAt(target: string, table?: MountInfo[]): Promise<SharedMount | undefined>;
   /**

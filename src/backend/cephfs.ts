@@ -177,8 +177,7 @@ export class SharedVolumes {
     await mkdir(this.options.cephfs.mountDir, { recursive: true, mode: 0o700 });
     await mkdir(target, { recursive: true, mode: 0o700 });
     const adminSocket = join(this.options.cephfs.mountDir, `${volume}.job.asok`);
-    // ACLs shown and set: a backup keeps them, a restore sets them (node/shared-xattrs.ts).
-    await this.options.client.mount(info.path, target, { readOnly: options.readOnly, adminSocket, posixAcl: true });
+    await this.options.client.mount(info.path, target, { readOnly: options.readOnly, adminSocket });
     if (this.options.client.kind !== 'ceph-fuse') return this.recordOf(undefined);
     return this.recordOf(await cephFuseClientAddress(adminSocket, Math.min(this.options.timeoutMs, 10_000)));
   }
@@ -358,7 +357,7 @@ class CephFuseClient implements SharedClient {
     private readonly timeoutMs: number,
   ) {}
 
-  async mount(root: string, target: string, options: { readOnly: boolean; adminSocket: string; posixAcl?: boolean }): Promise<void> {
+  async mount(root: string, target: string, options: { readOnly: boolean; adminSocket: string }): Promise<void> {
     await rm(options.adminSocket, { force: true });
     await startCephFuse({ identity: this.identity, fsName: this.fsName, root, mountPoint: target, ...options, timeoutMs: this.timeoutMs });
     if (!(await this.mountAt(target)))

@@ -232,11 +232,6 @@ export interface CephFuseOptions {
   /** Its admin socket: how the node asks the mount which client instance it is (cephFuseClientAddress). */
   adminSocket: string;
   readOnly: boolean;
-  /**
-   * Whether the client reads, writes and enforces POSIX ACLs (`client_acl_type=posix_acl`): without it ceph-fuse shows
-   * no ACL, so a backup would not see them nor a restore set them.
-   */
-  posixAcl?: boolean;
   timeoutMs: number;
 }
 
@@ -245,7 +240,7 @@ export interface CephFuseOptions {
  * as rbd-fuse), and returns once it has mounted (ceph-fuse's foreground part exits only then).
  */
 export async function startCephFuse(options: CephFuseOptions): Promise<void> {
-  const { identity, fsName, root, mountPoint, adminSocket, readOnly, posixAcl, timeoutMs } = options;
+  const { identity, fsName, root, mountPoint, adminSocket, readOnly, timeoutMs } = options;
   const args = [
     ...cephClientArgs(identity),
     '--client_fs',
@@ -254,7 +249,11 @@ export async function startCephFuse(options: CephFuseOptions): Promise<void> {
     root,
     '--admin-socket',
     adminSocket,
-    ...(posixAcl === true ? ['--client_acl_type', 'posix_acl'] : []),
+    // POSIX ACLs shown, set and checked, as the kernel client does by default. Without it ceph-fuse shows none, refuses
+    // setfacl and checks only the mode bits: a pod on such a node is let in where an ACL entry shuts its user out (and
+    // shut out where one lets it in), a backup does not see the ACLs and a restore cannot set them.
+    '--client_acl_type',
+    'posix_acl',
     ...(readOnly ? ['-o', 'ro'] : []),
     mountPoint,
   ];

@@ -185,6 +185,35 @@ describe('shared volumes on CephFS through the driver', { skip }, () => {
     assert.deepEqual(doc.status.currentNodes, ['node-a', 'node-b', 'node-c']);
   });
 
+  it("an ACL set through one node's pod mount is checked on another's, as the kernel client checks it", { timeout: 60_000 }, async () => {
+    // Root-owned files: mode 0600 with an entry letting uid 1000 read; mode 0644 with one shutting uid 1001 out (its
+    // mask keeps the group's r: with an empty mask Linux, and ceph-fuse, skip the ACL and check the mode bits). Mode
+    // bits alone (a client that ignores ACLs) would give the opposite answers.
+    const granted = join(podDir('node-a'), 'acl-granted');
+    const denied = join(podDir('node-a'), 'acl-denied');
+    writeFileSync(granted, 'for uid 1000\n', { mode: 0o600 });
+    writeFileSync(denied, 'not for uid 1001\n', { mode: 0o644 });
+    for (const [file, entry] of [
+      [granted, 'u:1000:r'],
+      [denied, 'u:1001:---'],
+    ] as const) {
+      const set = await run('setfacl', ['-m', entry, file], { timeoutMs: 30_000, okExitCodes: [1] });
+      assert.equal(set.exitCode, 0, `setfacl -m ${entry} on node-a's pod mount: ${set.stderr}`);
+    }
+    /** What reading `name` in node-b's pod dir gives a process of `uid` (it enters the dir as root: its parents are 0700). */
+    const readAs = async (uid: number, name: string) => {
+      const script =
+        `process.chdir(${JSON.stringify(podDir('node-b'))}); process.setgroups([${uid}]); process.setgid(${uid}); ` +
+        `process.setuid(${uid}); try { require('fs').readFileSync(${JSON.stringify(name)}); console.log('read'); } ` +
+        `catch (e) { console.log(e.code); }`;
+      return (await run(process.execPath, ['-e', script], { timeoutMs: 30_000 })).stdout.trim();
+    };
+    assert.equal(await readAs(1000, 'acl-granted'), 'read', 'the named entry lets uid 1000 in on node-b');
+    assert.equal(await readAs(1002, 'acl-granted'), 'EACCES', 'nobody else');
+    assert.equal(await readAs(1001, 'acl-denied'), 'EACCES', 'the named entry shuts uid 1001 out on node-b');
+    assert.equal(await readAs(1002, 'acl-denied'), 'read', 'the others read it');
+  });
+
   it('doctor: the node client, the MDS as the node, quota use, and a stale mount with its fix', { timeout: 120_000 }, async () => {
     const doctor = await admin('node-a', 'doctor');
     assert.match(doctor.out, /node client: ceph-fuse/);
