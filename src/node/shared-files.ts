@@ -80,6 +80,12 @@ export interface TreeListing {
 const BLOCK = 512;
 const roundUp = (n: number, to = BLOCK) => Math.ceil(n / to) * to;
 
+/** The absolute path of an entry (`.` is the root itself), on bytes. */
+function fullPath(root: Buffer, path: Buffer): Buffer {
+  return path.equals(DOT) ? root : joinBytes(root, path);
+}
+const DOT = Buffer.from('.');
+
 /** `a/b`, on bytes (a name need not be UTF-8). */
 function joinBytes(dir: Buffer, name: Buffer): Buffer {
   return dir.length === 0 ? name : Buffer.concat([dir, SLASH, name]);
@@ -154,20 +160,16 @@ export async function listTree(root: string, xattrs: XattrIO, onEntry: () => voi
     }
   };
   await walk(Buffer.from(root), Buffer.alloc(0));
-  // A hard link's attributes are its first path's. The attr tools take paths as arguments, which are text: the
-  // attributes of an entry whose path is not UTF-8 are not read (listed as skipped).
-  const withInode = entries.filter((e) => {
-    if (e.type === 'link') return false;
-    if (e.type !== 'symlink' && !isUtf8(e.path)) skipped.push({ path: shownName(e.path), kind: 'its attributes (its path is not UTF-8)' });
-    return isUtf8(e.path);
-  });
+  // A hard link's attributes are its first path's. Linux allows neither user.* attributes nor ACLs on a symbolic link.
+  const withInode = entries.filter((e) => e.type === 'file' || e.type === 'directory');
+  const rootBytes = Buffer.from(root);
   let xattrEntries = 0;
   for (let at = 0; at < withInode.length; at += XATTR_BATCH) {
     const batch = withInode.slice(at, at + XATTR_BATCH);
-    const found = await xattrs.read(batch.map((e) => posix.join(root, e.path.toString())));
+    const found = await xattrs.read(batch.map((e) => fullPath(rootBytes, e.path)));
     onEntry();
-    for (const entry of batch) {
-      const values = found.get(posix.join(root, entry.path.toString()));
+    for (const [i, entry] of batch.entries()) {
+      const values = found[i];
       if (values === undefined) continue;
       const kept = keptXattrs(entry.path.toString(), values, skipped);
       if (kept.size === 0) continue;
@@ -231,22 +233,22 @@ export async function packTree(
   const entryDone = (header: Parameters<typeof pack.entry>[0]) =>
     new Promise<void>((resolve, reject) => pack.entry(header, (err) => (err ? reject(err) : resolve())));
   const withXattrs = listing.entries.filter((e) => e.xattrBound !== undefined);
-  let read = new Map<string, Xattrs>();
+  const rootBytes = Buffer.from(root);
+  let read = new Map<Entry, Xattrs | undefined>();
   let nextBatch = 0;
   const xattrsOf = async (entry: Entry): Promise<Xattrs> => {
-    const full = posix.join(root, entry.path.toString());
-    if (!read.has(full)) {
+    if (!read.has(entry)) {
       const batch = withXattrs.slice(nextBatch, nextBatch + XATTR_BATCH);
       nextBatch += batch.length;
-      read = await xattrs.read(batch.map((e) => posix.join(root, e.path.toString())));
+      const values = await xattrs.read(batch.map((e) => fullPath(rootBytes, e.path)));
+      read = new Map(batch.map((e, i) => [e, values[i]]));
     }
-    const kept = keptXattrs(entry.path.toString(), read.get(full) ?? new Map<string, Buffer>(), []);
+    const kept = keptXattrs(entry.path.toString(), read.get(entry) ?? new Map<string, Buffer>(), []);
     if (kept.size === 0 || xattrRecordsBound(kept) !== entry.xattrBound) {
       throw new LatchError(`the extended attributes of ${JSON.stringify(shownName(entry.path).slice(0, 200))} changed since the walk`);
     }
     return kept;
   };
-  const rootBytes = Buffer.from(root);
   const feed = async () => {
     for (const entry of listing.entries) {
       const s = entry.stats;
@@ -487,8 +489,8 @@ export async function extractTree(
   const rootBytes = Buffer.from(root);
   // Attributes to set, a batch at a time (one setfattr each); a directory's default ACL only once all is made, or
   // every entry made inside it would inherit it (and keep it, though it had its own in the backup, or none).
-  let pending: { path: string; xattrs: Xattrs }[] = [];
-  const defaults: { path: string; xattrs: Xattrs }[] = [];
+  let pending: { path: Buffer; xattrs: Xattrs }[] = [];
+  const defaults: { path: Buffer; xattrs: Xattrs }[] = [];
   let deferredBytes = 0;
   const flush = async () => {
     await xattrs.write(pending);
@@ -508,11 +510,6 @@ export async function extractTree(
     const full = isRoot ? rootBytes : joinBytes(rootBytes, path);
     const shown = shownName(path).slice(0, 200);
     const { kept, skipped } = attributesOf(header, names.raw, shown);
-    if (kept.size > 0 && !isUtf8(path)) {
-      // The attr tools take paths as text: the attributes of a path that is not UTF-8 are skipped.
-      for (const attribute of kept.keys()) skipped.push(`attribute ${attribute} (its path is not UTF-8)`);
-      kept.clear();
-    }
     for (const what of skipped) {
       report.skippedXattrs++;
       if (report.skippedXattrsSample.length < 20) report.skippedXattrsSample.push(`${shown}: ${what}`);
@@ -535,7 +532,7 @@ export async function extractTree(
             if (deferredBytes > MAX_DEFERRED_XATTR_BYTES) {
               throw refused(name, `brings the directories' default ACLs past ${MAX_DEFERRED_XATTR_BYTES} bytes`);
             }
-            defaults.push({ path: full.toString(), xattrs: new Map([['system.posix_acl_default', acl]]) });
+            defaults.push({ path: full, xattrs: new Map([['system.posix_acl_default', acl]]) });
             if (kept.size === 0) report.xattrEntries++;
           }
         }
@@ -593,7 +590,7 @@ export async function extractTree(
         throw refused(name, `is a ${header.type ?? 'typeless entry'}, which a restore never makes`);
     }
     if (kept.size > 0) {
-      pending.push({ path: full.toString(), xattrs: kept });
+      pending.push({ path: full, xattrs: kept });
       report.xattrEntries++;
       if (pending.length >= XATTR_BATCH) await flush();
     }

@@ -14,8 +14,13 @@
 // bounded (MAX_XATTR_BYTES) so that a hostile archive cannot make a restore hold much.
 //
 // Node has no call for extended attributes: Debian's `attr` tools read and write them, `getfattr` and `setfattr`, a
-// batch of paths a child (a deadline each, no shell), with `-h` (a symbolic link's own, never its target's).
+// batch of paths a child (a deadline each, no shell), with `-h` (a symbolic link's own, never its target's). Their
+// paths are arguments, which are text: an entry whose name is not UTF-8 is reached through a descriptor this process
+// opens on it (O_NOFOLLOW: the entry itself, never where a link points), as `/proc/<pid>/fd/<fd>`, which the tool
+// follows (without `-h`) to that entry.
 import { isUtf8 } from 'node:buffer';
+import { constants } from 'node:fs';
+import { open, type FileHandle } from 'node:fs/promises';
 import { LatchError } from '../errors.js';
 import { run } from '../sys/run.js';
 
@@ -51,12 +56,15 @@ const PLAIN_PAX_KEYS = new Set([
   'comment',
 ]);
 
-/** Reads and writes the kept attributes of files on a mounted file system (the `attr` tools here; a fake in tests). */
+/**
+ * Reads and writes the kept attributes of files and directories on a mounted file system (the `attr` tools here; a
+ * fake in tests). Paths are absolute, as bytes: a name need not be UTF-8.
+ */
 export interface XattrIO {
-  /** The kept attributes of each of `paths` (absolute, existing) that has any: never follows a symbolic link. */
-  read(paths: string[]): Promise<Map<string, Xattrs>>;
-  /** Sets each item's attributes on its path (absolute), never through a symbolic link. */
-  write(items: { path: string; xattrs: Xattrs }[]): Promise<void>;
+  /** The kept attributes of each of `paths` (existing), in their order; undefined for one that has none. */
+  read(paths: Buffer[]): Promise<(Xattrs | undefined)[]>;
+  /** Sets each item's attributes on its path, never through a symbolic link. */
+  write(items: { path: Buffer; xattrs: Xattrs }[]): Promise<void>;
 }
 
 // ---- pax records ---------------------------------------------------------------------------------------------------
@@ -264,28 +272,78 @@ export function formatSetfattrDump(items: { path: string; xattrs: Xattrs }[]): s
   return dump;
 }
 
+/**
+ * The attr tools' arguments for `paths`: a UTF-8 path as it is (`followed` false: the tool is given `-h`), any other
+ * as `/proc/<pid>/fd/<fd>` of a descriptor opened on it without following a link (`followed` true: the tool must
+ * follow that magic link, to the entry itself). `body` runs with them; the descriptors are closed after it.
+ */
+async function withToolPaths<T>(paths: Buffer[], body: (args: { text: string; followed: boolean }[]) => Promise<T>): Promise<T> {
+  const handles: FileHandle[] = [];
+  try {
+    const args: { text: string; followed: boolean }[] = [];
+    for (const path of paths) {
+      if (isUtf8(path)) {
+        args.push({ text: path.toString('utf8'), followed: false });
+        continue;
+      }
+      // O_NONBLOCK: nothing here is a FIFO (a backup skips them, a restore makes none), but an open must never wait.
+      const handle = await open(path, constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK).catch(
+        (err: NodeJS.ErrnoException) => {
+          throw err.code === 'ELOOP'
+            ? new LatchError(`${JSON.stringify(path.toString('latin1').slice(0, 200))} is a symbolic link: its attributes are not touched`)
+            : err;
+        },
+      );
+      handles.push(handle);
+      args.push({ text: `/proc/${process.pid}/fd/${handle.fd}`, followed: true });
+    }
+    return await body(args);
+  } finally {
+    for (const handle of handles) await handle.close().catch(() => undefined);
+  }
+}
+
 /** The attr tools, each child with the deadline `timeoutMs`. */
 export function attrTools(timeoutMs: number): XattrIO {
+  const getfattr = async (texts: string[], followed: boolean): Promise<Map<string, Xattrs>> => {
+    if (texts.length === 0) return new Map();
+    const args = [...(followed ? [] : ['-h']), '-d', '-e', 'base64', '--absolute-names', '-m', KEPT_PATTERN, '--', ...texts];
+    return parseGetfattrDump((await run('getfattr', args, { timeoutMs })).stdout, texts);
+  };
+  const setfattr = async (items: { path: string; xattrs: Xattrs }[], followed: boolean): Promise<void> => {
+    const noFollow = followed ? [] : ['-h'];
+    // setfattr's --restore reads a name up to its first '=', escaped or not: a name with one is set on its own.
+    const restorable = items
+      .map(({ path, xattrs }) => ({ path, xattrs: new Map([...xattrs].filter(([name]) => !name.includes('='))) }))
+      .filter((i) => i.xattrs.size > 0);
+    if (restorable.length > 0) await run('setfattr', [...noFollow, '--restore=-'], { timeoutMs, input: formatSetfattrDump(restorable) });
+    for (const { path, xattrs } of items) {
+      for (const [name, value] of xattrs) {
+        if (name.includes('='))
+          await run('setfattr', [...noFollow, '-n', name, '-v', `0s${value.toString('base64')}`, '--', path], { timeoutMs });
+      }
+    }
+  };
   return {
     async read(paths) {
-      if (paths.length === 0) return new Map();
-      const { stdout } = await run('getfattr', ['-h', '-d', '-e', 'base64', '--absolute-names', '-m', KEPT_PATTERN, '--', ...paths], {
-        timeoutMs,
+      return withToolPaths(paths, async (args) => {
+        const texts = (followed: boolean) => args.filter((a) => a.followed === followed).map((a) => a.text);
+        const found = new Map([...(await getfattr(texts(false), false)), ...(await getfattr(texts(true), true))]);
+        return args.map((a) => found.get(a.text));
       });
-      return parseGetfattrDump(stdout, paths);
     },
     async write(items) {
-      // setfattr's --restore reads a name up to its first '=', escaped or not: a name with one is set on its own.
-      const restorable = items.map(({ path, xattrs }) => ({ path, xattrs: new Map([...xattrs].filter(([name]) => !name.includes('='))) }));
-      if (restorable.some((i) => i.xattrs.size > 0)) {
-        await run('setfattr', ['-h', '--restore=-'], { timeoutMs, input: formatSetfattrDump(restorable.filter((i) => i.xattrs.size > 0)) });
-      }
-      for (const { path, xattrs } of items) {
-        for (const [name, value] of xattrs) {
-          if (name.includes('='))
-            await run('setfattr', ['-h', '-n', name, '-v', `0s${value.toString('base64')}`, '--', path], { timeoutMs });
-        }
-      }
+      await withToolPaths(
+        items.map((i) => i.path),
+        async (args) => {
+          const named = args.map((a, i) => ({ path: a.text, followed: a.followed, xattrs: (items[i] as { xattrs: Xattrs }).xattrs }));
+          for (const followed of [false, true])
+            await setfattr(
+              named.filter((n) => n.followed === followed),
+              followed,
+            );
+        },
+      );
     },
   };
 }

@@ -1,13 +1,26 @@
 // Names that are not UTF-8 through a shared volume's backup archive and back (src/node/shared-files.ts), as root on
 // the local disk: a tree with Latin-1 and other non-UTF-8 file, directory, symbolic link and hard link names, and a
-// symbolic link target, is packed and extracted back byte for byte (owners and modes too); GNU tar lists the archive
+// symbolic link target, is packed and extracted back byte for byte (owners and modes too), with the user attributes
+// and ACLs of such entries (read and set by the attr tools through a descriptor); GNU tar lists the archive
 // and extracts the same bytes from it (warning only that it does not know hdrcharset), Python's tarfile reads the
 // same bytes; and a restore takes GNU tar's own archives of the tree
 // (pax, which writes such names raw without hdrcharset, and gnu, with its long-name records) byte for byte. Needs root
 // and GNU tar; skips otherwise.
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { chownSync, lchownSync, linkSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import {
+  chownSync,
+  closeSync,
+  lchownSync,
+  linkSync,
+  mkdirSync,
+  mkdtempSync,
+  openSync,
+  readFileSync,
+  rmSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -26,6 +39,36 @@ function tar(args: string[]): { stdout: string; stderr: string } {
   const r = spawnSync('tar', args, { encoding: 'utf8', timeout: 60_000, env: { ...process.env, LC_ALL: 'C' } });
   assert.equal(r.status, 0, `tar ${args.join(' ')}: ${r.stderr}`);
   return { stdout: r.stdout, stderr: r.stderr };
+}
+
+/** Runs `command ...args /proc/self/fd/3`, its fd 3 open on `path` (a name that is not text). */
+function onDescriptor(path: Buffer, command: string, args: string[]): void {
+  const fd = openSync(path, 'r');
+  try {
+    const r = spawnSync(command, [...args, '/proc/self/fd/3'], {
+      stdio: ['ignore', 'pipe', 'pipe', fd],
+      encoding: 'utf8',
+      timeout: 30_000,
+    });
+    assert.equal(r.status, 0, `${command} ${args.join(' ')}: ${r.stderr}`);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/** The kept attributes of every entry under `root`, as getfattr dumps them (paths relative, their bytes as Latin-1), blocks sorted. */
+function attributesOf(root: string): string {
+  const r = spawnSync('getfattr', ['-R', '-h', '-d', '-e', 'base64', '-m', '^(user\\..+|system\\.posix_acl_(access|default))$', '.'], {
+    cwd: root,
+    encoding: 'latin1',
+    timeout: 30_000,
+  });
+  assert.equal(r.status, 0, r.stderr);
+  return r.stdout
+    .split('\n\n')
+    .filter((b) => b.trim() !== '')
+    .sort()
+    .join('\n\n');
 }
 
 async function* once(buffer: Buffer): AsyncGenerator<Buffer> {
@@ -55,6 +98,11 @@ describe('names that are not UTF-8 through a shared volume archive, with GNU tar
     symlinkSync(latin1('../cible-\xfe'), pathOf(src, dir, latin1('dangling')));
     // Longer than ustar's name field: the gnu format writes it in a long-name record.
     writeFileSync(pathOf(src, dir, latin1(`long-${'\xe9'.repeat(120)}`)), 'long\n');
+    // Attributes and ACLs on entries whose names are not UTF-8, set through a descriptor (the tools take text paths).
+    onDescriptor(pathOf(src, latin1('\xff\xfe\x80 bytes')), 'setfattr', ['-n', 'user.bytes', '-v', '0sAAEC/w==']);
+    onDescriptor(pathOf(src, dir, latin1('caf\xe9.txt')), 'setfacl', ['-m', 'u:1000:rw']);
+    onDescriptor(pathOf(src, dir), 'setfattr', ['-n', 'user.dir', '-v', 'yes']);
+    onDescriptor(pathOf(src, dir), 'setfacl', ['-d', '-m', 'g:3000:rx']);
 
     const listing = await listTree(src, xattrs);
     archive = (await archiveImage(src, listing, xattrs)).image;
@@ -69,6 +117,19 @@ describe('names that are not UTF-8 through a shared volume archive, with GNU tar
     assert.deepEqual([report.files, report.directories, report.symlinks, report.hardLinks], [4, 1, 2, 1]);
     assert.deepEqual(treeOf(dst, true), treeOf(src, true));
     assert.equal(treeOf(src).length, 8, 'every entry was compared');
+  });
+
+  it('keeps the user attributes and ACLs of entries whose names are not UTF-8, and restores them', async () => {
+    const before = attributesOf(src);
+    for (const name of ['\xff\xfe\x80 bytes', 'r\xe9pertoire', 'r\xe9pertoire/caf\xe9.txt']) {
+      assert.ok(before.includes(`# file: ${name}\n`), `set on ${JSON.stringify(name)}: ${JSON.stringify(before)}`);
+    }
+    const dst = join(work, 'restored-attributes');
+    mkdirSync(dst);
+    const report = await extractTree(once(archive), dst, xattrs);
+    assert.equal(report.xattrEntries, 3);
+    assert.equal(report.skippedXattrs, 0);
+    assert.equal(attributesOf(dst), before);
   });
 
   it('GNU tar lists the archive and extracts the same bytes (it warns that it does not know hdrcharset)', () => {
