@@ -165,15 +165,16 @@ _latch_foreign_lines() {
 # Unmounts everything mounted at or below $LATCH_TMP (deepest first), then detaches loop devices backed by files
 # below it. Only ever touches what this test created.
 _latch_release_mounts_and_loops() {
-  local ok=0 target backing dev
+  local ok=0 target backing file dev
   [[ -n ${LATCH_TMP:-} && -d $LATCH_TMP ]] || return 0
   while IFS= read -r target; do
     umount "$target" 2>/dev/null || umount -l "$target" 2>/dev/null || ok=1
   done < <(awk -v root="$LATCH_TMP" '{ p = $5; gsub(/\\040/, " ", p) } p == root || index(p, root "/") == 1 { print p }' \
     /proc/self/mountinfo | awk '{ print length($0) "\t" $0 }' | sort -rn | cut -f2-)
   for backing in /sys/block/loop*/loop/backing_file; do
-    [[ -r $backing ]] || continue
-    if [[ $(<"$backing") == "$LATCH_TMP"/* ]]; then
+    # a device may be detached between the glob and the read (another suite's, at the same time: CI saw it)
+    { IFS= read -r file <"$backing"; } 2>/dev/null || continue
+    if [[ $file == "$LATCH_TMP"/* ]]; then
       dev=${backing#/sys/block/}
       dev=/dev/${dev%%/*}
       losetup -d "$dev" 2>/dev/null || ok=1
