@@ -177,8 +177,9 @@ describe('RbdBackend on a one-host Ceph cluster', { skip }, () => {
       ['loop device set up', (m) => m.loops.length > 0],
     ];
     // Between the mount and the loop device the child runs only losetup, for a few milliseconds: less than a poll takes
-    // on a busy machine. For that point the child runs a losetup that waits a second first (first on its PATH), so
-    // that the poll sees the mount with no loop device yet.
+    // on a busy machine. For the first two points the child runs a losetup that waits a second first (first on its
+    // PATH), so that the poll sees rbd-fuse, or the mount with no loop device yet, before the child is done (CI once
+    // saw a whole attach end before the poll saw its rbd-fuse).
     const slowBin = join(ceph.dir, 'slow-losetup');
     mkdirSync(slowBin, { recursive: true });
     const realLosetup = (await run('sh', ['-c', 'PATH="$PATH:/usr/sbin:/sbin" command -v losetup'])).stdout.trim();
@@ -192,15 +193,17 @@ describe('RbdBackend on a one-host Ceph cluster', { skip }, () => {
         {
           cwd: REPO,
           stdio: ['ignore', 'pipe', 'pipe'],
-          ...(what === 'mounted' && { env: { ...process.env, PATH: `${slowBin}:${process.env.PATH ?? ''}` } }),
+          ...(what !== 'loop device set up' && { env: { ...process.env, PATH: `${slowBin}:${process.env.PATH ?? ''}` } }),
         },
       );
+      let stderr = '';
+      child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
       const exited = new Promise<void>((r) => child.on('exit', () => r()));
       let done = false;
       void exited.then(() => (done = true));
       while (!done && !reached(await mappingOf(optionsA.mountDir, 'vol-kill'))) await new Promise((r) => setTimeout(r, 2));
       // The last point is a few ms before the child's exit: it may win the race (then it is a plain attach).
-      if (what !== 'loop device set up') assert.ok(!done, `the child finished before "${what}" was seen`);
+      if (what !== 'loop device set up') assert.ok(!done, `the child finished before "${what}" was seen: ${child.exitCode} ${stderr}`);
       const killed = !done;
       child.kill('SIGKILL');
       await exited;
