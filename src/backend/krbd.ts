@@ -21,7 +21,7 @@ import { realpath } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { LatchError } from '../errors.js';
-import { checkNoFilesystemLeft } from '../sys/blockdev.js';
+import { waitNoFilesystemLeft } from '../sys/blockdev.js';
 import { mountedSources } from '../sys/mounts.js';
 import {
   isClientInstance,
@@ -125,7 +125,7 @@ export class KernelRbdClient implements NodeClient {
     if (busy.length > 0) {
       throw new LatchError(`${busy.map((m) => m.device).join(', ')} of ${this.spec(image)} is still mounted; unmount it first`);
     }
-    for (const m of mappings) checkNoFilesystemLeft(m.device, `${m.device} of ${this.spec(image)}`);
+    for (const m of mappings) await waitNoFilesystemLeft(m.device, `${m.device} of ${this.spec(image)}`);
     for (const m of mappings) await this.unmapOne(m);
     const left = this.mappingsOf(image);
     if (left.length > 0) throw new LatchError(`releasing ${this.spec(image)} left ${left.map((m) => m.device).join(', ')} mapped`);

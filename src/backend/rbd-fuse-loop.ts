@@ -11,7 +11,7 @@ import { mkdir, realpath, rm, rmdir } from 'node:fs/promises';
 import { basename } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { LatchError, errorMessage } from '../errors.js';
-import { checkNoFilesystemLeft } from '../sys/blockdev.js';
+import { waitNoFilesystemLeft } from '../sys/blockdev.js';
 import {
   abortFuseConnection,
   fuseMountsAt,
@@ -172,7 +172,7 @@ export class RbdFuseLoopClient implements NodeClient {
     // rbd-fuse stopped answering) is gone from mountinfo, but the filesystem is still writing back through the
     // device. Aborting the connection now would throw those writes away; once the cluster answers they land and the
     // device is free, so the call fails and its repeat finishes the job.
-    for (const dev of devices) checkNoFilesystemLeft(dev.device, `${dev.device} of ${this.spec(image)}`);
+    for (const dev of devices) await waitNoFilesystemLeft(dev.device, `${dev.device} of ${this.spec(image)}`);
     // losetup -d is an ioctl on the loop device and answers also when the FUSE mount does not; the kernel then
     // frees the device only once the FUSE connection is gone (which the abort below makes sure of).
     let detached = true;

@@ -2,6 +2,7 @@
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { readFile, realpath } from 'node:fs/promises';
 import { basename, isAbsolute } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { FILESYSTEMS, FS_TYPES, growSpecOf, isFsType } from '../filesystems.js';
 import { LatchError } from '../errors.js';
 import { CommandError, run, type ChildDeadline } from './run.js';
@@ -114,23 +115,38 @@ export async function flushBuffers(device: string): Promise<void> {
 /**
  * Throws while a filesystem still writes through `device` although no mount shows it: a umount that gave up at its
  * deadline (the storage stalled) leaves the mount table at once, while its writeback waits in the kernel. Freeing the
- * device then would throw those writes away; once the storage answers they land, and a repeat may free it. Reads
- * sysfs only, which answers from the kernel's memory: inline.
+ * device then would throw those writes away; once the storage answers they land, and a repeat may free it. Waits up to
+ * `settleMs` first: right after a clean unmount a request can still be in flight for a moment on a loaded node (CI
+ * saw one, and the unmountdevice failed). Reads sysfs only, which answers from the kernel's memory.
  */
-export function checkNoFilesystemLeft(device: string, what: string): void {
-  const writing = requestsInFlight(device);
-  if (writing === 0 && !filesystemRegistered(device)) return;
-  throw new LatchError(
-    `${what} is still in use by a filesystem being unmounted` +
-      (writing > 0 ? ` (${writing} request(s) waiting on the storage)` : '') +
-      `; try again once the storage answers`,
-  );
+export async function waitNoFilesystemLeft(
+  device: string,
+  what: string,
+  options: { settleMs?: number; sysRoot?: string } = {},
+): Promise<void> {
+  const { settleMs = SETTLE_MS, sysRoot = '/sys' } = options;
+  const deadline = Date.now() + settleMs;
+  for (;;) {
+    const writing = requestsInFlight(device, sysRoot);
+    if (writing === 0 && !filesystemRegistered(device, sysRoot)) return;
+    if (Date.now() >= deadline) {
+      throw new LatchError(
+        `${what} is still in use by a filesystem being unmounted` +
+          (writing > 0 ? ` (${writing} request(s) waiting on the storage)` : '') +
+          `; try again once the storage answers`,
+      );
+    }
+    await sleep(50);
+  }
 }
 
+/** How long a device's last requests may take to land after a clean unmount before the storage counts as stalled. */
+const SETTLE_MS = 2000;
+
 /** Requests the block device has in flight (/sys/block/NAME/inflight: reads, writes); 0 when it is gone. */
-function requestsInFlight(device: string): number {
+function requestsInFlight(device: string, sysRoot: string): number {
   try {
-    const text = readFileSync(`/sys/block/${basename(device)}/inflight`, 'utf8');
+    const text = readFileSync(`${sysRoot}/block/${basename(device)}/inflight`, 'utf8');
     return text
       .trim()
       .split(/\s+/)
@@ -144,14 +160,14 @@ function requestsInFlight(device: string): number {
  * Whether a filesystem of a type latch makes still has its superblock on `device` (each registers it in /sys/fs
  * under the device's name until it is fully unmounted), also when no mount shows it any more.
  */
-function filesystemRegistered(device: string): boolean {
+function filesystemRegistered(device: string, sysRoot: string): boolean {
   const name = basename(device);
-  if (existsSync(`/sys/fs/ext4/${name}`) || existsSync(`/sys/fs/xfs/${name}`)) return true;
+  if (existsSync(`${sysRoot}/fs/ext4/${name}`) || existsSync(`${sysRoot}/fs/xfs/${name}`)) return true;
   let btrfs: string[] = [];
   try {
-    btrfs = readdirSync('/sys/fs/btrfs');
+    btrfs = readdirSync(`${sysRoot}/fs/btrfs`);
   } catch {
     // no btrfs loaded
   }
-  return btrfs.some((fsid) => existsSync(`/sys/fs/btrfs/${fsid}/devices/${name}`));
+  return btrfs.some((fsid) => existsSync(`${sysRoot}/fs/btrfs/${fsid}/devices/${name}`));
 }
