@@ -49,6 +49,7 @@ import { finishedJob, isSatisfied } from '../../src/ledger/arbitrate.js';
 import { jobTicketId } from '../../src/ledger/ids.js';
 import type { VolumeDoc } from '../../src/ledger/types.js';
 import { bundleForNode } from '../fixtures/bundle.js';
+import { keptAttributesDump, once } from '../fixtures/shared-archive.js';
 import { withJobRunner } from '../fixtures/job-runner.js';
 import { checkInvariants } from '../fixtures/ledger-invariants.js';
 import { trackChild } from '../fixtures/tracked-children.js';
@@ -771,13 +772,6 @@ describe('jobs on shared volumes through tickets', { skip }, () => {
         assert.equal(r.status, 0, `${command} ${args.join(' ')}: ${r.stderr}`);
         return r.stdout;
       };
-      /** The kept attributes under `dir`, as getfattr dumps them, blocks sorted (paths relative). */
-      const dumpOf = (dir: string) =>
-        sh('getfattr', ['-R', '-h', '-d', '-e', 'base64', '-m', '^(user\\..+|system\\.posix_acl_(access|default))$', '.'], dir)
-          .split('\n\n')
-          .filter((b) => b.trim() !== '')
-          .sort()
-          .join('\n\n');
       const shared = await sharedVolumesOf(ctx);
       /** Mounts the volume as a backup or restore does (ACLs shown), runs `body`, unmounts it. */
       const withJobMount = async <T>(volume: string, body: (dir: string) => T): Promise<T> => {
@@ -806,7 +800,7 @@ describe('jobs on shared volumes through tickets', { skip }, () => {
         sh('setfacl', ['-m', 'u:1000:rw', join(dir, 'bin')]);
         sh('setfacl', ['-m', 'g:3000:rwx', '-d', '-m', 'g:3000:rwx', join(dir, 'team')]);
         sh('setfacl', ['-d', '-m', 'g:4000:rx', dir]);
-        return dumpOf(dir);
+        return keptAttributesDump(dir);
       });
       assert.match(before, /# file: \.\nsystem.posix_acl_default/, "the job's mount shows ACLs, the volume root's too");
       printed = '';
@@ -815,7 +809,7 @@ describe('jobs on shared volumes through tickets', { skip }, () => {
       printed = '';
       await withJobRunner(ctx, () => volumeRestore({ name: 'shx-r', fromBackup: 'xb1', wait: true, timeout: 60 }, io));
       assert.match(printed, /into shared volume shx-r: 3 file\(s\), 1 director\(ies\).*extended attributes of 5 entr\(ies\), checksum/);
-      assert.equal(await withJobMount('shx-r', dumpOf), before, 'every user attribute and ACL came back');
+      assert.equal(await withJobMount('shx-r', keptAttributesDump), before, 'every user attribute and ACL came back');
 
       // A crafted archive: file capabilities on a binary, a quota and a layout on a directory, beside a user attribute.
       const { encodePaxRecords } = await import('../../src/node/shared-xattrs.js');
@@ -834,9 +828,6 @@ describe('jobs on shared volumes through tickets', { skip }, () => {
           pax: encodePaxRecords('d/tool', undefined, attrs(['security.capability', '\x01\0\0\x02\xff\xff\xff\xff'], ['user.fine', 'ok'])),
         },
       ]);
-      async function* once(b: Buffer) {
-        yield b;
-      }
       const size = Math.ceil(image.length / 4096) * 4096;
       await createBackup({
         target: { type: 'dir', path: join(work, 'target') },

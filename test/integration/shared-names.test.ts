@@ -25,7 +25,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { extractTree, listTree } from '../../src/node/shared-files.js';
-import { archiveImage } from '../fixtures/shared-archive.js';
+import { archiveImage, keptAttributesDump, once } from '../fixtures/shared-archive.js';
 import { attrTools } from '../../src/node/shared-xattrs.js';
 import { pathOf, treeOf } from '../fixtures/byte-tree.js';
 
@@ -54,25 +54,6 @@ function onDescriptor(path: Buffer, command: string, args: string[]): void {
   } finally {
     closeSync(fd);
   }
-}
-
-/** The kept attributes of every entry under `root`, as getfattr dumps them (paths relative, their bytes as Latin-1), blocks sorted. */
-function attributesOf(root: string): string {
-  const r = spawnSync('getfattr', ['-R', '-h', '-d', '-e', 'base64', '-m', '^(user\\..+|system\\.posix_acl_(access|default))$', '.'], {
-    cwd: root,
-    encoding: 'latin1',
-    timeout: 30_000,
-  });
-  assert.equal(r.status, 0, r.stderr);
-  return r.stdout
-    .split('\n\n')
-    .filter((b) => b.trim() !== '')
-    .sort()
-    .join('\n\n');
-}
-
-async function* once(buffer: Buffer): AsyncGenerator<Buffer> {
-  yield buffer;
 }
 
 describe('names that are not UTF-8 through a shared volume archive, with GNU tar', { skip }, () => {
@@ -120,7 +101,7 @@ describe('names that are not UTF-8 through a shared volume archive, with GNU tar
   });
 
   it('keeps the user attributes and ACLs of entries whose names are not UTF-8, and restores them', async () => {
-    const before = attributesOf(src);
+    const before = keptAttributesDump(src);
     for (const name of ['\xff\xfe\x80 bytes', 'r\xe9pertoire', 'r\xe9pertoire/caf\xe9.txt']) {
       assert.ok(before.includes(`# file: ${name}\n`), `set on ${JSON.stringify(name)}: ${JSON.stringify(before)}`);
     }
@@ -129,7 +110,7 @@ describe('names that are not UTF-8 through a shared volume archive, with GNU tar
     const report = await extractTree(once(archive), dst, xattrs);
     assert.equal(report.xattrEntries, 3);
     assert.equal(report.skippedXattrs, 0);
-    assert.equal(attributesOf(dst), before);
+    assert.equal(keptAttributesDump(dst), before);
   });
 
   it('GNU tar lists the archive and extracts the same bytes (it warns that it does not know hdrcharset)', () => {

@@ -12,7 +12,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { extractTree, listTree } from '../../src/node/shared-files.js';
-import { archiveImage } from '../fixtures/shared-archive.js';
+import { archiveImage, keptAttributesDump, once } from '../fixtures/shared-archive.js';
 import { attrTools } from '../../src/node/shared-xattrs.js';
 
 const tool = (name: string) => spawnSync(name, ['--version']).error === undefined;
@@ -27,22 +27,6 @@ function sh(command: string, args: string[], options: { cwd?: string } = {}): st
   const r = spawnSync(command, args, { encoding: 'utf8', timeout: 60_000, ...options });
   assert.equal(r.status, 0, `${command} ${args.join(' ')}: ${r.stderr}`);
   return r.stdout;
-}
-
-/** Every kept attribute under `root`, as getfattr dumps them (paths relative, sorted by getfattr's walk order). */
-function dumpOf(root: string): string {
-  const out = sh('getfattr', ['-R', '-h', '-d', '-e', 'base64', '-m', '^(user\\..+|system\\.posix_acl_(access|default))$', '.'], {
-    cwd: root,
-  });
-  return out
-    .split('\n\n')
-    .filter((b) => b.trim() !== '')
-    .sort()
-    .join('\n\n');
-}
-
-async function* once(buffer: Buffer): AsyncGenerator<Buffer> {
-  yield buffer;
 }
 
 describe('extended attributes through a shared volume archive, with the attr tools', { skip }, () => {
@@ -99,7 +83,7 @@ describe('extended attributes through a shared volume archive, with the attr too
     mkdirSync(join(src, 'team', 'sub'));
     // The volume's root: a default ACL of its own (set last: nothing above inherited it).
     sh('setfacl', ['-d', '-m', 'g:4000:rx', src]);
-    const before = dumpOf(src);
+    const before = keptAttributesDump(src);
     assert.match(before, /# file: \.\nsystem.posix_acl_default/);
     assert.match(before, /system.posix_acl_default/);
     assert.match(before, /# file: team\/inherited\nsystem.posix_acl_access/);
@@ -110,7 +94,7 @@ describe('extended attributes through a shared volume archive, with the attr too
     mkdirSync(dst);
     const report = await extractTree(once(image), dst, tools);
     assert.deepEqual([report.xattrEntries, report.skippedXattrs], [11, 0]);
-    assert.equal(dumpOf(dst), before, 'every attribute and ACL came back, and none more (team/bare inherited nothing)');
+    assert.equal(keptAttributesDump(dst), before, 'every attribute and ACL came back, and none more (team/bare inherited nothing)');
 
     // GNU tar lists and extracts the same archive, attributes and ACLs included.
     const archive = join(work, 'archive.tar');
@@ -120,7 +104,7 @@ describe('extended attributes through a shared volume archive, with the attr too
     const byTar = join(disk, 'by-tar');
     mkdirSync(byTar);
     sh('tar', ['--xattrs', '--xattrs-include=*', '-xf', archive, '-C', byTar]);
-    assert.equal(dumpOf(byTar), before, 'GNU tar restores the same attributes and ACLs');
+    assert.equal(keptAttributesDump(byTar), before, 'GNU tar restores the same attributes and ACLs');
     assert.match(sh('getfattr', ['-h', '-d', '-e', 'base64', '-m', 'user.bin', join(byTar, 'a b')]), /user.bin=0sAAEC\/w0KPSCA/);
   });
 });

@@ -26,7 +26,7 @@ import { pack as makePack, type Header } from 'tar-stream';
 
 type Headers = Partial<Header> & Pick<Header, 'name'>;
 import { checkEntryPath, checkSymlinkTarget, extractTree, listTree, streamChunkSource } from '../../src/node/shared-files.js';
-import { archiveImage, scratchRoots } from '../fixtures/shared-archive.js';
+import { archiveImage, scratchRoots, once } from '../fixtures/shared-archive.js';
 import { memoryXattrs } from '../fixtures/memory-xattrs.js';
 
 /** The image a backup would store: the chunk source read to its end, chunk by chunk (holes as zeros). */
@@ -34,10 +34,6 @@ async function imageOf(root: string): Promise<{ image: Buffer; bound: number; da
   const xattrs = memoryXattrs();
   const listing = await listTree(root, xattrs);
   return { ...(await archiveImage(root, listing, xattrs)), bound: listing.sizeBound };
-}
-
-async function* once(buffer: Buffer): AsyncGenerator<Buffer> {
-  yield buffer;
 }
 
 /** A tar archive of the given entries, as a hostile target could hold it. */

@@ -11,14 +11,10 @@ import { checkEntryPath, checkSymlinkTarget, emptyDirectory, extractTree, listTr
 import { encodePaxRecords, parsePaxRecords } from '../../src/node/shared-xattrs.js';
 import { pathOf, treeOf } from '../fixtures/byte-tree.js';
 import { archiveWithPax, memoryXattrs, type ArchiveEntry } from '../fixtures/memory-xattrs.js';
-import { archiveImage, scratchRoots } from '../fixtures/shared-archive.js';
+import { archiveImage, scratchRoots, once } from '../fixtures/shared-archive.js';
 
 const latin1 = (s: string) => Buffer.from(s, 'latin1');
 const at = pathOf;
-
-async function* once(buffer: Buffer): AsyncGenerator<Buffer> {
-  yield buffer;
-}
 
 /** A pax extended header of `records` as they are (no hdrcharset added), NUL-padded to whole blocks. */
 function paxBlock(records: [string, Buffer | string][]): Buffer {

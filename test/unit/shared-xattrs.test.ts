@@ -8,7 +8,7 @@ import { chmodSync, mkdirSync, statSync, writeFileSync, symlinkSync } from 'node
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
 import { extractTree, listTree } from '../../src/node/shared-files.js';
-import { archiveImage, scratchRoots } from '../fixtures/shared-archive.js';
+import { archiveImage, scratchRoots, once } from '../fixtures/shared-archive.js';
 import {
   MAX_XATTR_BYTES,
   encodePaxRecords,
@@ -23,10 +23,6 @@ import { archiveWithPax, memoryXattrs, type ArchiveEntry } from '../fixtures/mem
 /** An ACL as the kernel has it in system.posix_acl_*: version 2, then (tag, perm, id) entries; ids of 0xffffffff. */
 const ACL = Buffer.from('AgAAAAEABgD/////AgAGAOgDAAAEAAQA/////xAABgD/////IAAEAP////8=', 'base64');
 const BINARY = Buffer.from([0, 1, 2, 0xff, 0xfe, 0x0a, 0x3d, 0x20, 0x80]);
-
-async function* once(buffer: Buffer): AsyncGenerator<Buffer> {
-  yield buffer;
-}
 
 const xattrs = (...pairs: [string, Buffer | string][]): Xattrs => new Map(pairs.map(([k, v]) => [k, Buffer.from(v)]));
 
