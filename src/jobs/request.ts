@@ -161,7 +161,7 @@ export async function requestAndWait(ctx: Context, volume: string, request: JobR
   const pickupMs = options.pickupMs ?? PICKUP_MS;
   /** Since when the ticket has been granted with no job status: an agent should have taken it up by now. */
   let grantedSince: number | undefined;
-  /** Since when the job has been seen failed while its node still holds the volume. */
+  /** Since when the job has been seen done with its ticket kept (a failed one waits there for its node to let go). */
   let failedSince: number | undefined;
   let said = '';
   try {

@@ -51,6 +51,7 @@ import {
   type EntryXattrs,
   type XattrIO,
   type Xattrs,
+  shownName,
 } from './shared-xattrs.js';
 
 /** What a shared volume's backup records as its "filesystem" (a manifest allows [a-z0-9]{1,16}): a restore makes a shared volume of it. */
@@ -91,14 +92,6 @@ function joinBytes(dir: Buffer, name: Buffer): Buffer {
   return dir.length === 0 ? name : Buffer.concat([dir, SLASH, name]);
 }
 const SLASH = Buffer.from('/');
-
-/** A name as text for messages and results: as it is when UTF-8, else each byte outside printable ASCII as `\xNN`. */
-export function shownName(name: Buffer): string {
-  if (isUtf8(name)) return name.toString('utf8');
-  let out = '';
-  for (const b of name) out += b >= 0x20 && b < 0x7f && b !== 0x5c ? String.fromCharCode(b) : `\\x${b.toString(16).padStart(2, '0')}`;
-  return out;
-}
 
 /** Whether an entry's names are UTF-8: tar-stream writes those; latch writes the pax header of any other itself. */
 const namesAreUtf8 = (entry: Pick<Entry, 'path' | 'linkname'>) =>

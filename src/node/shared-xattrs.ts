@@ -272,6 +272,14 @@ export function formatSetfattrDump(items: { path: string; xattrs: Xattrs }[]): s
   return dump;
 }
 
+/** A name as text for messages and results: as it is when UTF-8, else each byte outside printable ASCII as `\xNN`. */
+export function shownName(name: Buffer): string {
+  if (isUtf8(name)) return name.toString('utf8');
+  let out = '';
+  for (const b of name) out += b >= 0x20 && b < 0x7f && b !== 0x5c ? String.fromCharCode(b) : `\\x${b.toString(16).padStart(2, '0')}`;
+  return out;
+}
+
 /**
  * The attr tools' arguments for `paths`: a UTF-8 path as it is (`followed` false: the tool is given `-h`), any other
  * as `/proc/<pid>/fd/<fd>` of a descriptor opened on it without following a link (`followed` true: the tool must
@@ -290,7 +298,7 @@ async function withToolPaths<T>(paths: Buffer[], body: (args: { text: string; fo
       const handle = await open(path, constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK).catch(
         (err: NodeJS.ErrnoException) => {
           throw err.code === 'ELOOP'
-            ? new LatchError(`${JSON.stringify(path.toString('latin1').slice(0, 200))} is a symbolic link: its attributes are not touched`)
+            ? new LatchError(`${JSON.stringify(shownName(path).slice(0, 200))} is a symbolic link: its attributes are not touched`)
             : err;
         },
       );
